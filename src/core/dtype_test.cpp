@@ -40,10 +40,10 @@ TEST(DType, SizesNamesAndParsing) {
     size_t size;
   };
   const Case cases[] = {
-      {DType::F64, "F64", 8},         {DType::F32, "F32", 4},         {DType::F16, "F16", 2},
-      {DType::BF16, "BF16", 2},       {DType::F8_E4M3, "F8_E4M3", 1}, {DType::F8_E8M0, "F8_E8M0", 1},
-      {DType::U8, "U8", 1},           {DType::I8, "I8", 1},           {DType::I32, "I32", 4},
-      {DType::I64, "I64", 8},         {DType::BOOL, "BOOL", 1},
+      {DType::F64, "F64", 8},   {DType::F32, "F32", 4},         {DType::F16, "F16", 2},
+      {DType::BF16, "BF16", 2}, {DType::F8_E4M3, "F8_E4M3", 1}, {DType::F8_E8M0, "F8_E8M0", 1},
+      {DType::U8, "U8", 1},     {DType::I8, "I8", 1},           {DType::I32, "I32", 4},
+      {DType::I64, "I64", 8},   {DType::BOOL, "BOOL", 1},
   };
   for (const Case& c : cases) {
     EXPECT_EQ(dtype_size(c.t), c.size) << c.name;
@@ -77,7 +77,8 @@ float f16_reference(uint16_t v) {
 
 TEST(DType, F16AllCodes) {
   for (uint32_t v = 0; v <= 0xffff; ++v) {
-    EXPECT_TRUE(same_float(f16_to_f32(static_cast<uint16_t>(v)), f16_reference(static_cast<uint16_t>(v))))
+    EXPECT_TRUE(
+        same_float(f16_to_f32(static_cast<uint16_t>(v)), f16_reference(static_cast<uint16_t>(v))))
         << "f16 code 0x" << std::hex << v;
   }
 }
@@ -86,13 +87,13 @@ TEST(DType, F16KnownValues) {
   EXPECT_EQ(f16_to_f32(0x3c00), 1.0f);
   EXPECT_EQ(f16_to_f32(0xc000), -2.0f);
   EXPECT_EQ(f16_to_f32(0x7bff), 65504.0f);
-  EXPECT_EQ(f16_to_f32(0x0400), std::ldexp(1.0f, -14));                    // smallest normal
-  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));                    // smallest subnormal
-  EXPECT_EQ(f16_to_f32(0x03ff), std::ldexp(1023.0f, -24));                 // largest subnormal
+  EXPECT_EQ(f16_to_f32(0x0400), std::ldexp(1.0f, -14));     // smallest normal
+  EXPECT_EQ(f16_to_f32(0x0001), std::ldexp(1.0f, -24));     // smallest subnormal
+  EXPECT_EQ(f16_to_f32(0x03ff), std::ldexp(1023.0f, -24));  // largest subnormal
   EXPECT_EQ(f16_to_f32(0x8001), -std::ldexp(1.0f, -24));
   EXPECT_EQ(f16_to_f32(0x0200), std::ldexp(1.0f, -15));
   EXPECT_EQ(f16_to_f32(0x3555), 0.333251953125f);
-  EXPECT_EQ(bits_of(f16_to_f32(0x8000)), 0x80000000u);                     // -0
+  EXPECT_EQ(bits_of(f16_to_f32(0x8000)), 0x80000000u);  // -0
   EXPECT_EQ(bits_of(f16_to_f32(0x0000)), 0u);
   EXPECT_EQ(f16_to_f32(0x7c00), std::numeric_limits<float>::infinity());
   EXPECT_EQ(f16_to_f32(0xfc00), -std::numeric_limits<float>::infinity());
@@ -105,7 +106,7 @@ TEST(DType, F16KnownValues) {
 float fp8_e4m3_reference(uint8_t v) {
   const int sign = v >> 7, exp = (v >> 3) & 0xf, mant = v & 0x7;
   if (exp == 0xf && mant == 0x7) return std::numeric_limits<float>::quiet_NaN();
-  const float mag = exp == 0 ? std::ldexp(static_cast<float>(mant), -9)            // mant/8 * 2^-6
+  const float mag = exp == 0 ? std::ldexp(static_cast<float>(mant), -9)             // mant/8 * 2^-6
                              : std::ldexp(static_cast<float>(8 + mant), exp - 10);  // 1.m * 2^(e-7)
   return sign ? -mag : mag;
 }
@@ -123,7 +124,7 @@ TEST(DType, Fp8E4M3KnownValues) {
   EXPECT_EQ(fp8_e4m3_to_f32(0xb8), -1.0f);
   EXPECT_EQ(fp8_e4m3_to_f32(0x7e), 448.0f);  // max finite
   EXPECT_EQ(fp8_e4m3_to_f32(0xfe), -448.0f);
-  EXPECT_EQ(fp8_e4m3_to_f32(0x01), 0.001953125f);  // 2^-9, smallest subnormal
+  EXPECT_EQ(fp8_e4m3_to_f32(0x01), 0.001953125f);   // 2^-9, smallest subnormal
   EXPECT_EQ(fp8_e4m3_to_f32(0x07), 7.0f / 512.0f);  // largest subnormal
   EXPECT_EQ(fp8_e4m3_to_f32(0x08), 0.015625f);      // 2^-6, smallest normal
   EXPECT_EQ(fp8_e4m3_to_f32(0x78), 256.0f);
@@ -134,7 +135,8 @@ TEST(DType, Fp8E4M3KnownValues) {
   EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(0x7f)));
   EXPECT_TRUE(std::isnan(fp8_e4m3_to_f32(0xff)));
   // 0x78..0x7e are finite (the fn variant has no infinities).
-  for (int v = 0x78; v <= 0x7e; ++v) EXPECT_TRUE(std::isfinite(fp8_e4m3_to_f32(static_cast<uint8_t>(v))));
+  for (int v = 0x78; v <= 0x7e; ++v)
+    EXPECT_TRUE(std::isfinite(fp8_e4m3_to_f32(static_cast<uint8_t>(v))));
 }
 
 TEST(DType, E8M0AllCodes) {
@@ -163,7 +165,8 @@ TEST(DType, Bf16DecodeAllCodes) {
       mag = std::ldexp(static_cast<double>(128 + mant), exp - 134);
     }
     const float want = static_cast<float>(sign ? -mag : mag);
-    EXPECT_TRUE(same_float(bf16_to_f32(static_cast<uint16_t>(v)), want)) << "bf16 code 0x" << std::hex << v;
+    EXPECT_TRUE(same_float(bf16_to_f32(static_cast<uint16_t>(v)), want))
+        << "bf16 code 0x" << std::hex << v;
   }
 }
 

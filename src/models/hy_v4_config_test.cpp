@@ -1,0 +1,553 @@
+#include "models/hy_v4_config.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace nextn {
+namespace {
+
+using nlohmann::json;
+
+const char* kSrc = "test/config.json";
+
+HYV4Config parse(const json& j) { return parse_hy_v4_config(j, kSrc); }
+
+json base() { return json{{"model_type", "hy_v4"}}; }
+
+// Expects parse to throw nextn::Error whose message names the source file and every `needles` entry.
+void expect_error(const json& j, const std::vector<std::string>& needles) {
+  try {
+    parse(j);
+    ADD_FAILURE() << "expected nextn::Error for " << j.dump();
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find(kSrc), std::string::npos) << msg;
+    for (const auto& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "'" << n << "' not in: " << msg;
+  }
+}
+
+json with(json j, const std::string& key, const json& value) {
+  j[key] = value;
+  return j;
+}
+
+// Straightforward double-precision YaRN reference.
+struct YarnRef {
+  std::vector<double> inv_freq;
+  double attention_factor;
+};
+
+double ref_mscale(double s, double m) { return s <= 1 ? 1.0 : 0.1 * m * std::log(s) + 1.0; }
+
+YarnRef yarn_reference(double theta, int dim, double factor, double orig, double mscale, double mscale_all_dim,
+                       double beta_fast = 32, double beta_slow = 1, bool truncate = true) {
+  const double pi = 3.14159265358979323846;
+  auto corr = [&](double rot) { return dim * std::log(orig / (rot * 2 * pi)) / (2 * std::log(theta)); };
+  double lo = corr(beta_fast), hi = corr(beta_slow);
+  if (truncate) {
+    lo = std::floor(lo);
+    hi = std::ceil(hi);
+  }
+  lo = std::max(lo, 0.0);
+  hi = std::min(hi, dim - 1.0);
+  if (lo == hi) hi += 0.001;
+  YarnRef r;
+  for (int i = 0; i < dim / 2; ++i) {
+    double pos = std::pow(theta, 2.0 * i / dim);
+    double ramp = std::min(1.0, std::max(0.0, (i - lo) / (hi - lo)));
+    double extrap_w = 1.0 - ramp;
+    r.inv_freq.push_back((1.0 / (factor * pos)) * (1.0 - extrap_w) + (1.0 / pos) * extrap_w);
+  }
+  if (mscale != 0 && mscale_all_dim != 0)
+    r.attention_factor = ref_mscale(factor, mscale) / ref_mscale(factor, mscale_all_dim);
+  else
+    r.attention_factor = ref_mscale(factor, 1.0);
+  return r;
+}
+
+void expect_rel_near(double got, double want, double rel = 1e-6) {
+  EXPECT_NEAR(got, want, std::abs(want) * rel) << "got " << got << " want " << want;
+}
+
+json yarn_config(double mscale, double mscale_all_dim) {
+  json j = base();
+  j["qk_rope_head_dim"] = 16;
+  j["qk_nope_head_dim"] = 48;
+  j["max_position_embeddings"] = 256;
+  j["rope_parameters"] = {{"rope_type", "yarn"},
+                          {"rope_theta", 10000},
+                          {"factor", 4},
+                          {"original_max_position_embeddings", 64},
+                          {"mscale", mscale},
+                          {"mscale_all_dim", mscale_all_dim}};
+  return j;
+}
+
+TEST(HYV4Config, DefaultsMatchTransformers) {
+  HYV4Config c = parse(base());
+  EXPECT_EQ(c.vocab_size, 120832);
+  EXPECT_EQ(c.hidden_size, 2816);
+  EXPECT_EQ(c.intermediate_size, 6912);
+  EXPECT_EQ(c.moe_intermediate_size, 768);
+  EXPECT_EQ(c.num_hidden_layers, 34);
+  EXPECT_EQ(c.num_attention_heads, 32);
+  EXPECT_EQ(c.num_key_value_heads, 32);
+  EXPECT_EQ(c.head_dim, 64);
+  EXPECT_EQ(c.hidden_act, "silu");
+  EXPECT_EQ(c.max_position_embeddings, 262144);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-5);
+  EXPECT_EQ(c.pad_token_id, 120002);
+  EXPECT_EQ(c.bos_token_id, 120000);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{120025});
+  EXPECT_FALSE(c.tie_word_embeddings);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_EQ(c.n_routed_experts, 256);
+  EXPECT_EQ(c.n_shared_experts, 1);
+  EXPECT_EQ(c.num_experts_per_tok, 8);
+  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.827);
+  EXPECT_TRUE(c.norm_topk_prob);
+  EXPECT_EQ(c.n_group, 1);
+  EXPECT_EQ(c.topk_group, 1);
+  EXPECT_EQ(c.q_lora_rank, 1536);
+  EXPECT_EQ(c.kv_lora_rank, 512);
+  EXPECT_EQ(c.qk_nope_head_dim, 192);
+  EXPECT_EQ(c.qk_rope_head_dim, 64);
+  EXPECT_EQ(c.qk_head_dim, 256);
+  EXPECT_EQ(c.v_head_dim, 256);
+  EXPECT_EQ(c.index_topk, 2048);
+  EXPECT_EQ(c.index_head_dim, 128);
+  EXPECT_EQ(c.index_n_heads, 16);
+  EXPECT_EQ(c.hc_mult, 4);
+  EXPECT_DOUBLE_EQ(c.hc_magnitude, 2.0);
+  EXPECT_DOUBLE_EQ(c.hc_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(c.learnable_sink_init, 0.0);
+  EXPECT_DOUBLE_EQ(c.swiglu_limit, 10.0);
+  EXPECT_TRUE(c.swiglu_clamped());
+  EXPECT_EQ(c.num_nextn_predict_layers, 0);
+  EXPECT_EQ(c.mtp_quant_algo, "");
+  EXPECT_FALSE(c.quant.present);
+  EXPECT_EQ(c.torch_dtype, "");
+
+  ASSERT_EQ(c.mlp_layer_types.size(), 34u);
+  EXPECT_EQ(c.mlp_layer_types[0], "dense");
+  for (int i = 1; i < 34; ++i) EXPECT_EQ(c.mlp_layer_types[i], "sparse") << i;
+  EXPECT_FALSE(c.is_sparse_mlp(0));
+  EXPECT_TRUE(c.is_sparse_mlp(1));
+  EXPECT_TRUE(c.is_sparse_mlp(33));
+  ASSERT_EQ(c.layer_types.size(), 34u);
+  for (const auto& t : c.layer_types) EXPECT_EQ(t, "deepseek_sparse_attention");
+  ASSERT_EQ(c.indexer_types.size(), 34u);
+  EXPECT_EQ(c.indexer_types[0], "full");
+  EXPECT_EQ(c.indexer_types[1], "full");
+  EXPECT_EQ(c.indexer_types[2], "shared");
+  EXPECT_EQ(c.indexer_types[3], "shared");
+  EXPECT_EQ(c.indexer_types[4], "shared");
+  EXPECT_EQ(c.indexer_types[5], "full");
+  EXPECT_EQ(c.indexer_types[9], "full");
+  EXPECT_EQ(c.indexer_types[33], "full");
+  EXPECT_EQ(c.indexer_types[32], "shared");
+  EXPECT_TRUE(c.has_own_indexer(0));
+  EXPECT_TRUE(c.has_own_indexer(5));
+  EXPECT_FALSE(c.has_own_indexer(6));
+  EXPECT_THROW(c.has_own_indexer(34), Error);
+
+  EXPECT_EQ(c.rope.type, "default");
+  EXPECT_DOUBLE_EQ(c.rope.theta, 10000.0);
+  EXPECT_DOUBLE_EQ(c.rope.attention_factor, 1.0);
+  EXPECT_EQ(c.rope.dim, 64);
+  EXPECT_DOUBLE_EQ(c.attn_scale, std::pow(256.0, -0.5));
+}
+
+TEST(HYV4Config, DefaultRopeInvFreq) {
+  json j = with(base(), "rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1000000.0}});
+  HYV4Config c = parse(j);
+  EXPECT_EQ(c.rope.type, "default");
+  ASSERT_EQ(c.rope.inv_freq.size(), 32u);
+  for (int i = 0; i < 32; ++i) expect_rel_near(c.rope.inv_freq[i], 1.0 / std::pow(1e6, 2.0 * i / 64));
+  EXPECT_EQ(c.rope.inv_freq[0], 1.0f);
+
+  HYV4Config d = parse(base());
+  ASSERT_EQ(d.rope.inv_freq.size(), 32u);
+  for (int i = 0; i < 32; ++i) expect_rel_near(d.rope.inv_freq[i], 1.0 / std::pow(10000.0, 2.0 * i / 64));
+}
+
+TEST(HYV4Config, ExplicitValuesOverride) {
+  json j = base();
+  j["vocab_size"] = 1000;
+  j["hidden_size"] = 64;
+  j["intermediate_size"] = 128;
+  j["moe_intermediate_size"] = 32;
+  j["num_hidden_layers"] = 3;
+  j["num_attention_heads"] = 4;
+  j["num_key_value_heads"] = 1;  // forced to num_attention_heads
+  j["head_dim"] = 999;           // forced to qk_rope_head_dim
+  j["hidden_act"] = "gelu";
+  j["max_position_embeddings"] = 4096;
+  j["rms_norm_eps"] = 1e-6;
+  j["pad_token_id"] = nullptr;
+  j["bos_token_id"] = 1;
+  j["eos_token_id"] = json::array({2, 3});
+  j["tie_word_embeddings"] = true;
+  j["attention_bias"] = true;
+  j["n_routed_experts"] = 16;
+  j["n_shared_experts"] = 0;
+  j["num_experts_per_tok"] = 4;
+  j["routed_scaling_factor"] = 1.5;
+  j["norm_topk_prob"] = false;
+  j["n_group"] = 4;
+  j["topk_group"] = 2;
+  j["q_lora_rank"] = nullptr;
+  j["kv_lora_rank"] = 32;
+  j["qk_nope_head_dim"] = 24;
+  j["qk_rope_head_dim"] = 8;
+  j["v_head_dim"] = 16;
+  j["mlp_layer_types"] = json::array({"dense", "dense", "sparse"});
+  j["indexer_types"] = json::array({"full", "shared", "full"});
+  j["index_topk"] = 64;
+  j["index_head_dim"] = 32;
+  j["index_n_heads"] = 2;
+  j["hc_mult"] = 2;
+  j["hc_magnitude"] = 1;
+  j["hc_eps"] = 1e-5;
+  j["learnable_sink_init"] = -1.5;
+  j["swiglu_limit"] = 0;
+  j["rope_theta"] = 50000;
+  j["num_nextn_predict_layers"] = 1;
+  j["mtp_quant_algo"] = "fp8";
+  j["dtype"] = "bfloat16";
+  j["torch_dtype"] = "float16";
+  j["quantization_config"] = {{"quant_method", "fp8"},
+                              {"fmt", "e4m3"},
+                              {"weight_block_size", {128, 128}},
+                              {"activation_scheme", "dynamic"},
+                              {"scale_fmt", "ue8m0"},
+                              {"ignored_layers", {"lm_head"}},
+                              {"modules_to_not_convert", {"lm_head", "model.layers.0.mlp"}},
+                              {"exclude_modules", {"gate"}}};
+  HYV4Config c = parse(j);
+  EXPECT_EQ(c.vocab_size, 1000);
+  EXPECT_EQ(c.hidden_size, 64);
+  EXPECT_EQ(c.intermediate_size, 128);
+  EXPECT_EQ(c.moe_intermediate_size, 32);
+  EXPECT_EQ(c.num_hidden_layers, 3);
+  EXPECT_EQ(c.num_attention_heads, 4);
+  EXPECT_EQ(c.num_key_value_heads, 4);
+  EXPECT_EQ(c.head_dim, 8);
+  EXPECT_EQ(c.hidden_act, "gelu");
+  EXPECT_EQ(c.max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(c.rms_norm_eps, 1e-6);
+  EXPECT_EQ(c.pad_token_id, -1);
+  EXPECT_EQ(c.bos_token_id, 1);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(c.tie_word_embeddings);
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_EQ(c.n_routed_experts, 16);
+  EXPECT_EQ(c.n_shared_experts, 0);
+  EXPECT_EQ(c.num_experts_per_tok, 4);
+  EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 1.5);
+  EXPECT_FALSE(c.norm_topk_prob);
+  EXPECT_EQ(c.n_group, 4);
+  EXPECT_EQ(c.topk_group, 2);
+  EXPECT_EQ(c.q_lora_rank, -1);
+  EXPECT_EQ(c.kv_lora_rank, 32);
+  EXPECT_EQ(c.qk_head_dim, 32);
+  EXPECT_EQ(c.v_head_dim, 16);
+  EXPECT_EQ(c.mlp_layer_types, (std::vector<std::string>{"dense", "dense", "sparse"}));
+  EXPECT_EQ(c.layer_types, std::vector<std::string>(3, "deepseek_sparse_attention"));
+  EXPECT_EQ(c.indexer_types, (std::vector<std::string>{"full", "shared", "full"}));
+  EXPECT_FALSE(c.is_sparse_mlp(1));
+  EXPECT_TRUE(c.is_sparse_mlp(2));
+  EXPECT_FALSE(c.has_own_indexer(1));
+  EXPECT_TRUE(c.has_own_indexer(2));
+  EXPECT_EQ(c.index_topk, 64);
+  EXPECT_EQ(c.index_head_dim, 32);
+  EXPECT_EQ(c.index_n_heads, 2);
+  EXPECT_EQ(c.hc_mult, 2);
+  EXPECT_DOUBLE_EQ(c.hc_magnitude, 1.0);
+  EXPECT_DOUBLE_EQ(c.hc_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c.learnable_sink_init, -1.5);
+  EXPECT_FALSE(c.swiglu_clamped());
+  EXPECT_DOUBLE_EQ(c.rope.theta, 50000.0);
+  ASSERT_EQ(c.rope.inv_freq.size(), 4u);
+  expect_rel_near(c.rope.inv_freq[3], 1.0 / std::pow(50000.0, 6.0 / 8));
+  EXPECT_DOUBLE_EQ(c.attn_scale, std::pow(32.0, -0.5));
+  EXPECT_EQ(c.num_nextn_predict_layers, 1);
+  EXPECT_EQ(c.mtp_quant_algo, "fp8");
+  EXPECT_EQ(c.torch_dtype, "bfloat16");
+  ASSERT_TRUE(c.quant.present);
+  EXPECT_EQ(c.quant.quant_method, "fp8");
+  EXPECT_EQ(c.quant.fmt, "e4m3");
+  EXPECT_EQ(c.quant.weight_block_size, (std::vector<int64_t>{128, 128}));
+  EXPECT_EQ(c.quant.activation_scheme, "dynamic");
+  EXPECT_EQ(c.quant.scale_fmt, "ue8m0");
+  EXPECT_EQ(c.quant.ignored_layers, (std::vector<std::string>{"lm_head", "model.layers.0.mlp", "gate"}));
+  EXPECT_EQ(c.quant.raw["fmt"], "e4m3");
+}
+
+TEST(HYV4Config, TokenIdsAndAliases) {
+  json j = base();
+  j["eos_token_id"] = 7;
+  j["bos_token_id"] = nullptr;
+  j["num_local_experts"] = 64;
+  j["torch_dtype"] = "float16";
+  HYV4Config c = parse(j);
+  EXPECT_EQ(c.eos_token_ids, std::vector<int64_t>{7});
+  EXPECT_EQ(c.bos_token_id, -1);
+  EXPECT_EQ(c.pad_token_id, 120002);
+  EXPECT_EQ(c.n_routed_experts, 64);
+  EXPECT_EQ(c.torch_dtype, "float16");
+  EXPECT_TRUE(parse(with(base(), "eos_token_id", nullptr)).eos_token_ids.empty());
+}
+
+TEST(HYV4Config, YarnInvFreqAndAttentionFactor) {
+  for (double mscale : {1.0, 0.707}) {
+    HYV4Config c = parse(yarn_config(mscale, 1.0));
+    YarnRef ref = yarn_reference(10000, 16, 4, 64, mscale, 1.0);
+    EXPECT_EQ(c.rope.type, "yarn");
+    EXPECT_EQ(c.rope.dim, 16);
+    EXPECT_DOUBLE_EQ(c.rope.factor, 4.0);
+    EXPECT_EQ(c.rope.original_max_position_embeddings, 64);
+    EXPECT_DOUBLE_EQ(c.rope.beta_fast, 32);
+    EXPECT_DOUBLE_EQ(c.rope.beta_slow, 1);
+    EXPECT_TRUE(c.rope.truncate);
+    ASSERT_EQ(c.rope.inv_freq.size(), 8u);
+    for (int i = 0; i < 8; ++i) expect_rel_near(c.rope.inv_freq[i], ref.inv_freq[i]);
+    expect_rel_near(c.rope.attention_factor, ref.attention_factor, 1e-12);
+    // attn_scale = qk_head_dim^-0.5 * mscale(factor, mscale_all_dim)^2
+    double m = 0.1 * std::log(4.0) + 1.0;
+    expect_rel_near(c.attn_scale, (1.0 / std::sqrt(64.0)) * m * m, 1e-12);
+  }
+  EXPECT_DOUBLE_EQ(parse(yarn_config(1.0, 1.0)).rope.attention_factor, 1.0);
+  expect_rel_near(parse(yarn_config(0.707, 1.0)).rope.attention_factor,
+                  (0.1 * 0.707 * std::log(4.0) + 1) / (0.1 * std::log(4.0) + 1), 1e-12);
+
+  // The ramp actually mixes: first entry pure extrapolation, last pure interpolation.
+  HYV4Config c = parse(yarn_config(1.0, 1.0));
+  expect_rel_near(c.rope.inv_freq[0], 1.0);
+  expect_rel_near(c.rope.inv_freq[7], 1.0 / (4 * std::pow(10000.0, 14.0 / 16)));
+}
+
+TEST(HYV4Config, YarnWithoutMscaleAllDim) {
+  json j = yarn_config(0, 0);
+  j["rope_parameters"].erase("mscale");
+  j["rope_parameters"].erase("mscale_all_dim");
+  HYV4Config c = parse(j);
+  // attention_factor falls back to mscale(factor, 1); attn_scale is unscaled.
+  expect_rel_near(c.rope.attention_factor, 0.1 * std::log(4.0) + 1.0, 1e-12);
+  EXPECT_DOUBLE_EQ(c.attn_scale, std::pow(64.0, -0.5));
+  YarnRef ref = yarn_reference(10000, 16, 4, 64, 0, 0);
+  for (int i = 0; i < 8; ++i) expect_rel_near(c.rope.inv_freq[i], ref.inv_freq[i]);
+
+  // mscale alone (no mscale_all_dim) also uses the plain formula.
+  json k = yarn_config(0.707, 0);
+  expect_rel_near(parse(k).rope.attention_factor, 0.1 * std::log(4.0) + 1.0, 1e-12);
+}
+
+TEST(HYV4Config, YarnOptions) {
+  // Explicit attention_factor, betas, truncate=false.
+  json j = yarn_config(1.0, 1.0);
+  j["rope_parameters"]["attention_factor"] = 1.25;
+  j["rope_parameters"]["beta_fast"] = 16;
+  j["rope_parameters"]["beta_slow"] = 2;
+  j["rope_parameters"]["truncate"] = false;
+  j["rope_parameters"]["rope_theta"] = 500000.0;
+  HYV4Config c = parse(j);
+  EXPECT_DOUBLE_EQ(c.rope.attention_factor, 1.25);
+  EXPECT_DOUBLE_EQ(c.rope.beta_fast, 16);
+  EXPECT_DOUBLE_EQ(c.rope.beta_slow, 2);
+  EXPECT_FALSE(c.rope.truncate);
+  YarnRef ref = yarn_reference(500000, 16, 4, 64, 1, 1, 16, 2, false);
+  for (int i = 0; i < 8; ++i) expect_rel_near(c.rope.inv_freq[i], ref.inv_freq[i]);
+
+  // Zero betas mean "default"; null factor -> max_position_embeddings / original.
+  json k = yarn_config(1.0, 1.0);
+  k["rope_parameters"]["beta_fast"] = 0;
+  k["rope_parameters"]["beta_slow"] = nullptr;
+  k["rope_parameters"]["factor"] = nullptr;
+  k["max_position_embeddings"] = 512;
+  HYV4Config d = parse(k);
+  EXPECT_DOUBLE_EQ(d.rope.beta_fast, 32);
+  EXPECT_DOUBLE_EQ(d.rope.beta_slow, 1);
+  EXPECT_DOUBLE_EQ(d.rope.factor, 8.0);
+  YarnRef ref8 = yarn_reference(10000, 16, 8, 64, 1, 1);
+  for (int i = 0; i < 8; ++i) expect_rel_near(d.rope.inv_freq[i], ref8.inv_freq[i]);
+
+  // original_max_position_embeddings defaults to max_position_embeddings.
+  json m = yarn_config(1.0, 1.0);
+  m["rope_parameters"].erase("original_max_position_embeddings");
+  EXPECT_EQ(parse(m).rope.original_max_position_embeddings, 256);
+}
+
+TEST(HYV4Config, LegacyRopeScalingPrecedence) {
+  // rope_scaling (legacy, "type" key) wins over rope_parameters; top-level rope_theta fills in.
+  json j = base();
+  j["qk_rope_head_dim"] = 16;
+  j["rope_theta"] = 20000.0;
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}};
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1.0e6}};
+  HYV4Config c = parse(j);
+  EXPECT_EQ(c.rope.type, "yarn");
+  EXPECT_DOUBLE_EQ(c.rope.theta, 20000.0);
+  YarnRef ref = yarn_reference(20000, 16, 4, 64, 0, 0);
+  for (int i = 0; i < 8; ++i) expect_rel_near(c.rope.inv_freq[i], ref.inv_freq[i]);
+
+  // The dict's own rope_theta beats the top-level one; an empty rope_scaling is ignored.
+  json k = base();
+  k["rope_theta"] = 20000.0;
+  k["rope_scaling"] = json::object();
+  k["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1.0e6}};
+  EXPECT_DOUBLE_EQ(parse(k).rope.theta, 1.0e6);
+
+  // Top-level original_max_position_embeddings has priority over the dict's.
+  json m = yarn_config(1.0, 1.0);
+  m["original_max_position_embeddings"] = 128;
+  EXPECT_EQ(parse(m).rope.original_max_position_embeddings, 128);
+}
+
+TEST(HYV4Config, ModelTypeErrors) {
+  expect_error(json::object(), {"model_type", "nextn supports: hy_v4"});
+  expect_error(json{{"model_type", "llama"}}, {"unsupported model_type 'llama'", "(nextn supports: hy_v4)"});
+  expect_error(json{{"model_type", 5}}, {"model_type"});
+  expect_error(json::array(), {"object"});
+}
+
+TEST(HYV4Config, TypeErrors) {
+  expect_error(with(base(), "hidden_size", "2816"), {"hidden_size", "integer"});
+  expect_error(with(base(), "hidden_size", 2816.5), {"hidden_size"});
+  expect_error(with(base(), "hidden_size", nullptr), {"hidden_size"});
+  expect_error(with(base(), "num_hidden_layers", true), {"num_hidden_layers"});
+  expect_error(with(base(), "rms_norm_eps", "1e-5"), {"rms_norm_eps", "number"});
+  expect_error(with(base(), "tie_word_embeddings", 1), {"tie_word_embeddings", "boolean"});
+  expect_error(with(base(), "hidden_act", 3), {"hidden_act", "string"});
+  expect_error(with(base(), "eos_token_id", json::array({1, "x"})), {"eos_token_id[1]"});
+  expect_error(with(base(), "pad_token_id", "0"), {"pad_token_id"});
+  expect_error(with(base(), "q_lora_rank", "none"), {"q_lora_rank"});
+  expect_error(with(base(), "mlp_layer_types", "dense"), {"mlp_layer_types"});
+  expect_error(with(base(), "rope_parameters", 3), {"rope_parameters"});
+  expect_error(with(base(), "rope_theta", "1e4"), {"rope_theta"});
+  expect_error(with(base(), "quantization_config", "fp8"), {"quantization_config"});
+  expect_error(with(base(), "quantization_config", json{{"weight_block_size", {128, "a"}}}),
+               {"quantization_config.weight_block_size[1]"});
+  expect_error(with(base(), "quantization_config", json{{"ignored_layers", "lm_head"}}),
+               {"quantization_config.ignored_layers"});
+  expect_error(with(base(), "num_nextn_predict_layers", "1"), {"num_nextn_predict_layers"});
+  expect_error(with(base(), "dtype", 16), {"dtype"});
+  expect_error(with(base(), "num_hidden_layers", 1LL << 40), {"num_hidden_layers", "out of range"});
+}
+
+TEST(HYV4Config, LayerListErrors) {
+  json j = with(base(), "num_hidden_layers", 3);
+  expect_error(with(j, "mlp_layer_types", json::array({"dense", "sparse"})), {"mlp_layer_types", "num_hidden_layers"});
+  expect_error(with(j, "mlp_layer_types", json::array({"dense", "moe", "sparse"})), {"mlp_layer_types[1]", "moe"});
+  expect_error(with(j, "mlp_layer_types", json::array({"dense", 1, "sparse"})), {"mlp_layer_types[1]"});
+  expect_error(with(j, "indexer_types", json::array({"full", "full"})), {"indexer_types"});
+  expect_error(with(j, "indexer_types", json::array({"full", "partial", "full"})), {"indexer_types[1]", "partial"});
+  expect_error(with(j, "indexer_types", json::array({"shared", "full", "full"})), {"indexer_types[0]", "full"});
+  expect_error(with(j, "layer_types", json::array({"deepseek_sparse_attention"})), {"layer_types"});
+}
+
+TEST(HYV4Config, SizeAndMoeErrors) {
+  for (const char* f : {"vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+                        "num_attention_heads", "max_position_embeddings", "kv_lora_rank", "qk_nope_head_dim",
+                        "qk_rope_head_dim", "v_head_dim", "n_routed_experts", "num_experts_per_tok", "n_group",
+                        "topk_group", "index_topk", "index_head_dim", "index_n_heads", "hc_mult", "q_lora_rank"}) {
+    expect_error(with(base(), f, 0), {f, "positive"});
+    expect_error(with(base(), f, -4), {f});
+  }
+  expect_error(with(base(), "n_shared_experts", -1), {"n_shared_experts"});
+  expect_error(with(base(), "qk_rope_head_dim", 63), {"qk_rope_head_dim", "even"});
+  expect_error(with(with(base(), "n_routed_experts", 10), "n_group", 4), {"n_routed_experts", "n_group"});
+  expect_error(with(with(base(), "n_group", 2), "topk_group", 3), {"topk_group", "n_group"});
+  expect_error(with(with(base(), "n_routed_experts", 4), "num_experts_per_tok", 5),
+               {"num_experts_per_tok", "n_routed_experts"});
+}
+
+TEST(HYV4Config, RopeErrors) {
+  expect_error(with(base(), "rope_parameters", json{{"rope_type", "linear"}, {"factor", 2.0}}),
+               {"rope_parameters.rope_type", "linear"});
+  expect_error(with(base(), "rope_scaling", json{{"type", "dynamic"}, {"factor", 2.0}}), {"rope_scaling", "dynamic"});
+  expect_error(with(base(), "rope_parameters", json{{"rope_type", "yarn"}}), {"rope_parameters.factor"});
+  json j = yarn_config(1.0, 1.0);
+  j["rope_parameters"]["factor"] = "4";
+  expect_error(j, {"rope_parameters.factor"});
+  j = yarn_config(1.0, 1.0);
+  j["rope_parameters"]["beta_fast"] = "32";
+  expect_error(j, {"rope_parameters.beta_fast"});
+  j = yarn_config(1.0, 1.0);
+  j["rope_parameters"]["truncate"] = 1;
+  expect_error(j, {"rope_parameters.truncate"});
+  j = yarn_config(1.0, 1.0);
+  j["rope_parameters"]["original_max_position_embeddings"] = 0;
+  expect_error(j, {"original_max_position_embeddings"});
+  j = yarn_config(1.0, 1.0);
+  j["rope_parameters"]["rope_theta"] = nullptr;
+  expect_error(j, {"rope_parameters.rope_theta"});
+  expect_error(with(base(), "rope_parameters", json{{"rope_theta", -1.0}}), {"rope_theta"});
+  expect_error(with(base(), "rope_parameters", json{{"deepseek_sparse_attention", {{"rope_type", "default"}}}}),
+               {"rope_parameters", "deepseek_sparse_attention"});
+}
+
+class HYV4ConfigFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("nextn_hy_v4_cfg_" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void write(const std::string& text) { std::ofstream(dir_ / "config.json") << text; }
+  std::filesystem::path dir_;
+};
+
+TEST_F(HYV4ConfigFiles, LoadsFromDirectory) {
+  write(R"({"model_type": "hy_v4", "num_hidden_layers": 6, "hidden_size": 128})");
+  HYV4Config c = load_hy_v4_config(dir_.string());
+  EXPECT_EQ(c.num_hidden_layers, 6);
+  EXPECT_EQ(c.hidden_size, 128);
+  EXPECT_EQ(c.indexer_types.size(), 6u);
+  EXPECT_EQ(read_model_type(dir_.string()), "hy_v4");
+}
+
+TEST_F(HYV4ConfigFiles, ErrorsNameTheFile) {
+  const std::string path = (dir_ / "config.json").string();
+  write(R"({"model_type": "hy_v4", "hidden_size": )");
+  try {
+    load_hy_v4_config(dir_.string());
+    ADD_FAILURE() << "expected Error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("parse error"), std::string::npos) << msg;
+  }
+  EXPECT_THROW(read_model_type(dir_.string()), Error);
+
+  write(R"({"model_type": "hy_v4", "hidden_size": "big"})");
+  try {
+    load_hy_v4_config(dir_.string());
+    ADD_FAILURE() << "expected Error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find(path), std::string::npos) << msg;
+    EXPECT_NE(msg.find("hidden_size"), std::string::npos) << msg;
+  }
+
+  write(R"({"model_type": "qwen3"})");
+  EXPECT_EQ(read_model_type(dir_.string()), "qwen3");
+  write(R"({"vocab_size": 3})");
+  EXPECT_THROW(read_model_type(dir_.string()), Error);
+
+  std::filesystem::remove(dir_ / "config.json");
+  EXPECT_THROW(load_hy_v4_config(dir_.string()), Error);
+  EXPECT_THROW(read_model_type(dir_.string()), Error);
+}
+
+}  // namespace
+}  // namespace nextn

@@ -1,0 +1,51 @@
+// The math the models call. Model code never touches weight bytes itself: it hands `Linear` handles and
+// activation buffers to these ops, so kernels (and later a CUDA backend) change without touching models.
+//
+// Batch invariance (needed for exact speculative decoding): every op computes a row of its output with
+// the same instructions and the same reduction order whatever the number of rows M in the call, and
+// whatever the thread count. Threads split *output columns*, never a reduction.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "core/dtype.h"
+
+namespace nextn {
+
+class ThreadPool;
+
+// A [out, in] weight matrix as stored in the checkpoint (row-major, rows = output features).
+// FP8 weights carry block scales: scale_inv[out / block_out, in / block_in] (fp32 or E8M0),
+// dequantized inside the kernel (weight-only FP8; activations stay fp32).
+struct Linear {
+  DType dtype = DType::F32;
+  int64_t out = 0, in = 0;
+  const void* data = nullptr;
+  int64_t row_stride = 0;  // elements between rows (= in for a plain matrix)
+  // FP8 block scales (dtype == F8_E4M3 only)
+  const void* scale = nullptr;
+  DType scale_dtype = DType::F32;  // F32, BF16 or F8_E8M0
+  int64_t block_out = 128, block_in = 128;
+  int64_t scale_cols = 0;  // ceil(in / block_in)
+  const float* bias = nullptr;  // optional [out]
+
+  // Rows [r0, r0 + n) as a Linear of its own (expert slices, fused projections).
+  Linear rows(int64_t r0, int64_t n) const;
+  size_t weight_bytes() const;
+};
+
+namespace ops {
+
+// y[M, w.out] = x[M, w.in] · wᵀ (+ bias). x rows are contiguous with stride x_stride (default w.in).
+void matmul(ThreadPool* pool, const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride = -1,
+            int64_t y_stride = -1);
+
+// y[w.in] += Σ_r x[r] · w[r, :] for r < w.out: the transposed product (MLA weight absorption).
+void matmul_transposed(const float* x, const Linear& w, float* y);
+
+// Dequantizes row r of w into out[w.in].
+void dequant_row(const Linear& w, int64_t r, float* out);
+
+}  // namespace ops
+}  // namespace nextn
