@@ -49,3 +49,29 @@ void dequant_row(const Linear& w, int64_t r, float* out);
 
 }  // namespace ops
 }  // namespace nextn
+
+namespace nextn::ops {
+
+// out[r] = x[r] * rsqrt(mean(x[r]²) + eps) * weight   (rows of width d; weight may be null = ones)
+void rms_norm(const float* x, int64_t rows, int64_t d, const float* weight, float eps, float* out,
+              int64_t x_stride = -1, int64_t out_stride = -1);
+// 1 / sqrt(mean(x²) + eps) of one row.
+float inv_rms(const float* x, int64_t d, float eps);
+// LayerNorm with affine weight and bias over rows of width d.
+void layer_norm(const float* x, int64_t rows, int64_t d, const float* weight, const float* bias, float eps,
+                float* out);
+// Non-interleaved ("rotate half") RoPE on x[0..dim) of one vector, in place:
+// cos/sin hold dim/2 entries already multiplied by the attention factor.
+void rope_rotate_half(float* x, int64_t dim, const float* cos, const float* sin);
+// cos/sin tables (dim/2 entries) of one position.
+void rope_tables(const float* inv_freq, int64_t half, int64_t position, float attention_factor, float* cos,
+                 float* sin);
+// out[i] = silu(min(gate[i], limit)) * clamp(up[i], -limit, limit); no clamp when limit <= 0.
+void swiglu(const float* gate, const float* up, int64_t n, float limit, float* out);
+inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
+float dot(const float* a, const float* b, int64_t n);
+// Indices of the k largest values of x[0..n) (ties: lower index first), written ascending.
+// Returns the count min(k, n). scratch must hold n ints.
+int64_t topk_ascending(const float* x, int64_t n, int64_t k, int32_t* out, int32_t* scratch);
+
+}  // namespace nextn::ops

@@ -1,0 +1,146 @@
+#include "core/threadpool.h"
+
+#include <algorithm>
+
+namespace nextn {
+
+namespace {
+
+// The pool (if any) whose chunk the current thread is running, and that chunk's thread index.
+thread_local const ThreadPool* tl_pool = nullptr;
+thread_local int tl_index = 0;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Busy-wait this many pause iterations before blocking: a decode step issues many small parallel_fors
+// back to back, and a condition-variable wake-up costs more than the work of one of them.
+constexpr int kSpinIterations = 2000;
+
+}  // namespace
+
+ThreadPool::ThreadPool(int n_threads) {
+  if (n_threads <= 0) n_threads = static_cast<int>(std::thread::hardware_concurrency());
+  n_threads_ = std::max(1, n_threads);
+  workers_.reserve(static_cast<size_t>(n_threads_ - 1));
+  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_main(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  start_cv_.notify_all();
+  for (std::thread& t : workers_) t.join();
+}
+
+int ThreadPool::chunk_count(int64_t n, int64_t grain, int threads) {
+  if (n <= 0) return 0;
+  const int64_t g = std::max<int64_t>(1, grain);
+  const int64_t by_grain = std::max<int64_t>(1, n / g);
+  return static_cast<int>(std::min<int64_t>(std::max(1, threads), by_grain));
+}
+
+std::pair<int64_t, int64_t> ThreadPool::chunk_range(int64_t n, int chunks, int i) {
+  const int64_t q = n / chunks, r = n % chunks;
+  const int64_t begin = i * q + std::min<int64_t>(i, r);
+  const int64_t end = begin + q + (i < r ? 1 : 0);
+  return {begin, end};
+}
+
+void ThreadPool::run_chunk(int index) {
+  const auto [begin, end] = chunk_range(n_, chunks_, index);
+  const ThreadPool* saved_pool = tl_pool;
+  const int saved_index = tl_index;
+  tl_pool = this;
+  tl_index = index;
+  try {
+    (*fn_)(begin, end, index);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(error_mu_);
+    if (!error_) error_ = std::current_exception();
+  }
+  tl_pool = saved_pool;
+  tl_index = saved_index;
+}
+
+void ThreadPool::worker_main(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    // Wait for a new generation: spin briefly, then block.
+    for (int spin = 0; generation_.load(std::memory_order_acquire) == seen && spin < kSpinIterations; ++spin)
+      cpu_relax();
+    int chunks;
+    {
+      // Snapshot the generation together with its job: a worker not needed by job G may wake late, after
+      // the caller has already moved on to job G + 1, and must then see G + 1's chunk count, not G's.
+      std::unique_lock<std::mutex> lock(mu_);
+      start_cv_.wait(lock, [&] { return generation_.load(std::memory_order_relaxed) != seen || stop_; });
+      if (stop_) return;
+      seen = generation_.load(std::memory_order_relaxed);
+      chunks = chunks_;
+    }
+    if (index >= chunks) continue;  // this job has fewer chunks than threads
+    run_chunk(index);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_cv_.notify_one();
+    }
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain, const Fn& fn) {
+  if (n <= 0) return;
+  if (tl_pool == this) {  // nested call from one of our own chunks: no re-entry, run it here
+    fn(0, n, tl_index);
+    return;
+  }
+  const int chunks = chunk_count(n, grain, n_threads_);
+  if (chunks <= 1) {
+    fn(0, n, 0);
+    return;
+  }
+
+  std::lock_guard<std::mutex> call_lock(call_mu_);
+  error_ = nullptr;
+  pending_.store(chunks - 1, std::memory_order_relaxed);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fn_ = &fn;
+    n_ = n;
+    chunks_ = chunks;
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  start_cv_.notify_all();
+
+  run_chunk(0);
+
+  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0 && spin < kSpinIterations; ++spin)
+    cpu_relax();
+  if (pending_.load(std::memory_order_acquire) != 0) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+  }
+
+  if (error_) {
+    std::exception_ptr e = std::move(error_);
+    error_ = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void parallel_for(ThreadPool* pool, int64_t n, int64_t grain, const ThreadPool::Fn& fn) {
+  if (n <= 0) return;
+  if (pool == nullptr || pool->size() <= 1 || ThreadPool::chunk_count(n, grain, pool->size()) <= 1) {
+    fn(0, n, 0);
+    return;
+  }
+  pool->parallel_for(n, grain, fn);
+}
+
+}  // namespace nextn

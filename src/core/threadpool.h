@@ -1,0 +1,74 @@
+// A small fork-join thread pool for the CPU kernels.
+//
+// parallel_for splits [0, n) into contiguous chunks, one per thread, with a partition that depends only
+// on (n, grain, size()): chunk_count() chunks, chunk i = chunk_range(n, chunks, i). The caller thread runs
+// chunk 0 itself; persistent workers run the others. Nothing is allocated per call.
+#pragma once
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace nextn {
+
+class ThreadPool {
+ public:
+  using Fn = std::function<void(int64_t begin, int64_t end, int thread_index)>;
+
+  // n_threads <= 0: std::thread::hardware_concurrency() (at least 1). The caller counts as one thread,
+  // so size() - 1 workers are started.
+  explicit ThreadPool(int n_threads = 0);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return n_threads_; }
+
+  // Runs fn(begin, end, thread_index) over [0, n) in chunk_count(n, grain, size()) contiguous chunks and
+  // returns once all are done. thread_index is the chunk index (0 = the calling thread). If fn throws, the
+  // first exception is rethrown here after every chunk has finished. Concurrent calls from different
+  // threads are serialised; a call made from inside fn on this pool runs serially on the current thread
+  // (fn(0, n, current thread index)).
+  void parallel_for(int64_t n, int64_t grain, const Fn& fn);
+
+  // Number of chunks parallel_for uses: min(threads, max(1, n / grain)), so every chunk has >= grain
+  // elements when there is more than one. 0 when n <= 0.
+  static int chunk_count(int64_t n, int64_t grain, int threads);
+  // [begin, end) of chunk i of `chunks` over [0, n): sizes differ by at most one, larger chunks first.
+  static std::pair<int64_t, int64_t> chunk_range(int64_t n, int chunks, int i);
+
+ private:
+  void worker_main(int index);
+  void run_chunk(int index);
+
+  int n_threads_ = 1;
+  std::vector<std::thread> workers_;
+
+  std::mutex call_mu_;  // one parallel_for at a time
+
+  std::mutex mu_;
+  std::condition_variable start_cv_;
+  std::condition_variable done_cv_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  bool stop_ = false;  // guarded by mu_
+
+  // The current job (written before generation_ is bumped, read by workers after they see the bump).
+  const Fn* fn_ = nullptr;
+  int64_t n_ = 0;
+  int chunks_ = 0;
+
+  std::mutex error_mu_;
+  std::exception_ptr error_;
+};
+
+// Serial-friendly entry point: runs fn(0, n, 0) on the calling thread when pool is null, has one thread,
+// or n is too small to make two chunks of `grain`; otherwise pool->parallel_for(n, grain, fn).
+void parallel_for(ThreadPool* pool, int64_t n, int64_t grain, const ThreadPool::Fn& fn);
+
+}  // namespace nextn

@@ -1,0 +1,173 @@
+// HY V4 (Tencent Hy4): MLA attention with a DSA top-k indexer, attention sinks and a sigmoid output
+// gate; iHC hyper-connections; dense MLP / MoE layers; FP8-block or bf16/fp32 weights.
+//
+// One token through the target (shapes for S tokens of one sequence, H = hidden_size, C = hc_mult):
+//   embed [S,H] -> streams X [S,C,H] (C copies)
+//   per layer: attn_hc(X) -> pre-mix x [S,H], post gates [S,C]
+//              x = input_layernorm(x); a = attention(x) [S,H]; X = post ⊗ a + X
+//              ffn_hc(X) -> x; x = post_attention_layernorm(x); m = mlp(x); X = post ⊗ m + X
+//   hc_head(X) [S,H] -> norm -> hidden [S,H] -> lm_head -> logits [S,V]
+// The MTP draft layers (draft.h) reuse the attention and FFN blocks of this file without iHC.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "models/hy_v4_config.h"
+#include "models/kv_cache.h"
+#include "ops/ops.h"
+
+namespace nextn {
+
+class ThreadPool;
+
+struct HyperConnectionWeights {  // attn_hc / ffn_hc (fp32, tiny)
+  Linear fn;                     // [2C, C*H]
+  std::vector<float> base;       // [2C]
+  std::vector<float> scale;      // [2]
+};
+
+struct IndexerWeights {
+  Linear wq_b;                           // [n_ih*ihd, q_lora]
+  Linear wk;                             // [ihd, H]
+  std::vector<float> k_norm_w, k_norm_b; // [ihd] LayerNorm
+  Linear weights_proj;                   // [n_ih, H]
+};
+
+struct AttentionWeights {
+  Linear q_a_proj;                  // [q_lora, H]
+  std::vector<float> q_a_norm;      // [q_lora]
+  Linear q_b_proj;                  // [heads*qk_head, q_lora]
+  Linear kv_a_proj;                 // [kv_lora + rope, H]
+  std::vector<float> kv_a_norm;     // [kv_lora]
+  Linear kv_b_proj;                 // [heads*(nope + v), kv_lora]
+  Linear o_proj;                    // [H, heads*v]
+  Linear gate_proj;                 // [heads*v, H] sigmoid output gate ("linear_gate" on the hub)
+  std::vector<float> sinks;         // [heads] ("learnable_sink_param")
+  bool has_indexer = false;         // false: reuses the previous full layer's top-k ("shared")
+  IndexerWeights indexer;
+  std::vector<float> q_a_bias, kv_a_bias, o_bias;  // attention_bias only
+};
+
+struct FfnWeights {
+  bool sparse = false;
+  // dense MLP, or the shared experts of a MoE layer
+  Linear gate_proj, up_proj, down_proj;  // [I,H], [I,H], [H,I]
+  bool has_shared = false;
+  // MoE
+  Linear router;                       // [E, H]
+  std::vector<float> e_bias;           // [E] e_score_correction_bias (selection only)
+  std::vector<Linear> expert_gate_up;  // E × [2I, H] (gate rows first, then up)
+  std::vector<Linear> expert_down;     // E × [H, I]
+};
+
+struct DecoderLayerWeights {
+  HyperConnectionWeights attn_hc, ffn_hc;  // unused by MTP blocks
+  std::vector<float> input_norm, post_attn_norm;
+  AttentionWeights attn;
+  FfnWeights ffn;
+};
+
+struct MtpLayerWeights {
+  std::vector<float> enorm, hnorm, final_norm;  // [H]
+  Linear eh_proj;                               // [H, 2H]: concat(enorm(embed), hnorm(h_prev))
+  DecoderLayerWeights block;                    // plain pre-norm block (no iHC), own indexer
+};
+
+struct HYV4Weights {
+  Linear embed;  // [V, H]
+  std::vector<DecoderLayerWeights> layers;
+  Linear hc_head_fn;  // [C, C*H]
+  std::vector<float> hc_head_base, hc_head_scale;
+  std::vector<float> final_norm;
+  Linear lm_head;  // [V, H]
+  std::vector<MtpLayerWeights> mtp;  // num_nextn_predict_layers (empty: no draft)
+};
+
+// Reusable activation buffers for up to `rows` tokens per forward: sized once, grown only when a
+// larger batch arrives, so the decode loop never allocates.
+struct HYV4Workspace {
+  int64_t rows = 0;
+  std::vector<float> streams, streams_tmp;  // [S, C, H]
+  std::vector<float> x, xn, y;              // [S, H]
+  std::vector<float> mixes;                 // [S, 2C]
+  std::vector<float> q_resid;               // [S, q_lora]
+  std::vector<float> q;                     // [S, heads*qk_head]
+  std::vector<float> kv_a;                  // [S, kv_lora + rope]
+  std::vector<float> gate;                  // [S, heads*v]
+  std::vector<float> attn;                  // [S, heads*v]
+  std::vector<float> iq;                    // [S, n_ih*ihd]
+  std::vector<float> ik;                    // [S, ihd]
+  std::vector<float> iw;                    // [S, n_ih]
+  std::vector<int32_t> topk;                // [S, index_topk] selected key positions, ascending
+  std::vector<int32_t> topk_count;          // [S]
+  std::vector<float> ffn_a, ffn_b;          // [S, max(2I_moe, 2I_dense)], [S, max I]
+  std::vector<float> router;                // [S, E]
+  std::vector<int32_t> expert_ids;          // [S, top_k]
+  std::vector<float> expert_w;              // [S, top_k]
+  std::vector<float> gathered, expert_out;  // [S, H]
+  std::vector<int32_t> expert_rows;         // [S]
+  std::vector<float> hidden;                // [S, H] final hidden state
+  std::vector<float> mtp_in;                // [S, 2H]
+  // per-thread attention scratch
+  std::vector<float> att_scratch;           // [threads, heads-independent scratch]
+  std::vector<float> idx_scratch;           // [S, max_seq] index scores
+  std::vector<int32_t> idx_tmp;             // [threads, max_seq]
+};
+
+class HYV4Model {
+ public:
+  // Loads DIR/config.json and the safetensors weights (mmap'd, never copied). Throws nextn::Error
+  // naming the file / tensor / field on any problem; missing tensors are listed together.
+  HYV4Model(const std::string& model_dir, ThreadPool* pool);
+  ~HYV4Model();
+
+  const HYV4Config& config() const { return cfg_; }
+  const HYV4Weights& weights() const { return w_; }
+  int num_mtp_layers() const { return static_cast<int>(w_.mtp.size()); }
+  const std::string& dir() const { return dir_; }
+  // Bytes of weights a single-token target forward reads (all layers, active experts only, lm_head).
+  size_t weight_bytes_total() const;
+
+  KVCache new_cache(int64_t capacity) const;      // target layers
+  KVCache new_draft_cache(int64_t capacity) const;  // one MTP layer (each draft layer has its own)
+
+  // Runs tokens[0..S) at positions cache.length().. and appends them to the cache.
+  // hidden_out: [S, H] final hidden states (after HC head + norm), may be null.
+  // logits_out: [S, V] if all_logits, else [1, V] for the last token; may be null.
+  void forward(const int32_t* tokens, int64_t S, KVCache& cache, float* logits_out, float* hidden_out,
+               bool all_logits = true);
+
+  // MTP draft layer `layer` over S positions starting at dcache.length(): row s gets token tokens[s]
+  // (the token *after* that position) and the previous hidden state h_prev[s] ([S, H]).
+  // The embedding is zeroed at absolute position 0, as the seed does.
+  // hidden_out [S, H] (after final_layernorm), logits_out [S, V] (may be null).
+  void draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, KVCache& dcache,
+                     float* logits_out, float* hidden_out);
+
+  // logits [rows, V] = lm_head(hidden [rows, H]).
+  void lm_head(const float* hidden, int64_t rows, float* logits);
+
+ private:
+  void ensure_workspace(int64_t S, int64_t max_seq);
+  void hyper_pre(const HyperConnectionWeights& hc, int64_t S);  // streams -> x, mixes (post in mixes[C..])
+  void hyper_post(int64_t S);                                   // streams += post ⊗ y
+  // x: [S, H] normed input -> ws_.y [S, H]
+  void attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t S, int64_t pos0);
+  void ffn(const FfnWeights& F, const float* x, int64_t S, float* out);
+
+  std::string dir_;
+  HYV4Config cfg_;
+  WeightStore store_;
+  HYV4Weights w_;
+  ThreadPool* pool_;
+  HYV4Workspace ws_;
+  int64_t ws_max_seq_ = 0;
+};
+
+// transformers' hub -> internal renames for hy_v4 (conversion_mapping.py), applied in the same order.
+std::string hy_v4_canonical_name(const std::string& checkpoint_name);
+
+}  // namespace nextn

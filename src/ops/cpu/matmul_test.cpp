@@ -1,0 +1,484 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "ops/ops.h"
+
+namespace nextn {
+namespace {
+
+// ---- independent scalar decoders (do not reuse the library's conversions) ------------------------------
+
+double ref_bf16(uint16_t v) {
+  uint32_t bits = static_cast<uint32_t>(v) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+double ref_f16(uint16_t v) {
+  const int sign = (v >> 15) & 1, exp = (v >> 10) & 0x1f, mant = v & 0x3ff;
+  const double mag = exp == 0 ? std::ldexp(mant, -24) : std::ldexp(1024 + mant, exp - 25);
+  return sign ? -mag : mag;
+}
+
+double ref_fp8(uint8_t v) {
+  const int sign = (v >> 7) & 1, exp = (v >> 3) & 0xf, mant = v & 0x7;
+  const double mag = exp == 0 ? std::ldexp(mant, -9) : std::ldexp(8 + mant, exp - 10);
+  return sign ? -mag : mag;
+}
+
+double ref_e8m0(uint8_t v) { return std::ldexp(1.0, static_cast<int>(v) - 127); }
+
+// A test weight: owns its bytes, plus the dequantized values in double.
+struct TestWeight {
+  std::vector<float> f32;
+  std::vector<uint16_t> u16;
+  std::vector<uint8_t> u8;
+  std::vector<float> scale_f32;
+  std::vector<uint16_t> scale_u16;
+  std::vector<uint8_t> scale_u8;
+  std::vector<float> bias;
+  std::vector<double> deq;  // [out][in]
+  Linear lin;
+};
+
+// dtype: weight dtype; scale_dtype only for F8_E4M3.
+std::unique_ptr<TestWeight> make_weight(DType dtype, int64_t out, int64_t in, uint32_t seed,
+                                        bool with_bias = false, DType scale_dtype = DType::F32,
+                                        int64_t block = 128) {
+  auto t = std::make_unique<TestWeight>();
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  const size_t n = static_cast<size_t>(out * in);
+  t->deq.resize(n);
+  Linear& w = t->lin;
+  w.dtype = dtype;
+  w.out = out;
+  w.in = in;
+  w.row_stride = in;
+  switch (dtype) {
+    case DType::F32:
+      t->f32.resize(n);
+      for (size_t i = 0; i < n; ++i) t->deq[i] = t->f32[i] = uni(rng);
+      w.data = t->f32.data();
+      break;
+    case DType::BF16:
+      t->u16.resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        t->u16[i] = f32_to_bf16(uni(rng));
+        t->deq[i] = ref_bf16(t->u16[i]);
+      }
+      w.data = t->u16.data();
+      break;
+    case DType::F16:
+      t->u16.resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        // Random sign and mantissa, exponents 2^-6..2^1, plus some subnormals.
+        const uint32_t r = rng();
+        const uint16_t exp = (r % 16 == 0) ? 0 : static_cast<uint16_t>(9 + (r >> 4) % 8);
+        t->u16[i] = static_cast<uint16_t>(((r >> 8) & 1) << 15 | exp << 10 | ((r >> 12) & 0x3ff));
+        t->deq[i] = ref_f16(t->u16[i]);
+      }
+      w.data = t->u16.data();
+      break;
+    case DType::F8_E4M3: {
+      t->u8.resize(n);
+      for (size_t i = 0; i < n; ++i) {
+        uint8_t v;
+        do v = static_cast<uint8_t>(rng());
+        while ((v & 0x7f) == 0x7f);  // no NaN
+        t->u8[i] = v;
+      }
+      w.data = t->u8.data();
+      w.block_out = w.block_in = block;
+      const int64_t srows = (out + block - 1) / block, scols = (in + block - 1) / block;
+      w.scale_cols = scols;
+      w.scale_dtype = scale_dtype;
+      std::vector<double> s(static_cast<size_t>(srows * scols));
+      std::uniform_real_distribution<float> su(0.001f, 0.01f);
+      for (size_t i = 0; i < s.size(); ++i) {
+        if (scale_dtype == DType::F32) {
+          t->scale_f32.push_back(su(rng));
+          s[i] = t->scale_f32.back();
+        } else if (scale_dtype == DType::BF16) {
+          t->scale_u16.push_back(f32_to_bf16(su(rng)));
+          s[i] = ref_bf16(t->scale_u16.back());
+        } else {
+          t->scale_u8.push_back(static_cast<uint8_t>(117 + rng() % 8));
+          s[i] = ref_e8m0(t->scale_u8.back());
+        }
+      }
+      w.scale = scale_dtype == DType::F32    ? static_cast<const void*>(t->scale_f32.data())
+                : scale_dtype == DType::BF16 ? static_cast<const void*>(t->scale_u16.data())
+                                             : static_cast<const void*>(t->scale_u8.data());
+      for (int64_t r = 0; r < out; ++r)
+        for (int64_t c = 0; c < in; ++c)
+          t->deq[r * in + c] = ref_fp8(t->u8[r * in + c]) * s[(r / block) * scols + c / block];
+      break;
+    }
+    default:
+      ADD_FAILURE() << "unsupported test dtype";
+  }
+  if (with_bias) {
+    t->bias.resize(static_cast<size_t>(out));
+    for (float& b : t->bias) b = uni(rng);
+    w.bias = t->bias.data();
+  }
+  return t;
+}
+
+std::vector<float> random_vec(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uni(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& f : v) f = uni(rng);
+  return v;
+}
+
+// y = bias + x · deqᵀ in double.
+std::vector<double> ref_matmul(const std::vector<float>& x, int64_t M, const TestWeight& t) {
+  const int64_t N = t.lin.out, K = t.lin.in;
+  std::vector<double> y(static_cast<size_t>(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = t.bias.empty() ? 0.0 : t.bias[n];
+      for (int64_t k = 0; k < K; ++k) acc += static_cast<double>(x[m * K + k]) * t.deq[n * K + k];
+      y[m * N + n] = acc;
+    }
+  return y;
+}
+
+// Tolerance: max |got - ref| <= 1e-5 * max |ref| (fp32 accumulation over a few hundred to a few thousand
+// terms of magnitude <= 1 stays far below this; a wrong weight, scale or index is far above it).
+constexpr double kRelTol = 1e-5;
+
+void expect_close(const std::vector<float>& got, const std::vector<double>& ref, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size());
+  double max_ref = 0.0, max_err = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    max_err = std::max(max_err, std::fabs(static_cast<double>(got[i]) - ref[i]));
+  }
+  EXPECT_GT(max_ref, 0.0) << what;
+  EXPECT_LE(max_err, kRelTol * max_ref) << what << ": max_err " << max_err << " max_ref " << max_ref;
+}
+
+struct Case {
+  const char* name;
+  DType dtype;
+  DType scale_dtype;
+  int64_t out, in, block;
+};
+
+const Case kCases[] = {
+    {"f32", DType::F32, DType::F32, 72, 300, 128},
+    {"bf16", DType::BF16, DType::F32, 72, 300, 128},
+    {"f16", DType::F16, DType::F32, 72, 300, 128},
+    {"fp8_f32_scale", DType::F8_E4M3, DType::F32, 256, 384, 128},
+    {"fp8_e8m0_scale", DType::F8_E4M3, DType::F8_E8M0, 256, 384, 128},
+    {"fp8_bf16_scale", DType::F8_E4M3, DType::BF16, 256, 256, 128},
+    {"fp8_partial_blocks", DType::F8_E4M3, DType::F32, 200, 300, 128},
+    {"fp8_e8m0_partial_blocks", DType::F8_E4M3, DType::F8_E8M0, 200, 300, 128},
+    {"bf16_long_k", DType::BF16, DType::F32, 40, 1100, 128},  // several k passes + a 12-element tail
+};
+
+TEST(Matmul, MatchesDoubleReference) {
+  ThreadPool pool(3);
+  for (const Case& c : kCases) {
+    for (bool with_bias : {false, true}) {
+      auto t = make_weight(c.dtype, c.out, c.in, 1234, with_bias, c.scale_dtype, c.block);
+      for (int64_t M : {1, 5, 16}) {
+        const auto x = random_vec(static_cast<size_t>(M * c.in), 99);
+        std::vector<float> y(static_cast<size_t>(M * c.out), -7.0f);
+        ops::matmul(&pool, x.data(), M, t->lin, y.data());
+        expect_close(y, ref_matmul(x, M, *t),
+                     std::string(c.name) + (with_bias ? " +bias" : "") + " M=" + std::to_string(M));
+      }
+    }
+  }
+}
+
+TEST(Matmul, DequantRowMatchesReference) {
+  for (const Case& c : kCases) {
+    auto t = make_weight(c.dtype, c.out, c.in, 77, false, c.scale_dtype, c.block);
+    std::vector<float> row(static_cast<size_t>(c.in));
+    for (int64_t r : {int64_t{0}, c.out / 2, c.out - 1}) {
+      ops::dequant_row(t->lin, r, row.data());
+      for (int64_t k = 0; k < c.in; ++k) {
+        // fp8 value * scale is exact in double; the kernel rounds it once to fp32, as does this cast.
+        ASSERT_EQ(row[k], static_cast<float>(t->deq[r * c.in + k])) << c.name << " r=" << r << " k=" << k;
+      }
+    }
+  }
+}
+
+// Batch invariance: y[m][n] must not depend on M, on the other rows of x, or on the thread count.
+TEST(Matmul, BatchAndThreadInvariant) {
+  ThreadPool pool1(1), pool3(3);
+  ThreadPool* pools[] = {nullptr, &pool1, &pool3};
+  const int64_t Ms[] = {1, 7, 16, 50};
+  for (const Case& c : kCases) {
+    auto t = make_weight(c.dtype, c.out, c.in, 555, true, c.scale_dtype, c.block);
+    const int64_t N = c.out, K = c.in;
+    const auto x = random_vec(static_cast<size_t>(50 * K), 4242);
+    // Every row of every call compared against the M = 1, serial result for that row.
+    std::vector<float> single(static_cast<size_t>(50 * N));
+    for (int64_t m = 0; m < 50; ++m) ops::matmul(nullptr, x.data() + m * K, 1, t->lin, single.data() + m * N);
+    for (ThreadPool* p : pools) {
+      for (int64_t M : Ms) {
+        std::vector<float> y(static_cast<size_t>(M * N));
+        ops::matmul(p, x.data(), M, t->lin, y.data());
+        for (int64_t m = 0; m < M; ++m)
+          ASSERT_EQ(0, std::memcmp(y.data() + m * N, single.data() + m * N, static_cast<size_t>(N) * 4))
+              << c.name << " pool=" << (p ? p->size() : 0) << " M=" << M << " row " << m;
+      }
+    }
+  }
+}
+
+TEST(Matmul, RowZeroBitIdenticalAcrossBatchSizes) {
+  ThreadPool pool1(1), pool3(3);
+  auto t = make_weight(DType::F8_E4M3, 200, 300, 9, true, DType::F8_E8M0, 128);
+  const auto x = random_vec(16 * 300, 10);
+  std::vector<float> ref(200), y7(7 * 200), y16(16 * 200);
+  ops::matmul(nullptr, x.data(), 1, t->lin, ref.data());
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool1, &pool3}) {
+    std::vector<float> y1(200);
+    ops::matmul(p, x.data(), 1, t->lin, y1.data());
+    ops::matmul(p, x.data(), 7, t->lin, y7.data());
+    ops::matmul(p, x.data(), 16, t->lin, y16.data());
+    EXPECT_EQ(0, std::memcmp(y1.data(), ref.data(), 200 * 4));
+    EXPECT_EQ(0, std::memcmp(y7.data(), ref.data(), 200 * 4));
+    EXPECT_EQ(0, std::memcmp(y16.data(), ref.data(), 200 * 4));
+  }
+}
+
+TEST(Matmul, Strides) {
+  ThreadPool pool(3);
+  auto t = make_weight(DType::BF16, 64, 100, 3, true);
+  const int64_t M = 5, xs = 107, ys = 70;
+  const auto packed = random_vec(static_cast<size_t>(M * 100), 11);
+  std::vector<float> xpad(static_cast<size_t>(M * xs), 1e30f);
+  for (int64_t m = 0; m < M; ++m) std::copy_n(packed.data() + m * 100, 100, xpad.data() + m * xs);
+  std::vector<float> y(static_cast<size_t>(M * 64)), ypad(static_cast<size_t>(M * ys), 5.0f);
+  ops::matmul(&pool, packed.data(), M, t->lin, y.data());
+  ops::matmul(&pool, xpad.data(), M, t->lin, ypad.data(), xs, ys);
+  for (int64_t m = 0; m < M; ++m) {
+    EXPECT_EQ(0, std::memcmp(ypad.data() + m * ys, y.data() + m * 64, 64 * 4)) << m;
+    for (int64_t n = 64; n < ys; ++n) EXPECT_EQ(ypad[m * ys + n], 5.0f) << "wrote past the row";
+  }
+}
+
+TEST(Matmul, WeightRowStride) {
+  // A [out, in] view inside a wider [out, 130] f32 matrix.
+  auto t = make_weight(DType::F32, 32, 130, 21);
+  Linear narrow = t->lin;
+  narrow.in = 100;
+  const auto x = random_vec(3 * 100, 22);
+  std::vector<float> y(3 * 32);
+  ops::matmul(nullptr, x.data(), 3, narrow, y.data());
+  std::vector<double> ref(3 * 32, 0.0);
+  for (int m = 0; m < 3; ++m)
+    for (int n = 0; n < 32; ++n)
+      for (int k = 0; k < 100; ++k)
+        ref[m * 32 + n] += static_cast<double>(x[m * 100 + k]) * t->deq[n * 130 + k];
+  expect_close(y, ref, "row_stride");
+}
+
+TEST(Linear, RowsSliceMatchesFullMatmul) {
+  struct SliceCase {
+    DType dtype, scale_dtype;
+    int64_t r0, n;
+  };
+  for (const SliceCase& s :
+       {SliceCase{DType::BF16, DType::F32, 37, 50}, SliceCase{DType::F32, DType::F32, 5, 3},
+        SliceCase{DType::F8_E4M3, DType::F32, 128, 72}, SliceCase{DType::F8_E4M3, DType::F8_E8M0, 0, 130}}) {
+    auto t = make_weight(s.dtype, 200, 300, 31, true, s.scale_dtype, 128);
+    const auto x = random_vec(4 * 300, 32);
+    std::vector<float> full(4 * 200), part(static_cast<size_t>(4 * s.n));
+    ops::matmul(nullptr, x.data(), 4, t->lin, full.data());
+    const Linear sl = t->lin.rows(s.r0, s.n);
+    EXPECT_EQ(sl.out, s.n);
+    EXPECT_EQ(sl.in, 300);
+    ops::matmul(nullptr, x.data(), 4, sl, part.data());
+    for (int64_t m = 0; m < 4; ++m)
+      EXPECT_EQ(
+          0, std::memcmp(part.data() + m * s.n, full.data() + m * 200 + s.r0, static_cast<size_t>(s.n) * 4));
+  }
+  auto t = make_weight(DType::F8_E4M3, 200, 300, 31);
+  EXPECT_THROW(t->lin.rows(64, 10), Error);    // not on a scale block boundary
+  EXPECT_THROW(t->lin.rows(128, 100), Error);  // past the end
+}
+
+TEST(Linear, WeightBytes) {
+  auto a = make_weight(DType::BF16, 10, 20, 1);
+  EXPECT_EQ(a->lin.weight_bytes(), 10u * 20u * 2u);
+  auto b = make_weight(DType::F32, 10, 20, 1, true);
+  EXPECT_EQ(b->lin.weight_bytes(), 10u * 20u * 4u + 10u * 4u);
+  auto c = make_weight(DType::F8_E4M3, 200, 300, 1, false, DType::F32, 128);
+  EXPECT_EQ(c->lin.weight_bytes(), 200u * 300u + 2u * 3u * 4u);
+  auto d = make_weight(DType::F8_E4M3, 200, 300, 1, false, DType::F8_E8M0, 128);
+  EXPECT_EQ(d->lin.weight_bytes(), 200u * 300u + 2u * 3u);
+}
+
+TEST(Matmul, MatmulTransposedMatchesReference) {
+  for (const Case& c : kCases) {
+    auto t = make_weight(c.dtype, c.out, c.in, 808, false, c.scale_dtype, c.block);
+    const auto x = random_vec(static_cast<size_t>(c.out), 809);
+    auto y = random_vec(static_cast<size_t>(c.in), 810);
+    std::vector<double> ref(y.begin(), y.end());
+    for (int64_t r = 0; r < c.out; ++r)
+      for (int64_t k = 0; k < c.in; ++k) ref[k] += static_cast<double>(x[r]) * t->deq[r * c.in + k];
+    ops::matmul_transposed(x.data(), t->lin, y.data());
+    expect_close(y, ref, std::string("transposed ") + c.name);
+  }
+}
+
+TEST(Matmul, UnsupportedDtypeThrows) {
+  std::vector<int32_t> data(16);
+  Linear w;
+  w.dtype = DType::I32;
+  w.out = 4;
+  w.in = 4;
+  w.data = data.data();
+  std::vector<float> x(4), y(4);
+  EXPECT_THROW(ops::matmul(nullptr, x.data(), 1, w, y.data()), Error);
+  w.dtype = DType::F8_E4M3;  // FP8 without scales
+  EXPECT_THROW(ops::matmul(nullptr, x.data(), 1, w, y.data()), Error);
+}
+
+// ---- ThreadPool ---------------------------------------------------------------------------------------
+
+TEST(ThreadPool, EveryIndexCoveredExactlyOnce) {
+  for (int threads : {1, 2, 3, 4, 8}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.size(), threads);
+    for (int64_t n : {0, 1, 5, 15, 16, 17, 31, 32, 100, 1000, 1001}) {
+      for (int64_t grain : {1, 7, 16, 1000}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        const int chunks = ThreadPool::chunk_count(n, grain, threads);
+        std::vector<std::atomic<int64_t>> begins(static_cast<size_t>(std::max(chunks, 1)));
+        std::vector<std::atomic<int64_t>> ends(static_cast<size_t>(std::max(chunks, 1)));
+        std::atomic<int> calls{0};
+        pool.parallel_for(n, grain, [&](int64_t b, int64_t e, int ti) {
+          ASSERT_GE(ti, 0);
+          ASSERT_LT(ti, chunks);
+          begins[static_cast<size_t>(ti)] = b;
+          ends[static_cast<size_t>(ti)] = e;
+          calls++;
+          for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+        });
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1)
+              << "threads=" << threads << " n=" << n << " i=" << i;
+        ASSERT_EQ(calls.load(), chunks) << "threads=" << threads << " n=" << n << " grain=" << grain;
+        // The partition is the documented one: contiguous, in order, each chunk >= grain when split.
+        for (int i = 0; i < chunks; ++i) {
+          const auto [b, e] = ThreadPool::chunk_range(n, chunks, i);
+          EXPECT_EQ(begins[static_cast<size_t>(i)].load(), b);
+          EXPECT_EQ(ends[static_cast<size_t>(i)].load(), e);
+          if (chunks > 1) {
+            EXPECT_GE(e - b, grain);
+          }
+        }
+        EXPECT_LE(chunks, threads);
+      }
+    }
+  }
+}
+
+TEST(ThreadPool, FreeFunctionSerialFallback) {
+  for (int64_t n : {1, 10, 1000}) {
+    int calls = 0;
+    parallel_for(nullptr, n, 16, [&](int64_t b, int64_t e, int ti) {
+      ++calls;
+      EXPECT_EQ(b, 0);
+      EXPECT_EQ(e, n);
+      EXPECT_EQ(ti, 0);
+    });
+    EXPECT_EQ(calls, 1);
+  }
+  ThreadPool one(1);
+  int calls = 0;
+  parallel_for(&one, 1000, 1, [&](int64_t, int64_t, int) { ++calls; });
+  EXPECT_EQ(calls, 1);
+  ThreadPool three(3);
+  calls = 0;
+  parallel_for(&three, 20, 16, [&](int64_t, int64_t, int) { ++calls; });  // n too small to split
+  EXPECT_EQ(calls, 1);
+  std::atomic<int64_t> sum{0};
+  parallel_for(&three, 1000, 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) sum += i;
+  });
+  EXPECT_EQ(sum.load(), 999 * 1000 / 2);
+  int none = 0;
+  parallel_for(&three, 0, 1, [&](int64_t, int64_t, int) { ++none; });
+  EXPECT_EQ(none, 0);
+}
+
+TEST(ThreadPool, PropagatesExceptions) {
+  ThreadPool pool(4);
+  // From a worker's chunk.
+  EXPECT_THROW(pool.parallel_for(100, 1,
+                                 [](int64_t b, int64_t, int) {
+                                   if (b > 0) throw std::runtime_error("worker failed");
+                                 }),
+               std::runtime_error);
+  // From the caller's own chunk, with the message intact; the other chunks still ran.
+  std::atomic<int> done{0};
+  try {
+    pool.parallel_for(100, 1, [&](int64_t, int64_t, int ti) {
+      if (ti == 0) throw Error("caller failed");
+      done++;
+    });
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "caller failed");
+  }
+  EXPECT_EQ(done.load(), 3);
+  // Via the free function, and the pool stays usable afterwards.
+  EXPECT_THROW(parallel_for(&pool, 100, 1, [](int64_t, int64_t, int) { throw std::logic_error("all"); }),
+               std::logic_error);
+  std::atomic<int64_t> count{0};
+  pool.parallel_for(100, 1, [&](int64_t b, int64_t e, int) { count += e - b; });
+  EXPECT_EQ(count.load(), 100);
+}
+
+TEST(ThreadPool, NestedCallRunsInline) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> count{0};
+  pool.parallel_for(30, 1, [&](int64_t b, int64_t e, int) {
+    pool.parallel_for(e - b, 1, [&](int64_t b2, int64_t e2, int) { count += e2 - b2; });
+  });
+  EXPECT_EQ(count.load(), 30);
+}
+
+TEST(ThreadPool, ManyBackToBackCalls) {
+  ThreadPool pool(3);
+  std::vector<int64_t> v(48, 0);
+  for (int it = 0; it < 3000; ++it) {
+    const int64_t n = 1 + it % 48;
+    pool.parallel_for(n, 1 + it % 5, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) v[static_cast<size_t>(i)]++;
+    });
+  }
+  int64_t total = 0;
+  for (int64_t c : v) total += c;
+  int64_t expect = 0;
+  for (int it = 0; it < 3000; ++it) expect += 1 + it % 48;
+  EXPECT_EQ(total, expect);
+}
+
+}  // namespace
+}  // namespace nextn

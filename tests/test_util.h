@@ -1,0 +1,65 @@
+// Helpers shared by the end-to-end tests: fixture paths and reference tensors.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+
+namespace nextn::testing {
+
+inline std::string fixture_dir(const std::string& name) {
+  return std::string(NEXTN_SOURCE_DIR) + "/tests/fixtures/hy_v4/" + name;
+}
+
+// Reference tensors recorded by tools/fixtures/make_hy_v4_fixtures.py.
+class Reference {
+ public:
+  explicit Reference(const std::string& dir) : file_(dir + "/reference.safetensors") {}
+  bool has(const std::string& name) const { return file_.find(name) != nullptr; }
+  std::vector<float> f32(const std::string& name) const {
+    const TensorView* t = file_.find(name);
+    if (!t) throw std::runtime_error("reference lacks " + name);
+    std::vector<float> v(t->numel());
+    convert_to_f32(t->dtype, t->data, v.data(), v.size());
+    return v;
+  }
+  std::vector<int32_t> ids(const std::string& name) const {
+    const TensorView* t = file_.find(name);
+    if (!t) throw std::runtime_error("reference lacks " + name);
+    const int64_t* p = static_cast<const int64_t*>(t->data);
+    return std::vector<int32_t>(p, p + t->numel());
+  }
+
+ private:
+  SafetensorsFile file_;
+};
+
+struct Diff {
+  double max_abs = 0, max_ref = 0;
+  int64_t argmax_mismatches = 0, first_mismatch_row = -1;
+  double rel() const { return max_ref > 0 ? max_abs / max_ref : max_abs; }
+};
+
+// Compares [rows, cols] matrices: max |Δ|, max |ref| and per-row argmax agreement.
+inline Diff compare(const float* got, const float* ref, int64_t rows, int64_t cols) {
+  Diff d;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = got + r * cols;
+    const float* f = ref + r * cols;
+    for (int64_t i = 0; i < cols; ++i) {
+      d.max_abs = std::max(d.max_abs, double(std::fabs(g[i] - f[i])));
+      d.max_ref = std::max(d.max_ref, double(std::fabs(f[i])));
+    }
+    if (std::max_element(g, g + cols) - g != std::max_element(f, f + cols) - f) {
+      if (d.first_mismatch_row < 0) d.first_mismatch_row = r;
+      ++d.argmax_mismatches;
+    }
+  }
+  return d;
+}
+
+}  // namespace nextn::testing
