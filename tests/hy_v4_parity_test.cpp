@@ -145,11 +145,21 @@ TEST_P(HYV4Parity, DraftLayerLogitsMatchReference) {
   model_->forward(prompt_.data(), T, cache, nullptr, hidden.data());
   KVCache dcache = model_->new_draft_cache(T);
   std::vector<float> logits((T - 1) * V);
-  model_->draft_forward(0, prompt_.data() + 1, hidden.data(), T - 1, dcache, logits.data(), nullptr);
+  std::vector<float> h0((T - 1) * H);
+  model_->draft_forward(0, prompt_.data() + 1, hidden.data(), T - 1, 0, dcache, logits.data(), h0.data());
   auto ref = ref_->f32(exact("draft_logits"));
   auto d = compare(logits.data(), ref.data(), T - 1, V);
   EXPECT_LE(d.rel(), 1e-4) << "max|Δ| " << d.max_abs << " max|ref| " << d.max_ref;
   EXPECT_EQ(d.argmax_mismatches, 0) << "first at row " << d.first_mismatch_row;
+  if (model_->num_mtp_layers() < 2) return;
+  // MTP layer 1, chained: position q (1..T-2) gets token q+1 and layer 0's output at q-1.
+  KVCache dcache1 = model_->new_draft_cache(T);
+  std::vector<float> logits1((T - 2) * V);
+  model_->draft_forward(1, prompt_.data() + 2, h0.data(), T - 2, 1, dcache1, logits1.data(), nullptr);
+  auto ref1 = ref_->f32(exact("draft_logits_1"));
+  auto d1 = compare(logits1.data(), ref1.data(), T - 2, V);
+  EXPECT_LE(d1.rel(), 1e-4) << "layer 1 max|Δ| " << d1.max_abs;
+  EXPECT_EQ(d1.argmax_mismatches, 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HYV4Parity,

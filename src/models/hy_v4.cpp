@@ -143,8 +143,11 @@ void HYV4Model::hyper_post(int64_t S) {
   }
 }
 
-// xn [S, H] (normed) -> y [S, H]. Writes positions pos0..pos0+S-1 into lc.
-void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t S, int64_t pos0) {
+// xn [S, H] (normed) -> y [S, H]. Row s is rotated at position pos0+s, written to cache slot slot0+s and
+// attends to slots [0, slot0+s] chosen by the indexer — or, when `forced` is given, to exactly those
+// slots (the seed's draft steps >= 1 reuse step 0's top-k instead of running the indexer).
+void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t S, int64_t slot0, int64_t pos0,
+                          const TopkOverride* forced) {
   const HYV4Config& c = cfg_;
   const AttentionWeights& a = L.attn;
   const int64_t nh = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
@@ -163,20 +166,26 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   float* cosv = cs.data();
   float* sinv = cs.data() + half;
   for (int64_t s = 0; s < S; ++s) {
-    const int64_t pos = pos0 + s;
+    const int64_t pos = pos0 + s, slot = slot0 + s;
     ops::rope_tables(c.rope.inv_freq.data(), half, pos, af, cosv, sinv);
     float* q = ws_.q.data() + s * nh * qkd;
     for (int64_t h = 0; h < nh; ++h) ops::rope_rotate_half(q + h * qkd + nope, rope, cosv, sinv);
     const float* kva = ws_.kv_a.data() + s * (kvl + rope);
-    ops::rms_norm(kva, 1, kvl, a.kv_a_norm.data(), eps, lc.latent.data() + pos * kvl);
-    float* kr = lc.k_rot.data() + pos * rope;
+    ops::rms_norm(kva, 1, kvl, a.kv_a_norm.data(), eps, lc.latent.data() + slot * kvl);
+    float* kr = lc.k_rot.data() + slot * rope;
     std::copy(kva + kvl, kva + kvl + rope, kr);
     ops::rope_rotate_half(kr, rope, cosv, sinv);
   }
 
   // DSA indexer: top-k key positions per query row (ascending), or reuse the previous full layer's.
   const int64_t K = std::max<int64_t>(c.index_topk, 1);
-  if (a.has_indexer) {
+  if (forced) {
+    const int64_t n = std::min<int64_t>(forced->count, K);
+    for (int64_t s = 0; s < S; ++s) {
+      std::copy(forced->slots, forced->slots + n, ws_.topk.data() + s * K);
+      ws_.topk_count[s] = static_cast<int32_t>(n);
+    }
+  } else if (a.has_indexer) {
     const IndexerWeights& ix = a.indexer;
     const int64_t nih = c.index_n_heads, ihd = c.index_head_dim;
     ops::matmul(pool_, ws_.q_resid.data(), S, ix.wq_b, ws_.iq.data());  // [S, nih*ihd]
@@ -186,21 +195,21 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     const float wscale_a = 1.0f / std::sqrt(static_cast<float>(nih));
     const float wscale_b = 1.0f / std::sqrt(static_cast<float>(ihd));
     for (int64_t s = 0; s < S; ++s) {
-      const int64_t pos = pos0 + s;
+      const int64_t pos = pos0 + s, slot = slot0 + s;
       ops::rope_tables(c.rope.inv_freq.data(), half, pos, af, cosv, sinv);
       float* iq = ws_.iq.data() + s * nih * ihd;
       // The indexer rotates the *last* rope dims of its heads.
       for (int64_t h = 0; h < nih; ++h) ops::rope_rotate_half(iq + h * ihd + (ihd - rope), rope, cosv, sinv);
       float* ik = ws_.ik.data() + s * ihd;
       ops::rope_rotate_half(ik + (ihd - rope), rope, cosv, sinv);
-      std::copy(ik, ik + ihd, lc.index_k.data() + pos * ihd);
+      std::copy(ik, ik + ihd, lc.index_k.data() + slot * ihd);
       float* iw = ws_.iw.data() + s * nih;
       for (int64_t h = 0; h < nih; ++h) iw[h] = iw[h] * wscale_a * wscale_b;
     }
     const int64_t max_seq = ws_max_seq_;
     parallel_for(pool_, S, 1, [&](int64_t s0, int64_t s1, int) {
       for (int64_t s = s0; s < s1; ++s) {
-        const int64_t pos = pos0 + s, n = pos + 1;
+        const int64_t n = slot0 + s + 1;
         float* score = ws_.idx_scratch.data() + s * max_seq;
         const float* iq = ws_.iq.data() + s * nih * ihd;
         const float* iw = ws_.iw.data() + s * nih;
@@ -377,7 +386,7 @@ void HYV4Model::forward(const int32_t* tokens, int64_t S, KVCache& cache, float*
     const DecoderLayerWeights& L = w_.layers[li];
     hyper_pre(L.attn_hc, S);
     ops::rms_norm(ws_.x.data(), S, H, L.input_norm.data(), eps, ws_.xn.data());
-    attention(L, cache.layer(li), S, pos0);
+    attention(L, cache.layer(li), S, pos0, pos0, nullptr);
     hyper_post(S);
     hyper_pre(L.ffn_hc, S);
     ops::rms_norm(ws_.x.data(), S, H, L.post_attn_norm.data(), eps, ws_.xn.data());
@@ -408,8 +417,9 @@ void HYV4Model::forward(const int32_t* tokens, int64_t S, KVCache& cache, float*
   }
 }
 
-void HYV4Model::draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, KVCache& dcache,
-                              float* logits_out, float* hidden_out) {
+void HYV4Model::draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, int64_t pos0,
+                              KVCache& dcache, float* logits_out, float* hidden_out, const TopkOverride* forced,
+                              std::vector<int32_t>* last_topk_positions) {
   const HYV4Config& c = cfg_;
   if (layer < 0 || layer >= num_mtp_layers())
     throw Error("draft_forward: MTP layer " + std::to_string(layer) + " does not exist (checkpoint has " +
@@ -418,8 +428,12 @@ void HYV4Model::draft_forward(int layer, const int32_t* tokens, const float* h_p
   dcache.check_room(S);
   ensure_workspace(S, dcache.capacity());
   const MtpLayerWeights& m = w_.mtp[layer];
-  const int64_t H = c.hidden_size, pos0 = dcache.length();
+  const int64_t H = c.hidden_size, slot0 = dcache.length();
   const float eps = static_cast<float>(c.rms_norm_eps);
+  if (slot0 == 0) dcache.set_base_position(pos0);
+  if (pos0 != dcache.base_position() + slot0)
+    throw Error("draft_forward: position " + std::to_string(pos0) + " does not follow the draft cache (next " +
+                std::to_string(dcache.base_position() + slot0) + ")");
   for (int64_t s = 0; s < S; ++s) {
     float* in = ws_.mtp_in.data() + s * 2 * H;
     if (pos0 + s == 0) {
@@ -433,7 +447,13 @@ void HYV4Model::draft_forward(int layer, const int32_t* tokens, const float* h_p
   }
   ops::matmul(pool_, ws_.mtp_in.data(), S, m.eh_proj, ws_.x.data());  // [S, H]
   ops::rms_norm(ws_.x.data(), S, H, m.block.input_norm.data(), eps, ws_.xn.data());
-  attention(m.block, dcache.layer(0), S, pos0);
+  attention(m.block, dcache.layer(0), S, slot0, pos0, forced);
+  if (last_topk_positions) {
+    const int64_t K = std::max<int64_t>(c.index_topk, 1);
+    const int32_t* row = ws_.topk.data() + (S - 1) * K;
+    last_topk_positions->assign(row, row + ws_.topk_count[S - 1]);
+    for (int32_t& p : *last_topk_positions) p += static_cast<int32_t>(dcache.base_position());
+  }
   for (int64_t i = 0; i < S * H; ++i) ws_.x[i] += ws_.y[i];
   ops::rms_norm(ws_.x.data(), S, H, m.block.post_attn_norm.data(), eps, ws_.xn.data());
   ffn(m.block.ffn, ws_.xn.data(), S, ws_.y.data());

@@ -117,6 +117,12 @@ struct HYV4Workspace {
   std::vector<int32_t> idx_tmp;             // [threads, max_seq]
 };
 
+// Attention over a fixed set of cache slots instead of the indexer's choice (draft steps >= 1).
+struct TopkOverride {
+  const int32_t* slots;  // ascending
+  int64_t count;
+};
+
 class HYV4Model {
  public:
   // Loads DIR/config.json and the safetensors weights (mmap'd, never copied). Throws nextn::Error
@@ -140,12 +146,15 @@ class HYV4Model {
   void forward(const int32_t* tokens, int64_t S, KVCache& cache, float* logits_out, float* hidden_out,
                bool all_logits = true);
 
-  // MTP draft layer `layer` over S positions starting at dcache.length(): row s gets token tokens[s]
-  // (the token *after* that position) and the previous hidden state h_prev[s] ([S, H]).
-  // The embedding is zeroed at absolute position 0, as the seed does.
+  // MTP draft layer `layer` over positions pos0..pos0+S-1, appended to that layer's cache `dcache`:
+  // row s gets token tokens[s] (the token *after* that position) and the previous hidden state h_prev[s]
+  // ([S, H]); the embedding is zeroed at absolute position 0, as the seed does.
+  // forced: attend to these slots instead of running the layer's indexer (draft steps >= 1).
+  // last_topk_positions: receives the absolute positions the last row attended to (step 0's top-k).
   // hidden_out [S, H] (after final_layernorm), logits_out [S, V] (may be null).
-  void draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, KVCache& dcache,
-                     float* logits_out, float* hidden_out);
+  void draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, int64_t pos0,
+                     KVCache& dcache, float* logits_out, float* hidden_out, const TopkOverride* forced = nullptr,
+                     std::vector<int32_t>* last_topk_positions = nullptr);
 
   // logits [rows, V] = lm_head(hidden [rows, H]).
   void lm_head(const float* hidden, int64_t rows, float* logits);
@@ -155,7 +164,8 @@ class HYV4Model {
   void hyper_pre(const HyperConnectionWeights& hc, int64_t S);  // streams -> x, mixes (post in mixes[C..])
   void hyper_post(int64_t S);                                   // streams += post ⊗ y
   // x: [S, H] normed input -> ws_.y [S, H]
-  void attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t S, int64_t pos0);
+  void attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t S, int64_t slot0, int64_t pos0,
+                 const TopkOverride* forced);
   void ffn(const FfnWeights& F, const float* x, int64_t S, float* out);
 
   std::string dir_;

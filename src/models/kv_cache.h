@@ -26,6 +26,9 @@ class KVCache {
   KVCache(int64_t capacity, std::vector<LayerCache> layers) : capacity_(capacity), layers_(std::move(layers)) {}
 
   int64_t length() const { return length_; }
+  // Absolute position of slot 0 (0 for the target; MTP layer j's canonical entries start at position j).
+  int64_t base_position() const { return base_position_; }
+  void set_base_position(int64_t p) { base_position_ = p; }
   int64_t capacity() const { return capacity_; }
   // Forget positions >= n (speculative rollback). n must not exceed the current length.
   void truncate(int64_t n) {
@@ -45,7 +48,7 @@ class KVCache {
   size_t num_layers() const { return layers_.size(); }
 
  private:
-  int64_t capacity_ = 0, length_ = 0;
+  int64_t capacity_ = 0, length_ = 0, base_position_ = 0;
   std::vector<LayerCache> layers_;
 };
 
