@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages nextn builds and tests with. Idempotent: installs only what is missing.
 set -euo pipefail
-pkgs=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev)
+pkgs=(g++ cmake ninja-build pkg-config nlohmann-json3-dev libhwy-dev libgtest-dev libgmock-dev libbenchmark-dev
+      libpcre2-dev libicu-dev zlib1g-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -154,6 +154,7 @@ TEST_P(HYV4Parity, DraftLayerLogitsMatchReference) {
   if (model_->num_mtp_layers() < 2) return;
   // MTP layer 1, chained: position q (1..T-2) gets token q+1 and layer 0's output at q-1.
   KVCache dcache1 = model_->new_draft_cache(T);
+  dcache1.set_base_position(1);
   std::vector<float> logits1((T - 2) * V);
   model_->draft_forward(1, prompt_.data() + 2, h0.data(), T - 2, 1, dcache1, logits1.data(), nullptr);
   auto ref1 = ref_->f32(exact("draft_logits_1"));

@@ -19,9 +19,10 @@ size_t HYV4Model::weight_bytes_total() const {
   size_t total = w_.lm_head.weight_bytes();
   auto ffn_bytes = [&](const FfnWeights& f) {
     size_t s = f.gate_proj.weight_bytes() + f.up_proj.weight_bytes() + f.down_proj.weight_bytes();
-    if (f.sparse && !f.expert_gate_up.empty())
+    if (f.sparse && !f.expert_gate.empty())
       s += f.router.weight_bytes() + size_t(cfg_.num_experts_per_tok) *
-                                         (f.expert_gate_up[0].weight_bytes() + f.expert_down[0].weight_bytes());
+                                         (f.expert_gate[0].weight_bytes() + f.expert_up[0].weight_bytes() +
+                                          f.expert_down[0].weight_bytes());
     return s;
   };
   for (const auto& L : w_.layers) {
@@ -341,9 +342,7 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
           ++n;
         }
     if (n == 0) continue;
-    const Linear& gu = F.expert_gate_up[e];
-    const int64_t I = gu.out / 2;
-    mlp(gu.rows(0, I), gu.rows(I, I), F.expert_down[e], limit, ws_.gathered.data(), n, ws_.expert_out.data());
+    mlp(F.expert_gate[e], F.expert_up[e], F.expert_down[e], limit, ws_.gathered.data(), n, ws_.expert_out.data());
     for (int64_t r = 0; r < n; ++r) {
       const int64_t slot = ws_.expert_rows[r], s = slot / k;
       const float wt = ws_.expert_w[slot];
@@ -430,8 +429,8 @@ void HYV4Model::draft_forward(int layer, const int32_t* tokens, const float* h_p
   const MtpLayerWeights& m = w_.mtp[layer];
   const int64_t H = c.hidden_size, slot0 = dcache.length();
   const float eps = static_cast<float>(c.rms_norm_eps);
-  if (slot0 == 0) dcache.set_base_position(pos0);
-  if (pos0 != dcache.base_position() + slot0)
+  // Canonical rows extend the layer's chain contiguously; forced (speculative) rows may sit anywhere.
+  if (!forced && pos0 != dcache.base_position() + slot0)
     throw Error("draft_forward: position " + std::to_string(pos0) + " does not follow the draft cache (next " +
                 std::to_string(dcache.base_position() + slot0) + ")");
   for (int64_t s = 0; s < S; ++s) {

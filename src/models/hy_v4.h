@@ -34,6 +34,7 @@ struct IndexerWeights {
   Linear wk;                             // [ihd, H]
   std::vector<float> k_norm_w, k_norm_b; // [ihd] LayerNorm
   Linear weights_proj;                   // [n_ih, H]
+  std::vector<float> wk_dequant;         // [ihd, H] fp32 copy of an FP8 wk (dequantized once at load)
 };
 
 struct AttentionWeights {
@@ -59,7 +60,9 @@ struct FfnWeights {
   // MoE
   Linear router;                       // [E, H]
   std::vector<float> e_bias;           // [E] e_score_correction_bias (selection only)
-  std::vector<Linear> expert_gate_up;  // E × [2I, H] (gate rows first, then up)
+  // Routed experts, one Linear each (views of split [I, H] tensors or row slices of a fused tensor).
+  std::vector<Linear> expert_gate;     // E × [I, H]
+  std::vector<Linear> expert_up;       // E × [I, H]
   std::vector<Linear> expert_down;     // E × [H, I]
 };
 

@@ -1,0 +1,63 @@
+// `nextn inspect DIR [--json]`: prints what loading the checkpoint in DIR involves (architecture, sizes,
+// layer kinds, quantization, MTP layers, tensor naming) and every warning or error the loader would give.
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "cli/commands.h"
+#include "models/checkpoint_info.h"
+
+namespace nextn::cli {
+
+namespace {
+
+const char kUsage[] =
+    "usage: nextn inspect DIR [--json]\n"
+    "\n"
+    "Describes the HY V4 checkpoint in DIR (config.json + *.safetensors) without loading it: architecture,\n"
+    "sizes (parameters, bytes by dtype), layer kinds, quantization, MTP layers (naming, mtp_quant_algo),\n"
+    "tensor-name form, and the warnings and errors loading it would give.\n"
+    "\n"
+    "  --json     print one JSON object instead of text\n"
+    "  -h, --help print this help\n"
+    "\n"
+    "Exit status: 0 when the checkpoint loads, 1 when loading would fail, 2 on bad arguments.\n";
+
+}  // namespace
+
+int run_inspect(int argc, char** argv) {
+  std::string dir;
+  bool json = false;
+  // argv as main() received it: argv[1] is the command name (tolerated absent).
+  const int first = argc > 1 && std::strcmp(argv[1], "inspect") == 0 ? 2 : 1;
+  for (int i = first; i < argc; ++i) {
+    const char* a = argv[i];
+    if (std::strcmp(a, "--help") == 0 || std::strcmp(a, "-h") == 0) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (std::strcmp(a, "--json") == 0) {
+      json = true;
+    } else if (a[0] == '-' && a[1] != '\0') {
+      std::fprintf(stderr, "nextn inspect: unknown option '%s'\n%s", a, kUsage);
+      return 2;
+    } else if (dir.empty()) {
+      dir = a;
+    } else {
+      std::fprintf(stderr, "nextn inspect: unexpected argument '%s'\n%s", a, kUsage);
+      return 2;
+    }
+  }
+  if (dir.empty()) {
+    std::fprintf(stderr, "nextn inspect: missing DIR\n%s", kUsage);
+    return 2;
+  }
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  if (json)
+    std::printf("%s\n", checkpoint_info_json(info).dump(2).c_str());
+  else
+    std::fputs(checkpoint_info_text(info).c_str(), stdout);
+  return info.loadable ? 0 : 1;
+}
+
+}  // namespace nextn::cli

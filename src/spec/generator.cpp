@@ -1,0 +1,359 @@
+#include "spec/generator.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+
+namespace nextn {
+
+void SpecOptions::validate() const {
+  if (num_speculative_tokens < 1 || num_speculative_tokens > 8)
+    throw Error("speculative: num_speculative_tokens must be in 1..8, got " + std::to_string(num_speculative_tokens));
+  if (relaxed && (relaxed_top_n < 1 || !(relaxed_delta >= 0.0f)))
+    throw Error("speculative: relaxed acceptance needs top_n >= 1 and delta >= 0");
+  if (adaptive && (adaptive_window < 1 || adaptive_probe_interval < 1 || !(adaptive_threshold >= 0.0f)))
+    throw Error("speculative: adaptive needs window >= 1, probe interval >= 1, threshold >= 0");
+}
+
+double SpecStats::mean_acceptance_length() const {
+  return num_drafts ? 1.0 + double(num_accepted_tokens) / double(num_drafts) : 1.0;
+}
+
+std::vector<double> SpecStats::per_position_acceptance() const {
+  std::vector<double> r;
+  for (int64_t a : accepted_per_position) r.push_back(num_drafts ? double(a) / double(num_drafts) : 0.0);
+  return r;
+}
+
+double SpecStats::tokens_per_second() const {
+  return decode_seconds > 0 ? double(num_generated) / decode_seconds : 0.0;
+}
+
+void SpecStats::add_round(int drafted, int accepted) {
+  ++num_drafts;
+  num_draft_tokens += drafted;
+  num_accepted_tokens += accepted;
+  if (accepted_per_position.size() < size_t(drafted)) accepted_per_position.resize(drafted, 0);
+  for (int i = 0; i < accepted; ++i) ++accepted_per_position[i];
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// log-softmax of raw logits: the chosen token's logprob and the top-n alternatives.
+TokenLogprob make_logprob(const float* logits, int64_t V, int32_t token, int top_n) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
+  double z = 0;
+  for (int64_t i = 0; i < V; ++i) z += std::exp(double(logits[i]) - mx);
+  const float lz = static_cast<float>(std::log(z)) + mx;
+  TokenLogprob lp{token, logits[token] - lz, {}};
+  if (top_n > 0) {
+    std::vector<int32_t> idx(V);
+    for (int64_t i = 0; i < V; ++i) idx[i] = static_cast<int32_t>(i);
+    const int64_t n = std::min<int64_t>(top_n, V);
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    for (int64_t i = 0; i < n; ++i) lp.top.emplace_back(idx[i], logits[idx[i]] - lz);
+  }
+  return lp;
+}
+
+}  // namespace
+
+Generator::Generator(HYV4Model& model) : model_(model) {}
+
+GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                                     const SpecOptions& spec_in, const std::function<bool(int32_t)>& on_token) {
+  params.validate();
+  SpecOptions spec = spec_in;
+  spec.validate();
+  if (prompt.empty()) throw Error("generate: the prompt is empty");
+  const HYV4Config& c = model_.config();
+  const int64_t V = c.vocab_size, H = c.hidden_size;
+  for (int32_t t : prompt)
+    if (t < 0 || t >= V) throw Error("generate: prompt token " + std::to_string(t) + " outside the vocabulary");
+
+  const int nL = model_.num_mtp_layers();
+  const bool speculate = spec.enabled && nL > 0;
+  const int k_max = speculate ? spec.num_speculative_tokens : 0;
+  const int64_t n = prompt.size();
+  const int64_t capacity = n + params.max_tokens + k_max + 2;
+
+  GenerationResult res;
+  SpecStats& st = res.stats;
+  st.prompt_tokens = n;
+  if (params.max_tokens == 0) {
+    res.finish_reason = "length";
+    return res;
+  }
+
+  Sampler sampler(V, params);
+  TokenHistory history;
+  history.reset(V, prompt);
+  KVCache target = model_.new_cache(capacity);
+  std::vector<KVCache> dcache;
+  for (int j = 0; j < nL && speculate; ++j) {
+    dcache.push_back(model_.new_draft_cache(capacity));
+    dcache.back().set_base_position(j);  // layer j's chained entries start at position j
+  }
+
+  // Buffers, sized once: the decode loop does not allocate (beyond the result vectors).
+  const int64_t rows_max = std::max<int64_t>(n, k_max + 1);
+  std::vector<float> logits(rows_max * V), hidden(rows_max * H);
+  std::vector<float> pending_h(rows_max * H);  // target hidden of positions [c0, m-1] not yet seen by layer 0
+  int64_t pending_rows = 0;
+  std::vector<std::vector<float>> g(nL, std::vector<float>((rows_max + 1) * H));  // layer outputs this round
+  std::vector<int64_t> g_start(nL, 0), g_rows(nL, 0);
+  std::vector<std::vector<float>> g_last(nL, std::vector<float>(H));  // layer j's last canonical output
+  std::vector<int64_t> canon(nL, 0);
+  std::vector<int32_t> tokens_buf(rows_max + 1), topk0, forced_slots;
+  std::vector<float> step_h(H), draft_logits(V), q((k_max + 1) * V), p(V), resid(V);
+  std::vector<int32_t> drafts(k_max + 1);
+  std::vector<int32_t> seq = prompt;
+  seq.reserve(capacity);
+
+  bool stop = false;
+  auto emit = [&](int32_t t, const float* raw_logits) {
+    seq.push_back(t);
+    history.push(t);
+    res.ids.push_back(t);
+    ++st.num_generated;
+    if (params.logprobs >= 0) res.logprobs.push_back(make_logprob(raw_logits, V, t, params.logprobs));
+    if (on_token && !on_token(t)) {
+      stop = true;
+      res.finish_reason = "stop";
+    }
+    if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), t) != params.stop_token_ids.end()) {
+      stop = true;
+      res.finish_reason = "stop";
+    }
+    if (!stop && int64_t(res.ids.size()) >= params.max_tokens) {
+      stop = true;
+      res.finish_reason = "length";
+    }
+  };
+  // Target choice for one row of raw logits (penalties from the current history).
+  auto target_dist = [&](const float* raw, float* probs) {
+    std::copy(raw, raw + V, resid.data());
+    sampler.apply_penalties(resid.data(), history);
+    sampler.distribution(resid.data(), probs);
+  };
+
+  // Prefill.
+  auto t0 = Clock::now();
+  model_.forward(prompt.data(), n, target, logits.data(), hidden.data(), /*all_logits=*/false);
+  ++st.target_forwards;
+  std::copy(hidden.begin(), hidden.begin() + n * H, pending_h.begin());
+  pending_rows = n;
+  {
+    target_dist(logits.data(), p.data());
+    const int32_t t = params.greedy() ? Sampler::argmax(p.data(), V) : sampler.sample(p.data());
+    st.prefill_seconds = seconds_since(t0);
+    emit(t, logits.data());
+  }
+  auto t_decode = Clock::now();
+
+  // Adaptive k state.
+  int k_cur = k_max;
+  std::vector<std::pair<int, int>> window;  // (drafted, accepted) of recent rounds
+  int64_t since_probe = 0;
+
+  while (!stop) {
+    const int64_t m = int64_t(seq.size()) - 1;  // seq[m] is the newest token; the target has seen [0, m)
+    int k = k_cur;
+    if (speculate && spec.adaptive && k_cur == 0 && ++since_probe >= spec.adaptive_probe_interval) {
+      k = 1;  // probe
+      since_probe = 0;
+    }
+    // Never draft past max_tokens: the round emits at most k+1 tokens.
+    k = std::min<int64_t>(k, params.max_tokens - int64_t(res.ids.size()) - 1);
+    if (k < 0) k = 0;
+
+    // ---- Draft: catch every MTP layer up on the verified positions, then k draft steps.
+    if (speculate) {
+      // Layer 0: positions [c0, m-1]; row q gets token seq[q+1] and the target hidden at q.
+      const int64_t c0 = dcache[0].base_position() + dcache[0].length();
+      const int64_t rows0 = m - c0;
+      if (rows0 != pending_rows) throw Error("internal: draft catch-up out of step");
+      for (int64_t r = 0; r < rows0; ++r) tokens_buf[r] = seq[c0 + r + 1];
+      for (int j = 0; j < nL; ++j) {
+        const int64_t cj = dcache[j].base_position() + dcache[j].length();
+        const int64_t rows = m - cj;
+        if (rows <= 0) {
+          g_rows[j] = 0;
+          g_start[j] = cj;
+          continue;
+        }
+        const float* h_in;
+        std::vector<float>& hb = hidden;  // reuse as staging for chained inputs
+        if (j == 0) {
+          h_in = pending_h.data();
+        } else {
+          // row q needs layer j-1's output at q-1: this round's rows, or its last canonical one before them
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t qp = cj + r - 1;
+            const float* src = qp >= g_start[j - 1] ? g[j - 1].data() + (qp - g_start[j - 1]) * H
+                                                    : g_last[j - 1].data();
+            if (qp < g_start[j - 1] - 1) throw Error("internal: chained draft input missing");
+            std::copy(src, src + H, hb.data() + r * H);
+          }
+          h_in = hb.data();
+          for (int64_t r = 0; r < rows; ++r) tokens_buf[r] = seq[cj + r + 1];
+        }
+        // previous last canonical output of layer j is still needed by layer j+1 (read above for j+1)
+        model_.draft_forward(j, tokens_buf.data(), h_in, rows, cj, dcache[j], nullptr, g[j].data(),
+                             nullptr, j == 0 ? &topk0 : nullptr);
+        ++st.draft_forwards;
+        g_start[j] = cj;
+        g_rows[j] = rows;
+        canon[j] = dcache[j].length();
+      }
+      pending_rows = 0;
+      // Layer outputs at position m-1 are canonical; remember them for the next round's chain.
+      // (Done after all layers ran: layer j+1 above read layer j's previous last output.)
+      for (int j = 0; j < nL; ++j)
+        if (g_rows[j] > 0) {
+          const float* last = g[j].data() + (g_rows[j] - 1) * H;
+          std::copy(last, last + H, g_last[j].begin());
+        }
+    }
+
+    int drafted = 0;
+    if (speculate && k > 0 && g_rows[0] > 0) {
+      // Step 0: layer 0's row at position m-1 (token seq[m]) drafts position m+1.
+      const float* h = g[0].data() + (g_rows[0] - 1) * H;
+      std::copy(h, h + H, step_h.begin());
+      for (int s = 0; s < k; ++s) {
+        if (s > 0) {
+          const int j = s % nL;
+          const int64_t pos = m - 1 + s;
+          // Steps >= 1 attend to the positions step 0 selected (the seed's shared top-k buffer).
+          forced_slots.clear();
+          const int64_t base = dcache[j].base_position();
+          for (int32_t ps : topk0)
+            if (ps >= base && ps < base + canon[j]) forced_slots.push_back(static_cast<int32_t>(ps - base));
+          TopkOverride ov{forced_slots.data(), int64_t(forced_slots.size())};
+          model_.draft_forward(j, &drafts[s - 1], step_h.data(), 1, pos, dcache[j], nullptr, step_h.data(), &ov);
+          ++st.draft_forwards;
+        }
+        model_.lm_head(step_h.data(), 1, draft_logits.data());
+        float* qs = q.data() + s * V;
+        sampler.apply_penalties(draft_logits.data(), history);
+        sampler.distribution(draft_logits.data(), qs);
+        int32_t d = params.greedy() ? Sampler::argmax(qs, V) : sampler.sample(qs);
+        if (spec.draft_hook) {  // test seam: replace the drafted token (greedy only)
+          d = spec.draft_hook(int64_t(seq.size()) + s, d);
+          std::fill(qs, qs + V, 0.0f);
+          qs[d] = 1.0f;
+        }
+        if (!spec.use_draft_probs) {  // one-hot q at the drafted token
+          std::fill(qs, qs + V, 0.0f);
+          qs[d] = 1.0f;
+        }
+        drafts[s] = d;
+        history.push(d);
+        ++drafted;
+      }
+      for (int s = drafted - 1; s >= 0; --s) history.pop(drafts[s]);
+      for (int j = 0; j < nL; ++j) dcache[j].truncate(canon[j]);  // drop speculative draft rows
+    }
+
+    // ---- Verify: one target forward over [seq[m], d_1..d_k].
+    const int64_t rows = drafted + 1;
+    tokens_buf[0] = seq[m];
+    for (int s = 0; s < drafted; ++s) tokens_buf[s + 1] = drafts[s];
+    model_.forward(tokens_buf.data(), rows, target, logits.data(), hidden.data(), /*all_logits=*/true);
+    ++st.target_forwards;
+
+    int accepted = 0;
+    for (int i = 0; i < drafted && !stop; ++i) {
+      const float* raw = logits.data() + int64_t(i) * V;
+      target_dist(raw, p.data());
+      const int32_t d = drafts[i];
+      bool ok;
+      if (params.greedy()) {
+        ok = Sampler::argmax(p.data(), V) == d;
+      } else {
+        const float qd = q[int64_t(i) * V + d];
+        ok = qd > 0 && sampler.uniform() < std::min(1.0f, p[d] / qd);
+      }
+      if (!ok && spec.relaxed) {
+        // Lossy opt-in: d within the target's top-N and close to its best probability (T = 1).
+        std::copy(raw, raw + V, resid.data());
+        sampler.apply_penalties(resid.data(), history);
+        float mx = -INFINITY;
+        for (int64_t v = 0; v < V; ++v) mx = std::max(mx, resid[v]);
+        double z = 0;
+        for (int64_t v = 0; v < V; ++v) z += std::exp(double(resid[v]) - mx);
+        int rank = 0;
+        for (int64_t v = 0; v < V; ++v) rank += resid[v] > resid[d];
+        const double pd = std::exp(double(resid[d]) - mx) / z, ptop = 1.0 / z;
+        ok = rank < spec.relaxed_top_n && pd >= ptop - spec.relaxed_delta;
+      }
+      if (!ok) {
+        // Correction: the target's token (greedy), or a draw from normalize(max(p - q, 0)).
+        int32_t t;
+        if (params.greedy()) {
+          t = Sampler::argmax(p.data(), V);
+        } else {
+          const float* qs = q.data() + int64_t(i) * V;
+          double z = 0;
+          for (int64_t v = 0; v < V; ++v) {
+            resid[v] = std::max(p[v] - qs[v], 0.0f);
+            z += resid[v];
+          }
+          if (z <= 0) {
+            t = sampler.sample(p.data());
+          } else {
+            for (int64_t v = 0; v < V; ++v) resid[v] = static_cast<float>(resid[v] / z);
+            t = sampler.sample(resid.data());
+          }
+        }
+        emit(t, raw);
+        break;
+      }
+      ++accepted;
+      emit(d, raw);
+    }
+    if (!stop && accepted == drafted) {  // bonus token from the last row
+      const float* raw = logits.data() + int64_t(drafted) * V;
+      target_dist(raw, p.data());
+      const int32_t t = params.greedy() ? Sampler::argmax(p.data(), V) : sampler.sample(p.data());
+      emit(t, raw);
+    }
+    if (drafted > 0) st.add_round(drafted, accepted);
+
+    // Keep the target cache for positions m..m+accepted; their hidden states feed the next draft round.
+    const int64_t kept = std::min<int64_t>(accepted + 1, rows);
+    target.truncate(m + kept);
+    std::copy(hidden.begin(), hidden.begin() + kept * H, pending_h.begin());
+    pending_rows = kept;
+    if (!stop && int64_t(seq.size()) != m + kept + 1) throw Error("internal: sequence and cache out of step");
+
+    if (speculate && spec.adaptive && drafted > 0) {
+      window.emplace_back(drafted, accepted);
+      if (int(window.size()) > spec.adaptive_window) window.erase(window.begin());
+      int64_t dsum = 0, asum = 0;
+      for (auto [dd, aa] : window) dsum += dd, asum += aa;
+      const double rate = double(asum) / double(dsum);
+      if (int(window.size()) >= std::min(spec.adaptive_window, 2)) {
+        if (rate < spec.adaptive_threshold && k_cur > 0) {
+          --k_cur;
+          window.clear();
+        } else if (rate >= spec.adaptive_threshold && k_cur < k_max && accepted == drafted) {
+          ++k_cur;
+        }
+      }
+    }
+  }
+  st.decode_seconds = seconds_since(t_decode) + st.prefill_seconds;
+  if (res.finish_reason.empty()) res.finish_reason = "length";
+  return res;
+}
+
+}  // namespace nextn

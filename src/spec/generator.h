@@ -1,0 +1,88 @@
+// Text generation with native MTP speculative decoding.
+//
+// Each round: the checkpoint's MTP layers draft k tokens; the target verifies all of them in ONE forward
+// over k+1 positions; the longest acceptable prefix is emitted plus one token from the target (the
+// correction at the first rejection, or a bonus token when all k pass). Greedy acceptance is exact
+// match with the target's argmax, so the output is token for token the target's own greedy output
+// (kernels are batch invariant: a row's logits do not depend on how many rows share the forward).
+// Sampling uses speculative sampling (accept with min(1, p/q), resample from max(p - q, 0)), so the
+// output is distributed exactly as the target's. See docs/speculative.md for the draft-cache scheme.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "models/hy_v4.h"
+#include "spec/sampler.h"
+
+namespace nextn {
+
+struct SpecOptions {
+  bool enabled = true;        // off, or no MTP layers: plain decoding
+  int num_speculative_tokens = 3;  // k, 1..8
+  bool use_draft_probs = true;     // false: treat the draft as one-hot q (still exact; lower acceptance)
+  // Opt-in, LOSSY: also accept a draft token that is in the target's top `relaxed_top_n` and whose
+  // probability is within `relaxed_delta` of the top token's (TensorRT-LLM's relaxed acceptance).
+  bool relaxed = false;
+  int relaxed_top_n = 3;
+  float relaxed_delta = 0.1f;
+  // Opt-in adaptive k: when the acceptance rate over the last `adaptive_window` rounds falls under
+  // `adaptive_threshold`, k shrinks by one (down to 0 = no drafting); while k = 0, a probe round with
+  // k = 1 runs every `adaptive_probe_interval` tokens; k grows back when the rate recovers.
+  bool adaptive = false;
+  float adaptive_threshold = 0.3f;
+  int adaptive_window = 8;
+  int adaptive_probe_interval = 16;
+
+  // Test seam: replaces the draft token for absolute position `pos` (q becomes one-hot at the result).
+  // Lets tests drive exact, partial and zero acceptance through the real verify / rollback path.
+  std::function<int32_t(int64_t pos, int32_t drafted)> draft_hook;
+
+  void validate() const;
+};
+
+// vLLM's speculative decoding metrics.
+struct SpecStats {
+  int64_t num_drafts = 0;           // rounds that drafted
+  int64_t num_draft_tokens = 0;     // tokens drafted
+  int64_t num_accepted_tokens = 0;  // drafted tokens accepted
+  std::vector<int64_t> accepted_per_position;  // [k]: rounds whose i-th draft token was accepted
+  int64_t num_generated = 0;
+  int64_t prompt_tokens = 0;
+  int64_t target_forwards = 0, draft_forwards = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+
+  double mean_acceptance_length() const;  // 1 + accepted / drafts
+  std::vector<double> per_position_acceptance() const;
+  double tokens_per_second() const;       // generated tokens / decode time (first token included)
+  void add_round(int drafted, int accepted);
+};
+
+struct TokenLogprob {
+  int32_t token;
+  float logprob;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
+struct GenerationResult {
+  std::vector<int32_t> ids;  // generated tokens only
+  std::vector<TokenLogprob> logprobs;  // when params.logprobs >= 0
+  std::string finish_reason;  // "length" | "stop"
+  SpecStats stats;
+};
+
+class Generator {
+ public:
+  explicit Generator(HYV4Model& model);
+
+  // Generates after `prompt`. on_token(id) is called for each emitted token in order (streaming) and may
+  // return false to stop (stop strings). Throws nextn::Error for bad arguments.
+  GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
+                            const SpecOptions& spec, const std::function<bool(int32_t)>& on_token = {});
+
+ private:
+  HYV4Model& model_;
+};
+
+}  // namespace nextn

@@ -1,0 +1,141 @@
+#include "spec/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace nextn {
+
+void SamplingParams::validate() const {
+  auto bad = [](const std::string& field, const std::string& why) { throw Error("sampling: " + field + " " + why); };
+  if (!(temperature >= 0.0f) || !std::isfinite(temperature)) bad("temperature", "must be >= 0");
+  if (top_k < 0) bad("top_k", "must be >= 0");
+  if (!(top_p > 0.0f && top_p <= 1.0f)) bad("top_p", "must be in (0, 1]");
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) bad("min_p", "must be in [0, 1]");
+  if (!(repetition_penalty > 0.0f) || !std::isfinite(repetition_penalty)) bad("repetition_penalty", "must be > 0");
+  if (!std::isfinite(presence_penalty) || presence_penalty < -2.0f || presence_penalty > 2.0f)
+    bad("presence_penalty", "must be in [-2, 2]");
+  if (!std::isfinite(frequency_penalty) || frequency_penalty < -2.0f || frequency_penalty > 2.0f)
+    bad("frequency_penalty", "must be in [-2, 2]");
+  if (max_tokens < 0) bad("max_tokens", "must be >= 0");
+}
+
+void TokenHistory::reset(int64_t vocab, const std::vector<int32_t>& prompt) {
+  all_counts_.assign(vocab, 0);
+  output_counts_.assign(vocab, 0);
+  touched_.clear();
+  for (int32_t t : prompt)
+    if (t >= 0 && t < vocab) {
+      if (all_counts_[t]++ == 0) touched_.push_back(t);
+    }
+}
+
+void TokenHistory::push(int32_t t) {
+  if (all_counts_[t]++ == 0) touched_.push_back(t);
+  ++output_counts_[t];
+}
+
+void TokenHistory::pop(int32_t t) {
+  --output_counts_[t];
+  if (--all_counts_[t] == 0) {
+    auto it = std::find(touched_.rbegin(), touched_.rend(), t);
+    if (it != touched_.rend()) touched_.erase(std::next(it).base());
+  }
+}
+
+Sampler::Sampler(int64_t vocab, const SamplingParams& params)
+    : vocab_(vocab), params_(params), rng_(params.seed), order_(vocab) {
+  params_.validate();
+}
+
+void Sampler::apply_penalties(float* logits, const TokenHistory& h) const {
+  const SamplingParams& p = params_;
+  if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return;
+  for (int32_t t : h.touched()) {
+    float& l = logits[t];
+    if (p.repetition_penalty != 1.0f && h.seen(t)) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    const int32_t c = h.output_count(t);
+    if (c > 0) l -= p.presence_penalty + p.frequency_penalty * static_cast<float>(c);
+  }
+}
+
+int32_t Sampler::argmax(const float* x, int64_t n) {
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+void Sampler::distribution(const float* logits, float* probs) {
+  const int64_t V = vocab_;
+  const SamplingParams& p = params_;
+  if (p.greedy()) {
+    std::fill(probs, probs + V, 0.0f);
+    probs[argmax(logits, V)] = 1.0f;
+    return;
+  }
+  // softmax(logits / T) in double for the normalizer, stored as float
+  const float inv_t = 1.0f / p.temperature;
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, logits[i] * inv_t);
+  double z = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    probs[i] = std::exp(logits[i] * inv_t - mx);
+    z += probs[i];
+  }
+  for (int64_t i = 0; i < V; ++i) probs[i] = static_cast<float>(probs[i] / z);
+
+  const bool need_sort = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f;
+  if (need_sort) {
+    std::iota(order_.begin(), order_.end(), 0);
+    std::stable_sort(order_.begin(), order_.end(), [probs](int32_t a, int32_t b) { return probs[a] > probs[b]; });
+    int64_t keep = V;
+    if (p.top_k > 0) keep = std::min<int64_t>(keep, p.top_k);
+    if (p.top_p < 1.0f) {
+      // smallest prefix whose mass reaches top_p (the crossing token is kept)
+      double cum = 0;
+      int64_t n = 0;
+      for (; n < keep; ++n) {
+        cum += probs[order_[n]];
+        if (cum >= p.top_p) {
+          ++n;
+          break;
+        }
+      }
+      keep = std::min(keep, std::max<int64_t>(n, 1));
+    }
+    for (int64_t i = keep; i < V; ++i) probs[order_[i]] = 0.0f;
+  }
+  if (p.min_p > 0.0f) {
+    float pmax = 0.0f;
+    for (int64_t i = 0; i < V; ++i) pmax = std::max(pmax, probs[i]);
+    const float floor = p.min_p * pmax;
+    for (int64_t i = 0; i < V; ++i)
+      if (probs[i] < floor) probs[i] = 0.0f;
+  }
+  double s = 0;
+  for (int64_t i = 0; i < V; ++i) s += probs[i];
+  for (int64_t i = 0; i < V; ++i) probs[i] = static_cast<float>(probs[i] / s);
+}
+
+float Sampler::uniform() {
+  // 24 random bits -> [0, 1) exactly representable in float
+  return static_cast<float>(rng_() >> 40) * (1.0f / 16777216.0f);
+}
+
+int32_t Sampler::sample(const float* probs) {
+  const double u = static_cast<double>(uniform());
+  double cum = 0;
+  int32_t last = -1;
+  for (int64_t i = 0; i < vocab_; ++i) {
+    if (probs[i] <= 0.0f) continue;
+    cum += probs[i];
+    last = static_cast<int32_t>(i);
+    if (u < cum) return last;
+  }
+  return last >= 0 ? last : 0;  // rounding: the last token with mass
+}
+
+}  // namespace nextn

@@ -1,0 +1,70 @@
+// The one logits pipeline shared by plain and speculative decoding:
+//   penalties (repetition over prompt+output; presence/frequency over output) -> temperature ->
+//   top-k -> top-p -> min-p -> probabilities.
+// temperature == 0 means greedy: the argmax of the penalized logits.
+#pragma once
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace nextn {
+
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy
+  int top_k = 0;             // 0: off
+  float top_p = 1.0f;        // 1: off
+  float min_p = 0.0f;        // 0: off
+  uint64_t seed = 0;
+  float repetition_penalty = 1.0f;  // HF/vLLM: logit>0 -> /p, else *p, for tokens seen in prompt or output
+  float presence_penalty = 0.0f;    // OpenAI: -= presence·[count>0], output tokens only
+  float frequency_penalty = 0.0f;   // OpenAI: -= frequency·count, output tokens only
+  int max_tokens = 16;
+  std::vector<int32_t> stop_token_ids;
+  std::vector<std::string> stop;  // stop strings (matched on detokenized text by the caller)
+  int logprobs = -1;              // >= 0: report the chosen token's logprob and this many top alternatives
+
+  bool greedy() const { return temperature <= 0.0f; }
+  // Throws nextn::Error naming the field when a value is out of range.
+  void validate() const;
+};
+
+// Token history the penalties look at: counts over prompt+output and over output only.
+class TokenHistory {
+ public:
+  void reset(int64_t vocab, const std::vector<int32_t>& prompt);
+  void push(int32_t token);  // an output token
+  void pop(int32_t token);   // undo push (speculative rows)
+  int32_t output_count(int32_t t) const { return output_counts_[t]; }
+  bool seen(int32_t t) const { return all_counts_[t] > 0; }
+  const std::vector<int32_t>& touched() const { return touched_; }  // tokens with nonzero counts (may repeat)
+
+ private:
+  std::vector<int32_t> all_counts_, output_counts_, touched_;
+};
+
+class Sampler {
+ public:
+  Sampler(int64_t vocab, const SamplingParams& params);
+
+  const SamplingParams& params() const { return params_; }
+  int64_t vocab() const { return vocab_; }
+
+  // Applies the penalties in place (no-op when none is set).
+  void apply_penalties(float* logits, const TokenHistory& history) const;
+  // Penalized logits -> processed distribution probs[V] (temperature, top-k, top-p, min-p), sums to 1.
+  // Greedy params give a one-hot distribution at the argmax.
+  void distribution(const float* logits, float* probs);
+  // Draws from probs with the sampler's RNG (one uniform draw).
+  int32_t sample(const float* probs);
+  float uniform();  // one draw in [0, 1)
+  static int32_t argmax(const float* x, int64_t n);  // ties: lowest index
+
+ private:
+  int64_t vocab_;
+  SamplingParams params_;
+  std::mt19937_64 rng_;
+  std::vector<int32_t> order_;  // scratch [V]
+};
+
+}  // namespace nextn

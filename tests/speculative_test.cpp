@@ -1,0 +1,159 @@
+// Greedy MTP speculative decoding must be token-for-token the target's plain greedy output, whatever k,
+// the number of MTP layers, the prompt length relative to index_topk, and however many drafts the
+// target accepts.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "core/threadpool.h"
+#include "spec/generator.h"
+#include "test_util.h"
+
+namespace nextn {
+namespace {
+
+using testing::fixture_dir;
+
+std::vector<std::vector<int32_t>> make_prompts(int count, int64_t vocab, int64_t topk, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < count; ++i) {
+    // lengths from 1 to well past index_topk: generations cross the sparse window
+    const int64_t len = 1 + (i * (2 * topk + 6)) / count;
+    std::vector<int32_t> p(len);
+    for (auto& t : p) t = static_cast<int32_t>(3 + rng() % (vocab - 3));
+    prompts.push_back(p);
+  }
+  return prompts;
+}
+
+class SpecExactness : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override { model_ = std::make_unique<HYV4Model>(fixture_dir(GetParam()), &pool_); }
+  GenerationResult plain(const std::vector<int32_t>& prompt, int n) {
+    SamplingParams sp;
+    sp.max_tokens = n;
+    SpecOptions so;
+    so.enabled = false;
+    return Generator(*model_).generate(prompt, sp, so);
+  }
+  ThreadPool pool_{2};
+  std::unique_ptr<HYV4Model> model_;
+};
+
+TEST_P(SpecExactness, GreedySpeculativeEqualsPlainGreedy) {
+  const auto& c = model_->config();
+  ASSERT_GE(model_->num_mtp_layers(), 1);
+  auto prompts = make_prompts(20, c.vocab_size, c.index_topk, 7);
+  const int N = 2 * c.index_topk + 4;
+  int64_t rounds = 0;
+  for (const auto& prompt : prompts) {
+    const auto ref = plain(prompt, N);
+    ASSERT_EQ(int(ref.ids.size()), N);
+    for (int k : {1, 2, 3, 4, 7}) {
+      SamplingParams sp;
+      sp.max_tokens = N;
+      SpecOptions so;
+      so.num_speculative_tokens = k;
+      auto got = Generator(*model_).generate(prompt, sp, so);
+      ASSERT_EQ(got.ids, ref.ids) << "prompt length " << prompt.size() << " k " << k;
+      EXPECT_GT(got.stats.num_drafts, 0);
+      EXPECT_LE(got.stats.target_forwards, ref.stats.target_forwards);
+      rounds += got.stats.num_drafts;
+    }
+  }
+  EXPECT_GT(rounds, 0);
+}
+
+// Drafts forced to the right answer (from the plain run) except at chosen positions: exercises full
+// acceptance with bonus tokens, partial acceptance and rollback of target and draft caches.
+TEST_P(SpecExactness, ForcedAcceptancePatternsStayExact) {
+  const auto& c = model_->config();
+  auto prompts = make_prompts(6, c.vocab_size, c.index_topk, 11);
+  const int N = 2 * c.index_topk + 4;
+  for (const auto& prompt : prompts) {
+    const auto ref = plain(prompt, N);
+    const int64_t n = prompt.size();
+    for (int k : {1, 3, 4, 7}) {
+      for (int wrong_every : {0, 2, 3, 5}) {  // 0: every draft right
+        SamplingParams sp;
+        sp.max_tokens = N;
+        SpecOptions so;
+        so.num_speculative_tokens = k;
+        int wrong_drafts = 0;
+        so.draft_hook = [&](int64_t pos, int32_t d) -> int32_t {
+          const int64_t i = pos - n;  // index into the generated ids
+          if (i < 0 || i >= int64_t(ref.ids.size())) return d;
+          const int32_t right = ref.ids[i];
+          if (wrong_every && pos % wrong_every == 0) {
+            ++wrong_drafts;
+            return (right + 1) % int32_t(c.vocab_size);
+          }
+          return right;
+        };
+        auto got = Generator(*model_).generate(prompt, sp, so);
+        ASSERT_EQ(got.ids, ref.ids) << "k " << k << " wrong_every " << wrong_every << " prompt " << n;
+        if (wrong_every == 0) {
+          // all drafts (inside the length budget) accepted: k+1 tokens per target forward
+          EXPECT_EQ(got.stats.num_accepted_tokens, got.stats.num_draft_tokens);
+          EXPECT_GT(got.stats.mean_acceptance_length(), 1.0);
+        } else if (wrong_drafts > 0) {
+          EXPECT_LT(got.stats.num_accepted_tokens, got.stats.num_draft_tokens);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(SpecExactness, StopsAtStopTokenAndMaxTokens) {
+  auto prompt = make_prompts(1, model_->config().vocab_size, 4, 3)[0];
+  const auto ref = plain(prompt, 12);
+  SamplingParams sp;
+  sp.max_tokens = 12;
+  sp.stop_token_ids = {ref.ids[5]};
+  SpecOptions so;
+  so.num_speculative_tokens = 4;
+  auto got = Generator(*model_).generate(prompt, sp, so);
+  const auto stop_at = std::find(ref.ids.begin(), ref.ids.end(), ref.ids[5]) - ref.ids.begin();
+  EXPECT_EQ(got.ids, std::vector<int32_t>(ref.ids.begin(), ref.ids.begin() + stop_at + 1));
+  EXPECT_EQ(got.finish_reason, "stop");
+  sp.stop_token_ids.clear();
+  sp.max_tokens = 7;
+  got = Generator(*model_).generate(prompt, sp, so);
+  EXPECT_EQ(got.ids.size(), 7u);
+  EXPECT_EQ(got.finish_reason, "length");
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SpecExactness, ::testing::Values("a_fp32", "b_fp32", "c_bf16"));
+
+TEST(SpecStats, ArithmeticFollowsVllmDefinitions) {
+  SpecStats s;
+  s.add_round(3, 3);
+  s.add_round(3, 1);
+  s.add_round(3, 0);
+  s.add_round(2, 2);
+  EXPECT_EQ(s.num_drafts, 4);
+  EXPECT_EQ(s.num_draft_tokens, 11);
+  EXPECT_EQ(s.num_accepted_tokens, 6);
+  EXPECT_DOUBLE_EQ(s.mean_acceptance_length(), 1.0 + 6.0 / 4.0);
+  auto pp = s.per_position_acceptance();
+  ASSERT_EQ(pp.size(), 3u);
+  EXPECT_DOUBLE_EQ(pp[0], 3.0 / 4.0);  // rounds 1, 2, 4 accepted position 0
+  EXPECT_DOUBLE_EQ(pp[1], 2.0 / 4.0);
+  EXPECT_DOUBLE_EQ(pp[2], 1.0 / 4.0);
+  SpecStats empty;
+  EXPECT_DOUBLE_EQ(empty.mean_acceptance_length(), 1.0);
+}
+
+TEST(SpecOptions, RejectsOutOfRangeK) {
+  SpecOptions so;
+  so.num_speculative_tokens = 0;
+  EXPECT_THROW(so.validate(), Error);
+  so.num_speculative_tokens = 9;
+  EXPECT_THROW(so.validate(), Error);
+  so.num_speculative_tokens = 8;
+  EXPECT_NO_THROW(so.validate());
+}
+
+}  // namespace
+}  // namespace nextn
