@@ -270,16 +270,87 @@ std::string pcre2_message(int code) {
   return reinterpret_cast<const char*>(buf);
 }
 
+// Unicode White_Space, as a class body. The `tokenizers` library matches with Oniguruma, whose
+// \s is exactly this set; PCRE2's \s (with UCP) also matches U+180E MONGOLIAN VOWEL SEPARATOR.
+constexpr const char* kWhiteSpaceClass =
+    R"(\t-\r\x20\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";
+
+// Rewrites \s (and \S outside character classes) to the explicit White_Space set.
+std::string rewrite_whitespace_escapes(const std::string& p) {
+  std::string out;
+  out.reserve(p.size() + 64);
+  bool in_class = false;
+  size_t class_start = 0;  // index in `p` of the first character after "[" or "[^"
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char ch = p[i];
+    if (ch == '\\' && i + 1 < p.size()) {
+      const char e = p[i + 1];
+      if (e == 'Q') {  // \Q...\E: copied verbatim
+        const size_t end = p.find("\\E", i + 2);
+        const size_t stop = end == std::string::npos ? p.size() : end + 2;
+        out.append(p, i, stop - i);
+        i = stop - 1;
+        continue;
+      }
+      if (e == 's') {
+        out += in_class ? std::string(kWhiteSpaceClass) : "[" + std::string(kWhiteSpaceClass) + "]";
+        ++i;
+        continue;
+      }
+      if (e == 'S' && !in_class) {
+        out += "[^" + std::string(kWhiteSpaceClass) + "]";
+        ++i;
+        continue;
+      }
+      out += ch;
+      out += e;
+      ++i;
+      continue;
+    }
+    if (in_class) {
+      if (ch == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // POSIX [:name:]
+        const size_t end = p.find(":]", i + 2);
+        if (end != std::string::npos) {
+          out.append(p, i, end + 2 - i);
+          i = end + 1;
+          continue;
+        }
+      }
+      if (ch == ']' && i != class_start) in_class = false;
+      out += ch;
+      continue;
+    }
+    if (ch == '[') {
+      in_class = true;
+      out += ch;
+      if (i + 1 < p.size() && p[i + 1] == '^') {
+        out += '^';
+        ++i;
+      }
+      class_start = i + 1;  // a ']' right here is a literal
+      continue;
+    }
+    out += ch;
+  }
+  return out;
+}
+
 class Regex {
  public:
-  Regex(const std::string& pattern, const std::string& source, const std::string& field) {
+  Regex(const std::string& pattern_text, const std::string& source, const std::string& field) {
     int err = 0;
     PCRE2_SIZE err_off = 0;
-    code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                          PCRE2_UTF | PCRE2_UCP, &err, &err_off, nullptr);
-    if (!code_) {
-      fail(source, field,
-           "invalid regex at offset " + std::to_string(err_off) + ": " + pcre2_message(err));
+    // The pattern as written is compiled first, so that errors point into it.
+    for (const std::string& pattern :
+         {pattern_text, rewrite_whitespace_escapes(pattern_text)}) {
+      if (code_) pcre2_code_free(code_);
+      code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                            PCRE2_UTF | PCRE2_UCP, &err, &err_off, nullptr);
+      if (!code_) {
+        fail(source, field,
+             "invalid regex at offset " + std::to_string(err_off) + ": " + pcre2_message(err) +
+                 " (pattern " + json(pattern).dump() + ")");
+      }
     }
     jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
   }

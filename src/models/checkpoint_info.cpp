@@ -17,8 +17,12 @@ bool ends_with(const std::string& s, const std::string& p) {
   return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
 }
 
+// FP8 block scales and KV / activation scales (not parameters of the model).
 bool is_scale_tensor(const std::string& n) {
-  return ends_with(n, "_scale_inv") || ends_with(n, "_scale") || ends_with(n, ".scale") || ends_with(n, ".scale_inv");
+  for (const char* s : {"weight_scale_inv", "weight_scale", "_proj_scale_inv", "_proj_scale", ".k_scale", ".v_scale",
+                        ".kv_scale", ".input_scale"})
+    if (ends_with(n, s)) return true;
+  return n.find(".experts.") != std::string::npos && ends_with(n, ".scale");
 }
 
 bool is_mtp_tensor(const std::string& n, int num_hidden_layers) {
@@ -46,13 +50,19 @@ std::string human_bytes(int64_t b) {
 
 std::string join(const std::vector<std::string>& v, const std::string& sep) {
   std::string r;
-  for (size_t i = 0; i < v.size(); ++i) r += (i ? sep : "") + v[i];
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) r += sep;
+    r += v[i];
+  }
   return r;
 }
 
 std::string index_list(const std::vector<int>& v) {
   std::string r = "[";
-  for (size_t i = 0; i < v.size(); ++i) r += (i ? ", " : "") + std::to_string(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) r += ", ";
+    r += std::to_string(v[i]);
+  }
   return r + "]";
 }
 
@@ -219,8 +229,10 @@ std::string checkpoint_info_text(const CheckpointInfo& info) {
       << index_list(full) << ", shared indexer " << index_list(shared) << "\n";
     if (c.quant.present) {
       std::string block;
-      for (size_t i = 0; i < c.quant.weight_block_size.size(); ++i)
-        block += (i ? "x" : "") + std::to_string(c.quant.weight_block_size[i]);
+      for (size_t i = 0; i < c.quant.weight_block_size.size(); ++i) {
+        if (i) block += "x";
+        block += std::to_string(c.quant.weight_block_size[i]);
+      }
       o << "quantization:  " << c.quant.quant_method << " " << (c.quant.fmt.empty() ? "" : c.quant.fmt + " ")
         << "block " << (block.empty() ? "(none)" : block) << ", activation_scheme "
         << (c.quant.activation_scheme.empty() ? "(unset)" : c.quant.activation_scheme) << ", scale_fmt "

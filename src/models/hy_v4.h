@@ -34,7 +34,7 @@ struct IndexerWeights {
   Linear wk;                             // [ihd, H]
   std::vector<float> k_norm_w, k_norm_b; // [ihd] LayerNorm
   Linear weights_proj;                   // [n_ih, H]
-  std::vector<float> wk_dequant;         // [ihd, H] fp32 copy of an FP8 wk (dequantized once at load)
+  std::vector<uint8_t> wk_dequant;       // an FP8 wk dequantized once at load (BF16 if exact, else F32)
 };
 
 struct AttentionWeights {
@@ -50,6 +50,9 @@ struct AttentionWeights {
   bool has_indexer = false;         // false: reuses the previous full layer's top-k ("shared")
   IndexerWeights indexer;
   std::vector<float> q_a_bias, kv_a_bias, o_bias;  // attention_bias only
+  // An FP8 kv_b_proj whose per-head row slices (nope, v) do not start on scale-block rows, dequantized once at
+  // load (BF16 if exact, else F32); kv_b_proj then views it.
+  std::vector<uint8_t> kv_b_dequant;
 };
 
 struct FfnWeights {

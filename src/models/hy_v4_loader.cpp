@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string_view>
@@ -85,7 +86,10 @@ std::string lower(std::string s) {
 
 std::string shape_string(const std::vector<int64_t>& s) {
   std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) r += (i ? ", " : "") + std::to_string(s[i]);
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (i) r += ", ";
+    r += std::to_string(s[i]);
+  }
   return r + "]";
 }
 
@@ -278,8 +282,12 @@ class Binder {
       if (const TensorView* t = take(nm)) found.push_back(t);
     if (found.empty()) {
       std::string m = names[0];
-      for (size_t i = 1; i < names.size(); ++i) m += (i == 1 ? " (or " : ", ") + names[i];
-      missing(names.size() > 1 ? m + ")" : m);
+      for (size_t i = 1; i < names.size(); ++i) {
+        m += i == 1 ? " (or " : ", ";
+        m += names[i];
+      }
+      if (names.size() > 1) m += ")";
+      missing(m);
       return out;
     }
     if (found.size() > 1) {
@@ -654,6 +662,32 @@ void load_ffn(Binder& b, const HYV4Config& c, const std::string& p, bool sparse,
   b.experts(p, E, I, H, f);
 }
 
+// An FP8 Linear dequantized into `buf` (the values the kernels would use): BF16 when every value is exactly
+// representable in it, else F32.
+Linear dequantized(const Linear& q, std::vector<uint8_t>& buf) {
+  std::vector<float> f(static_cast<size_t>(q.out * q.in));
+  for (int64_t r = 0; r < q.out; ++r) ops::dequant_row(q, r, f.data() + r * q.in);
+  const bool bf16 = std::all_of(f.begin(), f.end(), [](float v) { return round_to_bf16(v) == v; });
+  Linear d;
+  d.dtype = bf16 ? DType::BF16 : DType::F32;
+  d.out = q.out;
+  d.in = q.in;
+  d.row_stride = q.in;
+  d.bias = q.bias;
+  if (bf16) {
+    buf.resize(f.size() * 2);
+    for (size_t i = 0; i < f.size(); ++i) {
+      const uint16_t h = f32_to_bf16(f[i]);
+      std::memcpy(buf.data() + 2 * i, &h, 2);
+    }
+  } else {
+    buf.resize(f.size() * 4);
+    std::memcpy(buf.data(), f.data(), buf.size());
+  }
+  d.data = buf.data();
+  return d;
+}
+
 void load_attention(Binder& b, const HYV4Config& c, const std::string& p, bool own_indexer, AttentionWeights& a) {
   const int64_t H = c.hidden_size, nh = c.num_attention_heads;
   std::vector<float>* qa_bias = c.attention_bias ? &a.q_a_bias : nullptr;
@@ -668,6 +702,11 @@ void load_attention(Binder& b, const HYV4Config& c, const std::string& p, bool o
   a.q_b_proj = b.linear(p + "q_b_proj", nh * c.qk_head_dim, c.q_lora_rank, Role::Quantized);
   a.kv_a_norm = b.vec(p + "kv_a_layernorm.weight", c.kv_lora_rank);
   a.kv_b_proj = b.linear(p + "kv_b_proj", nh * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, Role::Quantized);
+  // The absorbed MLA takes per-head row slices of kv_b_proj (nope rows, then v rows): an FP8 one whose slices
+  // would split scale blocks is dequantized once, as vLLM's MLA does with kv_b_proj.
+  if (const Linear& kvb = a.kv_b_proj; kvb.dtype == DType::F8_E4M3 && kvb.data && kvb.scale &&
+                                       (c.qk_nope_head_dim % kvb.block_out != 0 || c.v_head_dim % kvb.block_out != 0))
+    a.kv_b_proj = dequantized(kvb, a.kv_b_dequant);
   a.o_proj = b.linear(p + "o_proj", H, nh * c.v_head_dim, Role::Quantized, o_bias);
   a.gate_proj = b.linear(p + "gate_proj", nh * c.v_head_dim, H, Role::Quantized);
   a.sinks = b.vec(p + "sinks", nh);
@@ -683,18 +722,7 @@ void load_attention(Binder& b, const HYV4Config& c, const std::string& p, bool o
   ix.k_norm_w = b.vec(ip + "k_norm.weight", c.index_head_dim);
   ix.k_norm_b = b.vec(ip + "k_norm.bias", c.index_head_dim);
   // An FP8 wk is dequantized once (vLLM keeps the indexer's key projection unquantized).
-  if (ix.wk.dtype == DType::F8_E4M3 && ix.wk.data && ix.wk.scale) {
-    const Linear q = ix.wk;
-    ix.wk_dequant.assign(static_cast<size_t>(q.out * q.in), 0.0f);
-    for (int64_t r = 0; r < q.out; ++r) ops::dequant_row(q, r, ix.wk_dequant.data() + r * q.in);
-    Linear d;
-    d.dtype = DType::F32;
-    d.out = q.out;
-    d.in = q.in;
-    d.row_stride = q.in;
-    d.data = ix.wk_dequant.data();
-    ix.wk = d;
-  }
+  if (ix.wk.dtype == DType::F8_E4M3 && ix.wk.data && ix.wk.scale) ix.wk = dequantized(ix.wk, ix.wk_dequant);
 }
 
 std::string fmt_block(const std::vector<int64_t>& b) { return shape_string(b); }
@@ -825,7 +853,12 @@ void bind_hy_v4_weights(const HYV4Config& c, const WeightStore& store, HYV4Weigh
   w.hc_head_base = b.vec("model.hc_head.hc_base", C);
   w.hc_head_scale = b.vec("model.hc_head.hc_scale", 1);
   w.final_norm = b.vec("model.norm.weight", H);
-  w.lm_head = c.tie_word_embeddings ? w.embed : b.named_linear("lm_head.weight", "lm_head", V, H, Role::Either);
+  if (c.tie_word_embeddings) {
+    w.lm_head = w.embed;
+    b.take("lm_head.weight");  // a stored copy of the tied head is not needed (and not worth a warning)
+  } else {
+    w.lm_head = b.named_linear("lm_head.weight", "lm_head", V, H, Role::Either);
+  }
 
   // MTP draft layers, canonically model.mtp_layers.N.* (the flattened model.layers.{L+N}.* form is mapped there).
   const int n_mtp = std::max(c.num_nextn_predict_layers, 0);

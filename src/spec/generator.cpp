@@ -245,6 +245,11 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
         float* qs = q.data() + s * V;
         sampler.apply_penalties(draft_logits.data(), history);
         sampler.distribution(draft_logits.data(), qs);
+        if (spec.draft_dist_hook) {
+          std::vector<int32_t> ctx = seq;
+          ctx.insert(ctx.end(), drafts.begin(), drafts.begin() + s);
+          spec.draft_dist_hook(ctx, qs);
+        }
         int32_t d = params.greedy() ? Sampler::argmax(qs, V) : sampler.sample(qs);
         if (spec.draft_hook) {  // test seam: replace the drafted token (greedy only)
           d = spec.draft_hook(int64_t(seq.size()) + s, d);
@@ -282,6 +287,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
         const float qd = q[int64_t(i) * V + d];
         ok = qd > 0 && sampler.uniform() < std::min(1.0f, p[d] / qd);
       }
+      if (spec.broken_accept_all_for_tests) ok = true;
       if (!ok && spec.relaxed) {
         // Lossy opt-in: d within the target's top-N and close to its best probability (T = 1).
         std::copy(raw, raw + V, resid.data());

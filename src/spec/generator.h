@@ -38,6 +38,12 @@ struct SpecOptions {
   // Test seam: replaces the draft token for absolute position `pos` (q becomes one-hot at the result).
   // Lets tests drive exact, partial and zero acceptance through the real verify / rollback path.
   std::function<int32_t(int64_t pos, int32_t drafted)> draft_hook;
+  // Test seam: may rewrite the draft's processed distribution q[V] before the draft token is drawn from
+  // it. `context` = prompt + emitted tokens + the drafts of this round so far. Exactness must hold for
+  // any q, so tests use it to reach realistic acceptance rates with random-weight fixtures.
+  std::function<void(const std::vector<int32_t>& context, float* q)> draft_dist_hook;
+  // Test seam that BREAKS exactness: accept every draft. Used only to show the distribution tests have power.
+  bool broken_accept_all_for_tests = false;
 
   void validate() const;
 };

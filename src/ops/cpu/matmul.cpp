@@ -391,8 +391,12 @@ void matmul(ThreadPool* pool, const float* x, int64_t M, const Linear& w, float*
     float* y;
     int64_t ys;
   } job{x, M, xs, &w, y, ys};
+  // Hand-offs cost microseconds: below ~256k multiply-adds a call runs on the caller's thread alone.
+  // (Which thread computes an output never changes its value: results stay batch invariant.)
+  const int64_t work = M * w.out * w.in;
+  ThreadPool* use = work < (int64_t(1) << 18) ? nullptr : pool;
   // Captures one pointer, so std::function stores it inline (no allocation).
-  parallel_for(pool, w.out, kRowBlock, [j = &job](int64_t n0, int64_t n1, int) {
+  parallel_for(use, w.out, kRowBlock, [j = &job](int64_t n0, int64_t n1, int) {
     matmul_cols(j->x, j->M, j->xs, *j->w, j->y, j->ys, n0, n1);
   });
 }
