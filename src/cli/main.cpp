@@ -1,6 +1,9 @@
 // nextn command-line front-end.
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <sstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -10,6 +13,7 @@
 #include "core/error.h"
 #include "core/threadpool.h"
 #include "io/safetensors.h"
+#include "io/tokenizer.h"
 #include "models/hy_v4.h"
 #include "spec/generator.h"
 
@@ -21,34 +25,48 @@ const char* kMainUsage = R"(nextn: HY V4 inference with native MTP speculative d
 usage: nextn <command> [options]
 
 commands:
-  generate   generate tokens (greedy or sampled), speculating with the checkpoint's MTP layers
-  logits     write the logits of a prompt (and of the MTP draft layer) to a safetensors file
-  inspect    describe a checkpoint folder: architecture, quantization, MTP layers, problems
+  generate     generate text (greedy or sampled), speculating with the checkpoint's MTP layers
+  logits       write the logits of a prompt (and of the MTP draft layer) to a safetensors file
+  inspect      describe a checkpoint folder: architecture, quantization, MTP layers, problems
+  tokenize     print the token ids of a text as a JSON array
+  detokenize   print the text of token ids
+
+Without --model, commands use the bundled model (models/nextn-hy4-tiny) or $NEXTN_MODEL.
 
 Run `nextn <command> --help` for the options of a command.
 )";
 
-const char* kGenerateUsage = R"(usage: nextn generate --model DIR --ids 1,2,3 [options]
+const char* kGenerateUsage = R"(usage: nextn generate [--model DIR] [--prompt TEXT | --ids 1,2,3] [options]
 
-Generates after the prompt. Speculative decoding with the checkpoint's own MTP layers is on by default
-when the checkpoint has them; greedy output is identical to the target's, sampled output is distributed
-exactly as the target's.
+Generates after the prompt (text from --prompt or standard input, or token ids) and streams the text to
+stdout; acceptance metrics and tokens/s go to stderr. Speculative decoding with the checkpoint's own MTP
+layers is on by default when the checkpoint has them: greedy output is identical to the target's,
+sampled output is distributed exactly as the target's.
 
-  --model DIR               HuggingFace checkpoint folder (config.json + *.safetensors)
-  --ids LIST                prompt token ids, comma separated
-  -n, --max-tokens N        tokens to generate (default 32)
-  --json                    print {"ids": [...], "stats": {...}} on stdout
+  --model DIR               HuggingFace checkpoint folder (default: the bundled model)
+  --prompt TEXT             prompt text (default: read standard input)
+  --ids LIST                prompt token ids instead of text, comma separated
+  -n, --max-tokens N        tokens to generate (default 64)
+  --json                    print {"ids": [...], "text": "...", "stats": {...}} on stdout
   --speculative-tokens K    draft K tokens per step, 1..8 (default 3)
   --no-speculate            plain decoding
   --no-draft-probs          verify as if the draft were one-hot (exact, lower acceptance; for comparison)
   --temperature T           0 = greedy (default 0)
   --top-k K, --top-p P, --min-p P, --seed S
   --repetition-penalty R, --presence-penalty P, --frequency-penalty F
+  --stop TEXT               stop before this text (repeatable; not included in the output)
   --stop-id ID              stop after this token id (repeatable)
   --ignore-eos              do not stop at the checkpoint's eos token
   --relaxed-acceptance N,D  LOSSY: also accept drafts in the target's top-N within D of its top probability
   --adaptive THRESHOLD      shrink k while the rolling acceptance rate is under THRESHOLD (probe later)
   --threads N               worker threads (default: all cores)
+)";
+
+const char* kTokenizeUsage = R"(usage: nextn tokenize [--model DIR] --text TEXT
+       nextn detokenize [--model DIR] --ids 1,2,3
+
+tokenize prints the ids of TEXT as a JSON array (special tokens in the text are recognized; no bos is
+added); detokenize prints the text of the ids.
 )";
 
 const char* kLogitsUsage = R"(usage: nextn logits --model DIR --ids 1,2,3 --output FILE.safetensors [--draft]
@@ -94,19 +112,26 @@ void print_stats(const SpecStats& s, bool speculated) {
   std::fprintf(stderr, "\n");
 }
 
+std::string default_model() {
+  if (const char* env = std::getenv("NEXTN_MODEL"); env && *env) return env;
+  return NEXTN_DEFAULT_MODEL;
+}
+
+bool has_tokenizer(const std::string& dir) { return std::filesystem::exists(dir + "/tokenizer.json"); }
+
 int run_generate(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "no-speculate", "no-draft-probs", "ignore-eos"},
-         {"model", "ids", "n", "max-tokens", "speculative-tokens", "temperature", "top-k", "top-p", "min-p", "seed",
-          "repetition-penalty", "presence-penalty", "frequency-penalty", "stop-id", "relaxed-acceptance",
-          "adaptive", "threads"});
+         {"model", "ids", "prompt", "max-tokens", "speculative-tokens", "temperature", "top-k", "top-p", "min-p",
+          "seed", "repetition-penalty", "presence-penalty", "frequency-penalty", "stop", "stop-id",
+          "relaxed-acceptance", "adaptive", "threads"});
   if (a.has("help")) {
     std::fputs(kGenerateUsage, stdout);
     return 0;
   }
-  if (!a.has("model")) throw UsageError("--model is required");
-  if (!a.has("ids")) throw UsageError("--ids is required");
+  if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
+  if (a.has("ids") && a.has("prompt")) throw UsageError("give either --prompt or --ids, not both");
   SamplingParams sp;
-  sp.max_tokens = static_cast<int>(a.get_int("max-tokens", a.get_int("n", 32)));
+  sp.max_tokens = static_cast<int>(a.get_int("max-tokens", 64));
   sp.temperature = static_cast<float>(a.get_double("temperature", 0.0));
   sp.top_k = static_cast<int>(a.get_int("top-k", 0));
   sp.top_p = static_cast<float>(a.get_double("top-p", 1.0));
@@ -115,6 +140,9 @@ int run_generate(int argc, char** argv) {
   sp.repetition_penalty = static_cast<float>(a.get_double("repetition-penalty", 1.0));
   sp.presence_penalty = static_cast<float>(a.get_double("presence-penalty", 0.0));
   sp.frequency_penalty = static_cast<float>(a.get_double("frequency-penalty", 0.0));
+  sp.stop = a.all("stop");
+  for (const auto& s : sp.stop)
+    if (s.empty()) throw UsageError("--stop needs a non-empty text");
   for (const auto& s : a.all("stop-id")) {
     auto ids = parse_id_list(s, "--stop-id");
     sp.stop_token_ids.insert(sp.stop_token_ids.end(), ids.begin(), ids.end());
@@ -149,24 +177,82 @@ int run_generate(int argc, char** argv) {
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
-  auto prompt = parse_id_list(a.get("ids"), "--ids");
+
+  const std::string model_dir = a.get("model", default_model());
+  std::unique_ptr<Tokenizer> tok;
+  if (has_tokenizer(model_dir)) tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
+  std::vector<int32_t> prompt;
+  if (a.has("ids")) {
+    prompt = parse_id_list(a.get("ids"), "--ids");
+  } else {
+    if (!tok) throw UsageError(model_dir + " has no tokenizer.json: give the prompt as --ids");
+    std::string text = a.get("prompt");
+    if (!a.has("prompt")) {
+      std::ostringstream ss;
+      ss << std::cin.rdbuf();
+      text = ss.str();
+      if (text.empty()) throw UsageError("no prompt: give --prompt TEXT, --ids, or text on standard input");
+    }
+    prompt = tok->encode(text, /*add_special=*/true);
+  }
+  if (!sp.stop.empty() && !tok) throw UsageError("--stop needs a tokenizer (the model has no tokenizer.json)");
 
   ThreadPool pool(static_cast<int>(a.get_int("threads", 0)));
-  HYV4Model model(a.get("model"), &pool);
+  HYV4Model model(model_dir, &pool);
   if (!a.has("ignore-eos"))
     for (int64_t e : model.config().eos_token_ids) sp.stop_token_ids.push_back(static_cast<int32_t>(e));
   const bool json = a.has("json");
-  Generator gen(model);
-  auto res = gen.generate(prompt, sp, so, [&](int32_t t) {
-    if (!json) {
-      std::printf("%d ", t);
+
+  // Streaming text: hold back what could still become a stop string.
+  std::unique_ptr<StreamingDecoder> dec;
+  if (tok) dec = std::make_unique<StreamingDecoder>(*tok, /*skip_special=*/true);
+  std::string text, shown;
+  size_t hold = 0;
+  for (const auto& s : sp.stop) hold = std::max(hold, s.size() - 1);
+  size_t printed = 0;
+  bool stopped_by_text = false;
+  auto flush_text = [&](bool final) {
+    size_t upto = final ? text.size() : (text.size() > hold ? text.size() - hold : 0);
+    // never cut inside a UTF-8 character
+    while (upto > printed && upto < text.size() && (static_cast<unsigned char>(text[upto]) & 0xC0) == 0x80) --upto;
+    if (upto > printed && !json) {
+      std::fwrite(text.data() + printed, 1, upto - printed, stdout);
       std::fflush(stdout);
     }
+    printed = std::max(printed, upto);
+  };
+  Generator gen(model);
+  auto res = gen.generate(prompt, sp, so, [&](int32_t t) {
+    if (!dec) {
+      if (!json) {
+        std::printf("%d ", t);
+        std::fflush(stdout);
+      }
+      return true;
+    }
+    text += dec->push(t);
+    for (const auto& s : sp.stop) {
+      const size_t at = text.find(s);
+      if (at != std::string::npos) {
+        text.resize(at);
+        stopped_by_text = true;
+      }
+    }
+    if (stopped_by_text) return false;
+    flush_text(false);
     return true;
   });
+  if (dec && !stopped_by_text) text += dec->flush();
+  if (dec) flush_text(true);
   const bool speculated = so.enabled && model.num_mtp_layers() > 0;
   if (json) {
     nlohmann::json out = {{"ids", res.ids}, {"finish_reason", res.finish_reason}, {"stats", stats_json(res.stats)}};
+    if (dec) out["text"] = text;
+    if (sp.logprobs >= 0) {
+      nlohmann::json lps = nlohmann::json::array();
+      for (const auto& lp : res.logprobs) lps.push_back({{"token", lp.token}, {"logprob", lp.logprob}});
+      out["logprobs"] = lps;
+    }
     std::cout << out.dump() << std::endl;
   } else {
     std::printf("\n");
@@ -175,8 +261,28 @@ int run_generate(int argc, char** argv) {
   return 0;
 }
 
+int run_tokenize(int argc, char** argv, bool detok) {
+  Args a(argc, argv, 2, {"help"}, {"model", "text", "ids"});
+  if (a.has("help")) {
+    std::fputs(kTokenizeUsage, stdout);
+    return 0;
+  }
+  const std::string dir = a.get("model", default_model());
+  if (!has_tokenizer(dir)) throw Error(dir + ": no tokenizer.json");
+  Tokenizer tok = Tokenizer::from_dir(dir);
+  if (detok) {
+    if (!a.has("ids")) throw UsageError("--ids is required");
+    std::cout << tok.decode(parse_id_list(a.get("ids"), "--ids")) << std::endl;
+  } else {
+    if (!a.has("text")) throw UsageError("--text is required");
+    std::cout << nlohmann::json(tok.encode(a.get("text"))).dump() << std::endl;
+  }
+  return 0;
+}
+
 int run_logits(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "draft"}, {"model", "ids", "output", "threads"});
+  if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
   if (a.has("help")) {
     std::fputs(kLogitsUsage, stdout);
     return 0;
@@ -226,6 +332,10 @@ int main(int argc, char** argv) {
       return run_logits(argc, argv);
     }
     if (cmd == "inspect") return run_inspect(argc, argv);
+    if (cmd == "tokenize" || cmd == "detokenize") {
+      usage = kTokenizeUsage;
+      return run_tokenize(argc, argv, cmd == "detokenize");
+    }
     usage_exit(kMainUsage, "unknown command '" + cmd + "'");
   } catch (const UsageError& e) {
     usage_exit(usage, e.what());

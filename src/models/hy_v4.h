@@ -50,9 +50,6 @@ struct AttentionWeights {
   bool has_indexer = false;         // false: reuses the previous full layer's top-k ("shared")
   IndexerWeights indexer;
   std::vector<float> q_a_bias, kv_a_bias, o_bias;  // attention_bias only
-  // An FP8 kv_b_proj whose per-head row slices (nope, v) do not start on scale-block rows, dequantized once at
-  // load (BF16 if exact, else F32); kv_b_proj then views it.
-  std::vector<uint8_t> kv_b_dequant;
 };
 
 struct FfnWeights {

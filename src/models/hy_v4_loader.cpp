@@ -163,6 +163,9 @@ class Binder {
       : store_(store), plan_(plan), r_(r), L_(c.num_hidden_layers), n_mtp_(c.num_nextn_predict_layers) {
     // vLLM's HYV4MTP only recognizes flattened MTP names model.layers.{L+i} for i < max(n - 1, 1).
     flat_limit_ = std::max(n_mtp_ - 1, 1);
+    // Exclusion-list entries, also with hub names made canonical.
+    for (const std::string& pat : plan.backbone.ignored) backbone_patterns_.emplace_back(pat, hy_v4_canonical_name(pat));
+    for (const std::string& pat : plan.draft.ignored) draft_patterns_.emplace_back(pat, hy_v4_canonical_name(pat));
     bool hub = false, internal = false, flat = false, nested = false, mtp_block = false, fused_proj = false;
     bool alias_bias = false, fused_experts = false, split_experts = false;
     std::set<int> found;
@@ -366,12 +369,7 @@ class Binder {
     const Linear whole = make_linear(t, qt, total, in, 0, 0);
     int64_t r0 = 0;
     for (size_t i = 0; i < parts.size(); ++i) {
-      if (qt.fp8 && r0 % qt.block_out != 0) {
-        error("FP8 tensor '" + t->name + "' cannot be split into its parts: '" + parts[i].name + "' starts at row " +
-              std::to_string(r0) + ", not a multiple of the scale block height " + std::to_string(qt.block_out) +
-              " (quantization_config.weight_block_size); store the parts separately");
-        return std::vector<Linear>(parts.size());
-      }
+      // Linear::rows handles a part that starts inside a scale block (the scale row is shared).
       out[i] = whole.rows(r0, parts[i].rows);
       r0 += parts[i].rows;
     }
@@ -414,10 +412,7 @@ class Binder {
         const QuantScheme& q = scheme_for(fgu);
         const Quant qt = quant(t, q, ignored_by(modules_of(fgu, t->name), q), Role::Quantized, scale_names(fgu), {E},
                                2 * I, H);
-        if (qt.ok && qt.fp8 && I % qt.block_out != 0) {
-          error("FP8 tensor '" + t->name + "' cannot be split into gate and up: moe_intermediate_size " +
-                std::to_string(I) + " is not a multiple of the scale block height " + std::to_string(qt.block_out));
-        } else if (qt.ok) {
+        if (qt.ok) {  // `up` may start inside a scale block when I % block != 0: Linear::rows handles it
           const int64_t srows = qt.fp8 ? ceil_div(2 * I, qt.block_out) * ceil_div(H, qt.block_in) : 0;
           for (int64_t e = 0; e < E; ++e) {
             const Linear gu = make_linear(t, qt, 2 * I, H, e * 2 * I * H, e * srows);
@@ -509,12 +504,11 @@ class Binder {
   }
 
   // The exclusion-list entry that names one of `modules`, or "".
-  static std::string ignored_by(const std::vector<std::string>& modules, const QuantScheme& q) {
-    for (const std::string& pat : q.ignored) {
-      const std::string canon_pat = hy_v4_canonical_name(pat);
+  std::string ignored_by(const std::vector<std::string>& modules, const QuantScheme& q) const {
+    const auto& patterns = &q == &plan_.draft ? draft_patterns_ : backbone_patterns_;
+    for (const auto& [pat, canon_pat] : patterns)
       for (const std::string& m : modules)
         if (module_matches(pat, m) || module_matches(canon_pat, m)) return pat;
-    }
     return "";
   }
 
@@ -635,6 +629,7 @@ class Binder {
   std::vector<std::pair<std::string, std::string>> kv_scales_;  // checkpoint name, vLLM's remapped name
   int64_t input_scales_ = 0, mtp_ignored_ = 0;
   std::set<std::string> flat_out_of_range_;
+  std::vector<std::pair<std::string, std::string>> backbone_patterns_, draft_patterns_;  // entry, canonical entry
 };
 
 void load_ffn(Binder& b, const HYV4Config& c, const std::string& p, bool sparse, FfnWeights& f) {
@@ -702,11 +697,6 @@ void load_attention(Binder& b, const HYV4Config& c, const std::string& p, bool o
   a.q_b_proj = b.linear(p + "q_b_proj", nh * c.qk_head_dim, c.q_lora_rank, Role::Quantized);
   a.kv_a_norm = b.vec(p + "kv_a_layernorm.weight", c.kv_lora_rank);
   a.kv_b_proj = b.linear(p + "kv_b_proj", nh * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank, Role::Quantized);
-  // The absorbed MLA takes per-head row slices of kv_b_proj (nope rows, then v rows): an FP8 one whose slices
-  // would split scale blocks is dequantized once, as vLLM's MLA does with kv_b_proj.
-  if (const Linear& kvb = a.kv_b_proj; kvb.dtype == DType::F8_E4M3 && kvb.data && kvb.scale &&
-                                       (c.qk_nope_head_dim % kvb.block_out != 0 || c.v_head_dim % kvb.block_out != 0))
-    a.kv_b_proj = dequantized(kvb, a.kv_b_dequant);
   a.o_proj = b.linear(p + "o_proj", H, nh * c.v_head_dim, Role::Quantized, o_bias);
   a.gate_proj = b.linear(p + "gate_proj", nh * c.v_head_dim, H, Role::Quantized);
   a.sinks = b.vec(p + "sinks", nh);

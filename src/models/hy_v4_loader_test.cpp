@@ -95,12 +95,29 @@ const Fixture& fixture(const std::string& name) {
   return cache.emplace(name, std::move(f)).first->second;
 }
 
+// This process's scratch folder, one sub-folder per test; a test's folders are removed when the next test
+// makes its first one, and the whole folder at exit.
+struct ScratchRoot {
+  fs::path root = fs::path(::testing::TempDir()) / ("nextn_loader_" + std::to_string(::getpid()));
+  std::string test;  // the test that owns root/test
+  ~ScratchRoot() {
+    std::error_code ec;
+    fs::remove_all(root, ec);
+  }
+};
+
 // A fresh folder for the current test (suffix distinguishes several checkpoints of one test).
 std::string test_dir(const std::string& suffix) {
+  static ScratchRoot scratch;
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  std::string name = std::string(info->test_suite_name()) + "_" + info->name() + "_" + suffix;
-  std::replace(name.begin(), name.end(), '/', '_');
-  fs::path dir = fs::path(::testing::TempDir()) / ("nextn_loader_" + std::to_string(::getpid())) / name;
+  std::string test = std::string(info->test_suite_name()) + "_" + info->name();
+  std::replace(test.begin(), test.end(), '/', '_');
+  if (test != scratch.test) {
+    std::error_code ec;
+    if (!scratch.test.empty()) fs::remove_all(scratch.root / scratch.test, ec);
+    scratch.test = test;
+  }
+  fs::path dir = scratch.root / test / suffix;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
@@ -466,6 +483,43 @@ TEST_P(LoaderLayouts, EverythingAtOnceIsBitIdentical) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoaderLayouts, ::testing::Values("a_fp32", "b_fp32", "c_bf16"));
 
+// attention_bias: a fused_qkv_a_proj.bias is split like its weight.
+TEST(LoaderBias, FusedQkvBiasIsSplitLikeTheWeight) {
+  const Fixture& f = fixture("a_fp32");
+  json cfg = f.config;
+  cfg["attention_bias"] = true;
+  Ckpt ck = f.ckpt;
+  uint32_t state = 12345;
+  auto noise = [&](int64_t n) {
+    std::vector<float> v(n);
+    for (float& x : v) {
+      state = state * 1664525u + 1013904223u;
+      x = (static_cast<float>(state >> 8) / 16777216.0f - 0.5f) * 0.2f;
+    }
+    return v;
+  };
+  std::vector<std::string> prefixes;
+  for (const auto& kv : f.ckpt)
+    if (ends_with(kv.first, ".self_attn.q_a_proj.weight")) prefixes.push_back(kv.first.substr(0, kv.first.size() - 15));
+  ASSERT_EQ(prefixes.size(), size_t(f.L + f.n_mtp));
+  for (const std::string& p : prefixes) {
+    ck[p + "q_a_proj.bias"] = f32_tensor({32}, noise(32));
+    ck[p + "kv_a_proj_with_mqa.bias"] = f32_tensor({40}, noise(40));
+    ck[p + "o_proj.bias"] = f32_tensor({64}, noise(64));
+  }
+  const Outputs separate = run(write_ckpt("separate", ck, cfg), f.prompt);
+  EXPECT_NE(0, std::memcmp(separate.logits.data(), baseline("a_fp32").logits.data(), separate.logits.size() * 4));
+  for (const std::string& p : prefixes) {
+    std::vector<float> b = ck.at(p + "q_a_proj.bias").f32(), kv = ck.at(p + "kv_a_proj_with_mqa.bias").f32();
+    b.insert(b.end(), kv.begin(), kv.end());
+    ck[p + "fused_qkv_a_proj.bias"] = f32_tensor({72}, b);
+    ck.erase(p + "q_a_proj.bias");
+    ck.erase(p + "kv_a_proj_with_mqa.bias");
+  }
+  fuse_projections(ck);
+  expect_identical(run(write_ckpt("fused", ck, cfg), f.prompt), separate);
+}
+
 // ---- MTP naming rules ----------------------------------------------------------------------------------
 
 // vLLM recognizes flattened model.layers.{L+i} names only for i < max(n - 1, 1): with two MTP layers, layer 1
@@ -548,7 +602,7 @@ struct Fp8Case {
   const char* fixture;
   int64_t bo, bi;
   bool ue8m0;
-  bool fused;  // fused experts / stacked projections (needs block rows dividing every part)
+  bool fused;  // fused experts / stacked projections (else split experts, separate projections)
 };
 
 class LoaderFp8 : public ::testing::TestWithParam<Fp8Case> {};
@@ -587,6 +641,9 @@ INSTANTIATE_TEST_SUITE_P(Blocks, LoaderFp8,
                                            Fp8Case{"a_fp32", 128, 128, true, false},
                                            Fp8Case{"a_fp32", 16, 40, false, true},
                                            Fp8Case{"b_fp32", 16, 24, true, true},
+                                           // fused parts starting inside a scale block (e.g. up rows at I = 32)
+                                           Fp8Case{"a_fp32", 48, 40, false, true},
+                                           Fp8Case{"b_fp32", 128, 128, true, true},
                                            Fp8Case{"c_bf16", 32, 48, false, false}),
                          [](const ::testing::TestParamInfo<Fp8Case>& i) {
                            const Fp8Case& c = i.param;
@@ -681,30 +738,6 @@ TEST_F(LoaderFp8Errors, UnquantizedModuleNotListedAsIgnored) {
 TEST_F(LoaderFp8Errors, FP8WithoutQuantizationConfig) {
   const std::string e = error_of(q_, fixture("a_fp32").config);
   EXPECT_NE(e.find("is F8_E4M3 but config.json has no quantization_config"), std::string::npos) << e;
-}
-
-TEST_F(LoaderFp8Errors, FusedFP8TensorNotSplittableOnBlockRows) {
-  // gate_up_proj [96 + 96, 64] fused with 48-row blocks splits fine; fused_qkv_a_proj [32 + 40, 64] does not.
-  Ckpt ck = ck_;
-  fuse_projections(ck);
-  QuantOptions o;
-  o.bo = 48;
-  o.bi = 40;
-  const std::string e = error_of(quantize(ck, o).first, cfg_);
-  EXPECT_NE(e.find("FP8 tensor 'model.layers.0.self_attn.fused_qkv_a_proj.weight' cannot be split"), std::string::npos)
-      << e;
-  EXPECT_EQ(e.find("mlp.gate_up_proj"), std::string::npos) << e;
-}
-
-TEST_F(LoaderFp8Errors, FusedFP8ExpertsNeedBlockAlignedIntermediate) {
-  const Fixture& f = fixture("a_fp32");
-  QuantOptions o;
-  o.bo = 48;
-  o.bi = 40;
-  const std::string e = error_of(quantize(f.ckpt, o).first, cfg_);
-  EXPECT_NE(e.find("FP8 tensor 'model.layers.1.mlp.experts.gate_up_proj' cannot be split into gate and up"),
-            std::string::npos)
-      << e;
 }
 
 TEST_F(LoaderFp8Errors, U8ScalesNeedUe8m0) {

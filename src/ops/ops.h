@@ -28,6 +28,7 @@ struct Linear {
   DType scale_dtype = DType::F32;  // F32, BF16 or F8_E8M0
   int64_t block_out = 128, block_in = 128;
   int64_t scale_cols = 0;  // ceil(in / block_in)
+  int64_t scale_row0 = 0;  // row 0's offset inside its scale block (row slices of a larger tensor)
   const float* bias = nullptr;  // optional [out]
 
   // Rows [r0, r0 + n) as a Linear of its own (expert slices, fused projections).

@@ -134,7 +134,7 @@ void dequant_row_impl(const Linear& w, int64_t r, float* out) {
     case DType::F8_E4M3: {
       const uint8_t* src = reinterpret_cast<const uint8_t*>(base + off);
       const float* lut = fp8_lut();
-      const int64_t srow = (r / w.block_out) * scale_cols_of(w);
+      const int64_t srow = ((w.scale_row0 + r) / w.block_out) * scale_cols_of(w);
       for (int64_t c0 = 0, b = 0; c0 < K; c0 += w.block_in, ++b) {
         const int64_t c1 = std::min(K, c0 + w.block_in);
         fp8_row(src + c0, out + c0, c1 - c0, load_scale(w, srow + b), lut);
@@ -355,13 +355,15 @@ Linear Linear::rows(int64_t r0, int64_t n) const {
   s.data = static_cast<const unsigned char*>(data) + static_cast<size_t>(r0 * stride) * dtype_size(dtype);
   if (bias) s.bias = bias + r0;
   if (dtype == DType::F8_E4M3) {
-    if (block_out <= 0 || r0 % block_out != 0)
-      throw Error("Linear::rows: FP8 row slice must start on a scale block boundary (r0 = " +
-                  std::to_string(r0) + ", block_out = " + std::to_string(block_out) + ")");
+    // A slice may start inside a scale block (e.g. `up` rows of a fused [2I, H] expert with I % 128 != 0):
+    // point at the block row holding r0 and remember r0's offset inside it.
+    if (block_out <= 0) throw Error("Linear::rows: FP8 weight with non-positive scale block height");
     s.scale_cols = scale_cols_of(*this);
+    const int64_t first = scale_row0 + r0;
+    s.scale_row0 = first % block_out;
     if (scale)
       s.scale = static_cast<const unsigned char*>(scale) +
-                static_cast<size_t>((r0 / block_out) * s.scale_cols) * dtype_size(scale_dtype);
+                static_cast<size_t>((first / block_out) * s.scale_cols) * dtype_size(scale_dtype);
   }
   return s;
 }
@@ -369,7 +371,7 @@ Linear Linear::rows(int64_t r0, int64_t n) const {
 size_t Linear::weight_bytes() const {
   size_t bytes = static_cast<size_t>(out) * static_cast<size_t>(in) * dtype_size(dtype);
   if (dtype == DType::F8_E4M3 && scale && block_out > 0) {
-    const int64_t scale_rows = (out + block_out - 1) / block_out;
+    const int64_t scale_rows = (scale_row0 + out + block_out - 1) / block_out;
     bytes += static_cast<size_t>(scale_rows * scale_cols_of(*this)) * dtype_size(scale_dtype);
   }
   if (bias) bytes += static_cast<size_t>(out) * sizeof(float);
