@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# `make demo`: generates with the bundled model, MTP speculation on, and prints the acceptance it gets.
+# `make demo`: the bundled model (models/nextn-hy4-tiny, trained by tools/train/train_hy_v4.py) writes Python,
+# with its own 2 MTP layers drafting 3 tokens ahead; then the same prompt without speculation.
 set -euo pipefail
 NEXTN=${1:-build/bin/nextn}
 cd "$(dirname "$0")/.."
-MODEL=${NEXTN_DEMO_MODEL:-tests/fixtures/hy_v4/b_fp32}
-echo "== nextn generate on $MODEL (2 MTP layers, k=3) =="
-"$NEXTN" generate --model "$MODEL" --ids 5,17,42,99,7,3,250,64,11,128 -n 40 --speculative-tokens 3
+PROMPT='import os
+
+
+def read_lines(path):
+    """Return the lines of a text file."""
+'
+echo "== nextn generate (bundled HY V4 + 2 MTP layers, speculative, k=3) =="
+printf '%s' "$PROMPT"
+"$NEXTN" generate --prompt "$PROMPT" -n 96 --speculative-tokens 3
 echo
-echo "== the same without speculation (identical ids) =="
-"$NEXTN" generate --model "$MODEL" --ids 5,17,42,99,7,3,250,64,11,128 -n 40 --no-speculate
+echo "== the same prompt without speculation (identical text, more target forwards) =="
+"$NEXTN" generate --prompt "$PROMPT" -n 96 --no-speculate >/dev/null

@@ -7,4 +7,7 @@ namespace nextn::cli {
 // `nextn inspect DIR [--json]`: what the loader makes of a checkpoint (0: loadable, 1: not, 2: bad usage).
 int run_inspect(int argc, char** argv);
 
+// `nextn bench [--model DIR | --synthetic] [--json]`: bandwidth, decode, verify cost, speculation (src/cli/bench.cpp).
+int run_bench(int argc, char** argv);
+
 }  // namespace nextn::cli

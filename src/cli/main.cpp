@@ -28,6 +28,7 @@ commands:
   generate     generate text (greedy or sampled), speculating with the checkpoint's MTP layers
   logits       write the logits of a prompt (and of the MTP draft layer) to a safetensors file
   inspect      describe a checkpoint folder: architecture, quantization, MTP layers, problems
+  bench        measure bandwidth, decode speed, verify cost and speculative speedup
   tokenize     print the token ids of a text as a JSON array
   detokenize   print the text of token ids
 
@@ -332,6 +333,7 @@ int main(int argc, char** argv) {
       return run_logits(argc, argv);
     }
     if (cmd == "inspect") return run_inspect(argc, argv);
+    if (cmd == "bench") return run_bench(argc, argv);
     if (cmd == "tokenize" || cmd == "detokenize") {
       usage = kTokenizeUsage;
       return run_tokenize(argc, argv, cmd == "detokenize");

@@ -38,7 +38,7 @@ def to_internal(hub):
     return hub
 
 
-def dequantize(tensors):
+def dequantize(tensors, block=128):
     """hub-named checkpoint -> {hub name: fp32 tensor} with FP8 weights dequantized blockwise."""
     out = {}
     for name, t in tensors.items():
@@ -48,9 +48,7 @@ def dequantize(tensors):
             sname = name[:-len(".weight")] + ".weight_scale_inv" if name.endswith(".weight") else name + "_scale_inv"
             s = tensors[sname].float()
             *lead, R, C = t.shape
-            rb, cb = s.shape[-2], s.shape[-1]
-            bo, bi = -(-R // rb), -(-C // cb)
-            full = s.repeat_interleave(bo, dim=-2).repeat_interleave(bi, dim=-1)[..., :R, :C]
+            full = s.repeat_interleave(block, dim=-2).repeat_interleave(block, dim=-1)[..., :R, :C]
             out[name] = t.float() * full
         else:
             out[name] = t.float()

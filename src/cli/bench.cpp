@@ -1,0 +1,435 @@
+// `nextn bench`: measures, in one run, the machine's read bandwidth, the decode speed and the bandwidth it
+// achieves, the cost of a (k+1)-token verify step relative to a 1-token step, and tokens/s with MTP
+// speculation — on a given checkpoint or on a synthetic one large enough that DRAM, not cache, is measured.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "io/tokenizer.h"
+#include "models/hy_v4.h"
+#include "spec/generator.h"
+
+namespace nextn::cli {
+namespace {
+
+const char* kBenchUsage = R"(usage: nextn bench [--model DIR | --synthetic [--dtype bf16|fp8]] [options]
+
+Measures in one run: the machine's read bandwidth (all threads), weight+cache bytes read per decode token,
+decode tokens/s and the GB/s it achieves (fraction of the measured bandwidth), the time of a (k+1)-token
+verify step relative to a 1-token step for k = 1..7, and tokens/s with speculation for k = 1..4 with the
+acceptance metrics (when the checkpoint has MTP layers).
+
+  --model DIR        checkpoint to measure (default: the bundled model)
+  --synthetic        write (once, cached) and measure a random HY V4 checkpoint at realistic width
+                     (hidden 2048, 32 experts, a few GB) so that bandwidth, not cache, is measured
+  --dtype bf16|fp8   weights of the synthetic checkpoint (default bf16)
+  --cache-dir DIR    where synthetic checkpoints live (default ~/.cache/nextn)
+  --tokens N         decode tokens per measurement (default 64)
+  --prompt-tokens N  prompt length (default 64)
+  --threads N        worker threads (default: all cores)
+  --json             print one JSON object
+)";
+
+using Clock = std::chrono::steady_clock;
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+// Best-of-5 streaming read of a buffer much larger than the caches, split over the pool's threads.
+double measure_read_bandwidth(ThreadPool& pool) {
+  const size_t bytes = size_t(1) << 30;
+  std::vector<uint64_t> buf(bytes / 8);
+  parallel_for(&pool, int64_t(buf.size()), 1 << 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) buf[i] = uint64_t(i) * 0x9E3779B97F4A7C15ull;
+  });
+  double best = 0;
+  std::vector<uint64_t> sums(pool.size() + 1);
+  for (int rep = 0; rep < 5; ++rep) {
+    const double t0 = now_s();
+    parallel_for(&pool, int64_t(buf.size()), 1 << 16, [&](int64_t b, int64_t e, int tid) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      int64_t i = b;
+      for (; i + 4 <= e; i += 4) {
+        s0 += buf[i];
+        s1 += buf[i + 1];
+        s2 += buf[i + 2];
+        s3 += buf[i + 3];
+      }
+      for (; i < e; ++i) s0 += buf[i];
+      sums[tid] += s0 + s1 + s2 + s3;
+    });
+    best = std::max(best, double(bytes) / (now_s() - t0) / 1e9);
+  }
+  volatile uint64_t sink = 0;
+  for (auto s : sums) sink = sink + s;
+  (void)sink;
+  return best;
+}
+
+// ---- synthetic checkpoint ------------------------------------------------------------------------------
+
+struct SynthTensor {
+  std::string name;
+  std::string dtype;  // "BF16", "F32", "F8_E4M3"
+  std::vector<int64_t> shape;
+  float scale;        // values ~ N(0, scale²) (or this constant for norms when const_value)
+  bool const_value = false;
+};
+
+int64_t numel(const std::vector<int64_t>& s) {
+  int64_t n = 1;
+  for (auto d : s) n *= d;
+  return n;
+}
+
+nlohmann::json synthetic_config(bool fp8) {
+  nlohmann::json c = {{"model_type", "hy_v4"},
+                      {"architectures", {"HYV4ForCausalLM"}},
+                      {"vocab_size", 32000},
+                      {"hidden_size", 2048},
+                      {"intermediate_size", 5632},
+                      {"moe_intermediate_size", 768},
+                      {"num_hidden_layers", 8},
+                      {"num_attention_heads", 16},
+                      {"q_lora_rank", 768},
+                      {"kv_lora_rank", 256},
+                      {"qk_nope_head_dim", 64},
+                      {"qk_rope_head_dim", 32},
+                      {"v_head_dim", 64},
+                      {"index_topk", 512},
+                      {"index_head_dim", 64},
+                      {"index_n_heads", 8},
+                      {"n_routed_experts", 32},
+                      {"num_experts_per_tok", 4},
+                      {"n_shared_experts", 1},
+                      {"hc_mult", 4},
+                      {"max_position_embeddings", 8192},
+                      {"num_nextn_predict_layers", 1},
+                      {"tie_word_embeddings", false}};
+  if (fp8)
+    c["quantization_config"] = {{"quant_method", "fp8"},
+                                {"fmt", "e4m3"},
+                                {"weight_block_size", {128, 128}},
+                                {"activation_scheme", "dynamic"},
+                                {"ignored_layers", nlohmann::json::array()}};
+  return c;
+}
+
+std::vector<SynthTensor> synthetic_tensors(const nlohmann::json& c, bool fp8) {
+  const int64_t H = c["hidden_size"], V = c["vocab_size"], L = c["num_hidden_layers"], nh = c["num_attention_heads"];
+  const int64_t ql = c["q_lora_rank"], kvl = c["kv_lora_rank"], nope = c["qk_nope_head_dim"], rope = c["qk_rope_head_dim"];
+  const int64_t vd = c["v_head_dim"], nih = c["index_n_heads"], ihd = c["index_head_dim"];
+  const int64_t E = c["n_routed_experts"], I = c["moe_intermediate_size"], Id = c["intermediate_size"];
+  const int64_t C = c["hc_mult"];
+  std::vector<SynthTensor> t;
+  const std::string lin = fp8 ? "F8_E4M3" : "BF16";
+  auto linear = [&](const std::string& n, int64_t out, int64_t in) {
+    t.push_back({n + ".weight", lin, {out, in}, 1.0f / std::sqrt(float(in))});
+    if (fp8) t.push_back({n + ".weight_scale_inv", "F32", {(out + 127) / 128, (in + 127) / 128}, 0, true});
+  };
+  auto norm = [&](const std::string& n, int64_t d) { t.push_back({n, "BF16", {d}, 1.0f, true}); };
+  auto block = [&](const std::string& p, bool sparse, bool hc) {
+    if (hc)
+      for (const char* k : {"attn_hc", "ffn_hc"}) {
+        t.push_back({p + k + ".fn", "F32", {2 * C, C * H}, 1.0f / std::sqrt(float(C * H))});
+        t.push_back({p + k + ".base", "F32", {2 * C}, 0.5f});
+        t.push_back({p + k + ".scale", "F32", {2}, 0.5f});
+      }
+    norm(p + "input_layernorm.weight", H);
+    norm(p + "post_attention_layernorm.weight", H);
+    const std::string a = p + "self_attn.";
+    linear(a + "q_a_proj", ql, H);
+    norm(a + "q_a_layernorm.weight", ql);
+    linear(a + "q_b_proj", nh * (nope + rope), ql);
+    linear(a + "kv_a_proj_with_mqa", kvl + rope, H);
+    norm(a + "kv_a_layernorm.weight", kvl);
+    linear(a + "kv_b_proj", nh * (nope + vd), kvl);
+    linear(a + "o_proj", H, nh * vd);
+    linear(a + "gate_proj", nh * vd, H);
+    t.push_back({a + "sinks", "F32", {nh}, 1.0f});
+    linear(a + "indexer.wq_b", nih * ihd, ql);
+    linear(a + "indexer.wk", ihd, H);
+    norm(a + "indexer.k_norm.weight", ihd);
+    t.push_back({a + "indexer.k_norm.bias", "F32", {ihd}, 0.1f});
+    t.push_back({a + "indexer.weights_proj.weight", "F32", {nih, H}, 1.0f / std::sqrt(float(H))});
+    const std::string m = p + "mlp.";
+    if (!sparse) {
+      linear(m + "gate_proj", Id, H);
+      linear(m + "up_proj", Id, H);
+      linear(m + "down_proj", H, Id);
+      return;
+    }
+    t.push_back({m + "gate.weight", "F32", {E, H}, 1.0f / std::sqrt(float(H))});
+    t.push_back({m + "gate.e_score_correction_bias", "F32", {E}, 0.1f});
+    linear(m + "shared_experts.gate_proj", I, H);
+    linear(m + "shared_experts.up_proj", I, H);
+    linear(m + "shared_experts.down_proj", H, I);
+    t.push_back({m + "experts.gate_up_proj", lin, {E, 2 * I, H}, 1.0f / std::sqrt(float(H))});
+    if (fp8) t.push_back({m + "experts.gate_up_proj_scale_inv", "F32", {E, (2 * I + 127) / 128, (H + 127) / 128}, 0, true});
+    t.push_back({m + "experts.down_proj", lin, {E, H, I}, 1.0f / std::sqrt(float(I))});
+    if (fp8) t.push_back({m + "experts.down_proj_scale_inv", "F32", {E, (H + 127) / 128, (I + 127) / 128}, 0, true});
+  };
+  t.push_back({"model.embed_tokens.weight", "BF16", {V, H}, 1.0f});
+  for (int64_t i = 0; i < L; ++i) block("model.layers." + std::to_string(i) + ".", i > 0, true);
+  t.push_back({"model.hc_head.hc_fn", "F32", {C, C * H}, 1.0f / std::sqrt(float(C * H))});
+  t.push_back({"model.hc_head.hc_base", "F32", {C}, 0.5f});
+  t.push_back({"model.hc_head.hc_scale", "F32", {1}, 0.5f});
+  norm("model.norm.weight", H);
+  t.push_back({"lm_head.weight", "BF16", {V, H}, 0.5f / std::sqrt(float(H))});
+  const std::string mp = "model.mtp_layers.0.";
+  norm(mp + "enorm.weight", H);
+  norm(mp + "hnorm.weight", H);
+  norm(mp + "final_layernorm.weight", H);
+  linear(mp + "eh_proj", H, 2 * H);
+  block(mp, true, false);
+  return t;
+}
+
+size_t dtype_bytes(const std::string& d) { return d == "F32" ? 4 : d == "BF16" ? 2 : 1; }
+
+// Streams a random checkpoint to disk tensor by tensor (never the whole model in memory).
+void write_synthetic(const std::string& dir, bool fp8) {
+  std::filesystem::create_directories(dir);
+  const auto cfg = synthetic_config(fp8);
+  const auto tensors = synthetic_tensors(cfg, fp8);
+  nlohmann::json header = nlohmann::json::object();
+  size_t off = 0;
+  for (const auto& t : tensors) {
+    const size_t n = size_t(numel(t.shape)) * dtype_bytes(t.dtype);
+    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
+    off += n;
+  }
+  std::string hs = header.dump();
+  while (hs.size() % 8) hs += ' ';
+  const std::string tmp = dir + "/model.safetensors.tmp";
+  std::ofstream f(tmp, std::ios::binary);
+  if (!f) throw Error("cannot write " + tmp);
+  uint64_t hl = hs.size();
+  f.write(reinterpret_cast<const char*>(&hl), 8);
+  f.write(hs.data(), hs.size());
+  std::mt19937_64 rng(1234);
+  std::vector<char> buf;
+  for (const auto& t : tensors) {
+    const int64_t n = numel(t.shape);
+    buf.resize(size_t(n) * dtype_bytes(t.dtype));
+    for (int64_t i = 0; i < n; ++i) {
+      // cheap approximately-normal values: sum of 4 uniforms, centred and scaled
+      const uint64_t r = rng();
+      const float u = (float((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48)) / 65536.0f - 2.0f) *
+                      1.7320508f;
+      const float v = t.const_value ? (t.dtype == "F32" && fp8 && t.name.find("scale_inv") != std::string::npos
+                                           ? 1.0f / 256.0f
+                                           : t.scale)
+                                    : u * t.scale;
+      if (t.dtype == "F32") {
+        std::memcpy(&buf[size_t(i) * 4], &v, 4);
+      } else if (t.dtype == "BF16") {
+        const uint16_t b = f32_to_bf16(v);
+        std::memcpy(&buf[size_t(i) * 2], &b, 2);
+      } else {  // e4m3 code of a value ~N(0, 64²)/... : random sign, exponent 5..9, random mantissa
+        buf[size_t(i)] = char((r & 0x80) | (((5 + (r >> 8) % 5) & 0xf) << 3) | ((r >> 16) & 7));
+      }
+    }
+    f.write(buf.data(), buf.size());
+  }
+  f.close();
+  std::filesystem::rename(tmp, dir + "/model.safetensors");
+  std::ofstream(dir + "/config.json") << cfg.dump(2);
+}
+
+// ---- measurements -------------------------------------------------------------------------------------
+
+struct DecodeResult {
+  double tokens_per_s, seconds_per_token;
+};
+
+// Plain decode of `n` tokens after a prompt (greedy), timing only the decode steps.
+DecodeResult time_decode(HYV4Model& m, const std::vector<int32_t>& prompt, int n) {
+  const int64_t V = m.config().vocab_size;
+  KVCache cache = m.new_cache(prompt.size() + n + 1);
+  std::vector<float> logits(V);
+  m.forward(prompt.data(), prompt.size(), cache, logits.data(), nullptr, false);
+  int32_t t = Sampler::argmax(logits.data(), V);
+  m.forward(&t, 1, cache, logits.data(), nullptr, false);  // warm-up step
+  const double t0 = now_s();
+  for (int i = 0; i < n; ++i) {
+    t = Sampler::argmax(logits.data(), V);
+    m.forward(&t, 1, cache, logits.data(), nullptr, false);
+  }
+  const double dt = now_s() - t0;
+  return {n / dt, dt / n};
+}
+
+// Median time of a forward over `rows` tokens at the end of `prompt`, rolled back after each rep.
+double time_step(HYV4Model& m, const std::vector<int32_t>& prompt, int rows, int reps) {
+  const int64_t V = m.config().vocab_size;
+  KVCache cache = m.new_cache(prompt.size() + rows + 1);
+  std::vector<float> logits(int64_t(rows) * V);
+  m.forward(prompt.data(), prompt.size(), cache, nullptr, nullptr);
+  std::vector<int32_t> toks(rows);
+  std::mt19937 rng(rows);
+  std::vector<double> times;
+  for (int r = 0; r < reps + 1; ++r) {
+    for (auto& t : toks) t = int32_t(rng() % V);
+    const double t0 = now_s();
+    m.forward(toks.data(), rows, cache, logits.data(), nullptr, true);
+    if (r > 0) times.push_back(now_s() - t0);
+    cache.truncate(prompt.size());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+std::vector<int32_t> bench_prompt(const std::string& dir, int64_t vocab, int n) {
+  if (std::filesystem::exists(dir + "/tokenizer.json")) {
+    Tokenizer tok = Tokenizer::from_dir(dir);
+    static const char* kText =
+        "import os\nimport sys\n\n\nclass Config:\n    \"\"\"Settings read from the environment.\"\"\"\n\n"
+        "    def __init__(self, prefix=\"APP_\"):\n        self.prefix = prefix\n        self.values = {}\n"
+        "        for key, value in os.environ.items():\n            if key.startswith(prefix):\n"
+        "                self.values[key[len(prefix):].lower()] = value\n\n    def get(self, name, default=None):\n";
+    auto ids = tok.encode(kText, true);
+    if (int(ids.size()) > n) ids.resize(n);
+    return ids;
+  }
+  std::vector<int32_t> ids(n);
+  std::mt19937 rng(7);
+  for (auto& t : ids) t = int32_t(3 + rng() % (vocab - 3));
+  return ids;
+}
+
+}  // namespace
+
+int run_bench(int argc, char** argv) {
+  Args a(argc, argv, 2, {"help", "json", "synthetic"},
+         {"model", "dtype", "cache-dir", "tokens", "prompt-tokens", "threads"});
+  if (a.has("help")) {
+    std::fputs(kBenchUsage, stdout);
+    return 0;
+  }
+  if (a.has("synthetic") && a.has("model")) throw UsageError("give --model or --synthetic, not both");
+  const std::string dtype = a.get("dtype", "bf16");
+  if (dtype != "bf16" && dtype != "fp8") throw UsageError("--dtype must be bf16 or fp8");
+  const int n_tokens = int(a.get_int("tokens", 64));
+  const int n_prompt = int(a.get_int("prompt-tokens", 64));
+  if (n_tokens < 1 || n_prompt < 1) throw UsageError("--tokens and --prompt-tokens must be >= 1");
+  const bool json = a.has("json");
+  ThreadPool pool(int(a.get_int("threads", 0)));
+  auto log = [&](const char* fmt, auto... args) {
+    if (!json) std::fprintf(stdout, fmt, args...);
+    std::fflush(stdout);
+  };
+
+  std::string dir;
+  if (a.has("synthetic")) {
+    const char* home = std::getenv("HOME");
+    const std::string cache = a.get("cache-dir", std::string(home ? home : "/tmp") + "/.cache/nextn");
+    dir = cache + "/synthetic-hy4-" + dtype;
+    if (!std::filesystem::exists(dir + "/model.safetensors")) {
+      std::fprintf(stderr, "writing synthetic checkpoint to %s ...\n", dir.c_str());
+      write_synthetic(dir, dtype == "fp8");
+    }
+  } else {
+    dir = a.get("model", NEXTN_DEFAULT_MODEL);
+  }
+
+  nlohmann::json out;
+  const double bw = measure_read_bandwidth(pool);
+  out["read_bandwidth_gbps"] = bw;
+  log("machine: %d threads, read bandwidth %.2f GB/s\n", pool.size(), bw);
+
+  HYV4Model m(dir, &pool);
+  auto prompt = bench_prompt(dir, m.config().vocab_size, n_prompt);
+  const auto& c = m.config();
+  // Bytes one decode token reads: weights (active experts only) + the KV cache (latent + rope key +
+  // indexer key per cached position and layer) at the mean context length of the run.
+  const double ctx = double(prompt.size()) + n_tokens / 2.0;
+  int own_idx = 0;
+  for (int i = 0; i < c.num_hidden_layers; ++i) own_idx += c.has_own_indexer(i);
+  const double cache_bytes =
+      ctx * 4.0 * (double(c.num_hidden_layers) * (c.kv_lora_rank + c.qk_rope_head_dim) + own_idx * c.index_head_dim);
+  const double weight_bytes = double(m.weight_bytes_total());
+  const double bytes_per_token = weight_bytes + cache_bytes;
+  out["model"] = dir;
+  out["weight_bytes_per_token"] = weight_bytes;
+  out["cache_bytes_per_token"] = cache_bytes;
+
+  const DecodeResult base = time_decode(m, prompt, n_tokens);
+  const double decode_gbps = bytes_per_token * base.tokens_per_s / 1e9;
+  out["baseline_tokens_per_s"] = base.tokens_per_s;
+  out["decode_gbps"] = decode_gbps;
+  out["bandwidth_fraction"] = decode_gbps / bw;
+  log("decode: %.2f tokens/s, %.1f MB read per token, %.2f GB/s = %.1f%% of read bandwidth\n", base.tokens_per_s,
+      bytes_per_token / 1e6, decode_gbps, 100 * decode_gbps / bw);
+
+  nlohmann::json vc;
+  const double t1 = time_step(m, prompt, 1, 9);
+  log("verify cost (time of a k+1-token step / 1-token step):");
+  for (int rows = 1; rows <= 8; ++rows) {
+    const double t = rows == 1 ? t1 : time_step(m, prompt, rows, 9);
+    vc[std::to_string(rows)] = t / t1;
+    log(" %d:%.2f", rows, t / t1);
+  }
+  log("\n");
+  out["verify_cost"] = vc;
+
+  nlohmann::json specs = nlohmann::json::array();
+  if (m.num_mtp_layers() > 0) {
+    SamplingParams sp;
+    sp.max_tokens = n_tokens;
+    SpecOptions plain;
+    plain.enabled = false;
+    Generator gen(m);
+    const double base_tps = gen.generate(prompt, sp, plain).stats.tokens_per_second();
+    out["generate_baseline_tokens_per_s"] = base_tps;
+    // Draft step cost relative to a target step: one MTP layer + lm_head versus the whole target.
+    {
+      const int64_t H = c.hidden_size, V = c.vocab_size;
+      KVCache dc = m.new_draft_cache(prompt.size() + 8);
+      std::vector<float> hid(prompt.size() * H), lg(V);
+      KVCache tc = m.new_cache(prompt.size());
+      m.forward(prompt.data(), prompt.size(), tc, nullptr, hid.data());
+      m.draft_forward(0, prompt.data() + 1, hid.data(), prompt.size() - 1, 0, dc, nullptr, nullptr);
+      std::vector<double> ts;
+      for (int r = 0; r < 9; ++r) {
+        const double t0 = now_s();
+        m.draft_forward(0, &prompt.back(), hid.data() + (prompt.size() - 1) * H, 1, prompt.size() - 1, dc, nullptr,
+                        hid.data());
+        m.lm_head(hid.data(), 1, lg.data());
+        ts.push_back(now_s() - t0);
+        dc.truncate(prompt.size() - 1);
+      }
+      std::sort(ts.begin(), ts.end());
+      out["draft_step_cost"] = ts[ts.size() / 2] / t1;
+      log("draft step (1 MTP layer + lm_head) = %.3f of a target step\n", ts[ts.size() / 2] / t1);
+    }
+    log("speculative (greedy, plain %.2f tokens/s):\n", base_tps);
+    for (int k = 1; k <= 4; ++k) {
+      SpecOptions so;
+      so.num_speculative_tokens = k;
+      auto r = gen.generate(prompt, sp, so);
+      const double tps = r.stats.tokens_per_second();
+      specs.push_back({{"k", k},
+                       {"tokens_per_s", tps},
+                       {"mean_acceptance_length", r.stats.mean_acceptance_length()},
+                       {"per_position_acceptance", r.stats.per_position_acceptance()},
+                       {"speedup", tps / base_tps}});
+      log("  k=%d: %.2f tokens/s (%.2fx), mean acceptance length %.2f\n", k, tps, tps / base_tps,
+          r.stats.mean_acceptance_length());
+    }
+  }
+  out["speculative"] = specs;
+  if (json) std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace nextn::cli

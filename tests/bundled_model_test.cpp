@@ -1,0 +1,100 @@
+// The bundled model (models/nextn-hy4-tiny: FP8 block-quantized HY V4 + 2 MTP layers, trained by
+// tools/train/train_hy_v4.py) against transformers' fp32 run over the same dequantized weights, and its
+// tokenizer against the ids `tokenizers` recorded. References: tests/fixtures/bundled/.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/threadpool.h"
+#include "io/tokenizer.h"
+#include "models/hy_v4.h"
+#include "spec/generator.h"
+#include "test_util.h"
+
+namespace nextn {
+namespace {
+
+const std::string kModel = std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny";
+const std::string kRef = std::string(NEXTN_SOURCE_DIR) + "/tests/fixtures/bundled";
+
+class Bundled : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    pool_ = new ThreadPool(2);
+    model_ = new HYV4Model(kModel, pool_);
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete pool_;
+  }
+  static ThreadPool* pool_;
+  static HYV4Model* model_;
+};
+ThreadPool* Bundled::pool_ = nullptr;
+HYV4Model* Bundled::model_ = nullptr;
+
+TEST_F(Bundled, CheckpointIsFp8WithTwoMtpLayers) {
+  EXPECT_EQ(model_->num_mtp_layers(), 2);
+  EXPECT_EQ(model_->weights().layers[1].attn.q_b_proj.dtype, DType::F8_E4M3);
+  EXPECT_TRUE(model_->config().quant.present);
+}
+
+// fp32 compute over the same dequantized weights: 1e-4 relative, identical argmax.
+TEST_F(Bundled, LogitsMatchTransformers) {
+  testing::Reference ref(kRef);
+  auto ids = ref.ids("input_ids");
+  const int64_t T = ids.size(), V = model_->config().vocab_size, H = model_->config().hidden_size;
+  ASSERT_GT(T, model_->config().index_topk);
+  KVCache cache = model_->new_cache(T);
+  std::vector<float> logits(T * V), hidden(T * H);
+  model_->forward(ids.data(), T, cache, logits.data(), hidden.data());
+  auto r = ref.f32("logits");
+  auto d = testing::compare(logits.data(), r.data(), T, V);
+  EXPECT_LE(d.rel(), 1e-4) << "max|Δ| " << d.max_abs << " max|ref| " << d.max_ref;
+  EXPECT_EQ(d.argmax_mismatches, 0) << "first at row " << d.first_mismatch_row;
+
+  KVCache dc = model_->new_draft_cache(T);
+  std::vector<float> dl((T - 1) * V);
+  model_->draft_forward(0, ids.data() + 1, hidden.data(), T - 1, 0, dc, dl.data(), nullptr);
+  auto rd = ref.f32("draft_logits");
+  auto dd = testing::compare(dl.data(), rd.data(), T - 1, V);
+  EXPECT_LE(dd.rel(), 1e-4) << "draft max|Δ| " << dd.max_abs;
+  EXPECT_EQ(dd.argmax_mismatches, 0);
+}
+
+TEST_F(Bundled, GreedyWithAndWithoutSpeculationMatchesTransformers) {
+  testing::Reference ref(kRef);
+  auto ids = ref.ids("input_ids");
+  auto expect = ref.ids("greedy_ids");
+  SamplingParams sp;
+  sp.max_tokens = static_cast<int>(expect.size());
+  for (bool spec : {false, true}) {
+    SpecOptions so;
+    so.enabled = spec;
+    auto res = Generator(*model_).generate(ids, sp, so);
+    EXPECT_EQ(res.ids, expect) << (spec ? "speculative" : "plain");
+    if (spec) {
+      EXPECT_GT(res.stats.mean_acceptance_length(), 1.2) << "the trained MTP layers should draft well";
+    }
+  }
+}
+
+TEST_F(Bundled, TokenizerMatchesTokenizersLibrary) {
+  Tokenizer tok = Tokenizer::from_dir(kModel);
+  std::ifstream in(kRef + "/tokenizer_oracle.jsonl");
+  ASSERT_TRUE(in.good());
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line);
+    const std::string text = j["text"];
+    const auto want = j["ids"].get<std::vector<int32_t>>();
+    EXPECT_EQ(tok.encode(text), want) << "text: " << text;
+    ++n;
+  }
+  EXPECT_GT(n, 300);
+}
+
+}  // namespace
+}  // namespace nextn
