@@ -106,6 +106,7 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   w.mtp_in.assign(S * 2 * H, 0);
   w.streams_tmp.assign(S * C, 0);  // post gates [S, C]
   // attention scratch per thread: q_lat + o_lat [kv_lora], out [v], scores [max_seq]
+  w.kvb.assign(nh * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank, 0);
   w.att_scratch.assign(threads * (2 * c.kv_lora_rank + c.v_head_dim + max_seq), 0);
   w.idx_scratch.assign(S * max_seq, 0);
   w.idx_tmp.assign(S * max_seq, 0);
@@ -226,6 +227,17 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     });
   }
 
+  // kv_b_proj is read by every (row, head) pair below: dequantize it once per call.
+  Linear kvb = a.kv_b_proj;
+  if (kvb.dtype != DType::F32) {
+    for (int64_t r = 0; r < kvb.out; ++r) ops::dequant_row(a.kv_b_proj, r, ws_.kvb.data() + r * kvl);
+    kvb = Linear{};
+    kvb.dtype = DType::F32;
+    kvb.out = a.kv_b_proj.out;
+    kvb.in = kvl;
+    kvb.row_stride = kvl;
+    kvb.data = ws_.kvb.data();
+  }
   // Sparse MLA over the cached latents (absorbed: q·(W_kb c) = (W_kbᵀ q)·c, out = W_vb (Σ p c)).
   const float scale = static_cast<float>(c.attn_scale);
   const int64_t stride = 2 * kvl + vd + ws_max_seq_;
@@ -238,7 +250,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       const int64_t s = bi / nh, h = bi % nh;
       const float* q = ws_.q.data() + s * nh * qkd + h * qkd;
       std::fill(q_lat, q_lat + kvl, 0.0f);
-      ops::matmul_transposed(q, a.kv_b_proj.rows(h * (nope + vd), nope), q_lat);
+      ops::matmul_transposed(q, kvb.rows(h * (nope + vd), nope), q_lat);
       const int32_t* sel = ws_.topk.data() + s * K;
       const int64_t nsel = ws_.topk_count[s];
       float mx = a.sinks[h];
@@ -260,7 +272,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
         const float* cl = lc.latent.data() + int64_t(sel[j]) * kvl;
         for (int64_t i = 0; i < kvl; ++i) o_lat[i] += pj * cl[i];
       }
-      ops::matmul(nullptr, o_lat, 1, a.kv_b_proj.rows(h * (nope + vd) + nope, vd), out);
+      ops::matmul(nullptr, o_lat, 1, kvb.rows(h * (nope + vd) + nope, vd), out);
       const float* g = ws_.gate.data() + s * nh * vd + h * vd;
       float* dst = ws_.attn.data() + s * nh * vd + h * vd;
       for (int64_t i = 0; i < vd; ++i) dst[i] = out[i] * ops::sigmoid(g[i]);

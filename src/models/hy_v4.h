@@ -114,6 +114,7 @@ struct HYV4Workspace {
   std::vector<int32_t> expert_rows;         // [S]
   std::vector<float> hidden;                // [S, H] final hidden state
   std::vector<float> mtp_in;                // [S, 2H]
+  std::vector<float> kvb;                   // [heads*(nope+v), kv_lora] dequantized kv_b_proj
   // per-thread attention scratch
   std::vector<float> att_scratch;           // [threads, heads-independent scratch]
   std::vector<float> idx_scratch;           // [S, max_seq] index scores

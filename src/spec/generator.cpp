@@ -111,6 +111,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
   std::vector<int64_t> g_start(nL, 0), g_rows(nL, 0);
   std::vector<std::vector<float>> g_last(nL, std::vector<float>(H));  // layer j's last canonical output
   std::vector<int64_t> canon(nL, 0);
+  std::vector<bool> stale(nL, false);
   std::vector<int32_t> tokens_buf(rows_max + 1), topk0, forced_slots;
   std::vector<float> step_h(H), draft_logits(V), q((k_max + 1) * V), p(V), resid(V);
   std::vector<int32_t> drafts(k_max + 1);
@@ -181,7 +182,22 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
       const int64_t rows0 = m - c0;
       if (rows0 != pending_rows) throw Error("internal: draft catch-up out of step");
       for (int64_t r = 0; r < rows0; ++r) tokens_buf[r] = seq[c0 + r + 1];
+      // Layers this round's steps use (step s uses layer s mod nL). An unused layer drops its chain and
+      // restarts it when next needed, from the first position this round's outputs of layer j-1 allow.
+      const int active = std::max(1, std::min(nL, k));
       for (int j = 0; j < nL; ++j) {
+        if (j >= active) {
+          dcache[j].truncate(0);
+          stale[j] = true;
+          g_rows[j] = 0;
+          canon[j] = 0;
+          continue;
+        }
+        if (stale[j]) {
+          dcache[j].truncate(0);
+          dcache[j].set_base_position(std::max<int64_t>(j, g_start[j - 1] + 1));
+          stale[j] = false;
+        }
         const int64_t cj = dcache[j].base_position() + dcache[j].length();
         const int64_t rows = m - cj;
         if (rows <= 0) {
@@ -216,7 +232,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
       pending_rows = 0;
       // Layer outputs at position m-1 are canonical; remember them for the next round's chain.
       // (Done after all layers ran: layer j+1 above read layer j's previous last output.)
-      for (int j = 0; j < nL; ++j)
+      for (int j = 0; j < active; ++j)
         if (g_rows[j] > 0) {
           const float* last = g[j].data() + (g_rows[j] - 1) * H;
           std::copy(last, last + H, g_last[j].begin());
