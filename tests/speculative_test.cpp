@@ -157,3 +157,70 @@ TEST(SpecOptions, RejectsOutOfRangeK) {
 
 }  // namespace
 }  // namespace nextn
+
+namespace nextn {
+namespace {
+
+class SpecOptIns : public ::testing::Test {
+ protected:
+  void SetUp() override { model_ = std::make_unique<HYV4Model>(testing::fixture_dir("b_fp32"), nullptr); }
+  std::unique_ptr<HYV4Model> model_;
+};
+
+// Adaptive k only changes how much is drafted, never what is emitted.
+TEST_F(SpecOptIns, AdaptiveSpeculationStaysExact) {
+  const auto& c = model_->config();
+  for (const auto& prompt : make_prompts(5, c.vocab_size, c.index_topk, 21)) {
+    SamplingParams sp;
+    sp.max_tokens = 40;
+    SpecOptions plain;
+    plain.enabled = false;
+    const auto ref = Generator(*model_).generate(prompt, sp, plain);
+    SpecOptions so;
+    so.num_speculative_tokens = 4;
+    so.adaptive = true;
+    so.adaptive_threshold = 0.5f;  // random drafts: k shrinks to 0, then probes
+    so.adaptive_window = 2;
+    so.adaptive_probe_interval = 3;
+    const auto got = Generator(*model_).generate(prompt, sp, so);
+    EXPECT_EQ(got.ids, ref.ids);
+    // k went down: fewer draft tokens than 4 per round on average
+    EXPECT_LT(double(got.stats.num_draft_tokens), 4.0 * got.stats.num_drafts);
+    EXPECT_GT(got.stats.num_drafts, 0);  // probes kept happening
+  }
+}
+
+// Relaxed acceptance (lossy, opt-in) accepts at least what exact matching accepts, and every token it
+// emits is within the target's top-N.
+TEST_F(SpecOptIns, RelaxedAcceptanceStaysInTargetTopN) {
+  const auto& c = model_->config();
+  const int64_t V = c.vocab_size;
+  for (const auto& prompt : make_prompts(4, V, c.index_topk, 33)) {
+    SamplingParams sp;
+    sp.max_tokens = 24;
+    SpecOptions strict;
+    strict.num_speculative_tokens = 3;
+    SpecOptions relaxed = strict;
+    relaxed.relaxed = true;
+    relaxed.relaxed_top_n = 4;
+    relaxed.relaxed_delta = 1.0f;  // any of the top 4
+    const auto a = Generator(*model_).generate(prompt, sp, strict);
+    const auto b = Generator(*model_).generate(prompt, sp, relaxed);
+    EXPECT_GE(double(b.stats.num_accepted_tokens) / b.stats.num_draft_tokens,
+              double(a.stats.num_accepted_tokens) / a.stats.num_draft_tokens);
+    // every emitted token is in the top 4 of the target given the emitted prefix
+    std::vector<int32_t> seq = prompt;
+    std::vector<float> logits(V);
+    for (int32_t t : b.ids) {
+      KVCache cache = model_->new_cache(seq.size());
+      model_->forward(seq.data(), seq.size(), cache, logits.data(), nullptr, false);
+      int rank = 0;
+      for (int64_t v = 0; v < V; ++v) rank += logits[v] > logits[t];
+      EXPECT_LT(rank, 4);
+      seq.push_back(t);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace nextn
