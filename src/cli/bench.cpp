@@ -348,6 +348,7 @@ int run_bench(int argc, char** argv) {
   log("machine: %d threads, read bandwidth %.2f GB/s\n", pool.size(), bw);
 
   HYV4Model m(dir, &pool);
+  m.prefault(!json);
   auto prompt = bench_prompt(dir, m.config().vocab_size, n_prompt);
   const auto& c = m.config();
   // Bytes one decode token reads: weights (active experts only) + the KV cache (latent + rope key +

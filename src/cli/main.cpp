@@ -63,8 +63,8 @@ sampled output is distributed exactly as the target's.
   --threads N               worker threads (default: all cores)
 )";
 
-const char* kTokenizeUsage = R"(usage: nextn tokenize [--model DIR] --text TEXT
-       nextn detokenize [--model DIR] --ids 1,2,3
+const char* kTokenizeUsage = R"(usage: nextn tokenize [--model DIR | --tokenizer FILE] --text TEXT
+       nextn detokenize [--model DIR | --tokenizer FILE] --ids 1,2,3
 
 tokenize prints the ids of TEXT as a JSON array (special tokens in the text are recognized; no bos is
 added); detokenize prints the text of the ids.
@@ -200,6 +200,7 @@ int run_generate(int argc, char** argv) {
 
   ThreadPool pool(static_cast<int>(a.get_int("threads", 0)));
   HYV4Model model(model_dir, &pool);
+  model.prefault(/*progress=*/true);
   if (!a.has("ignore-eos"))
     for (int64_t e : model.config().eos_token_ids) sp.stop_token_ids.push_back(static_cast<int32_t>(e));
   const bool json = a.has("json");
@@ -263,14 +264,19 @@ int run_generate(int argc, char** argv) {
 }
 
 int run_tokenize(int argc, char** argv, bool detok) {
-  Args a(argc, argv, 2, {"help"}, {"model", "text", "ids"});
+  Args a(argc, argv, 2, {"help"}, {"model", "tokenizer", "text", "ids"});
   if (a.has("help")) {
     std::fputs(kTokenizeUsage, stdout);
     return 0;
   }
-  const std::string dir = a.get("model", default_model());
-  if (!has_tokenizer(dir)) throw Error(dir + ": no tokenizer.json");
-  Tokenizer tok = Tokenizer::from_dir(dir);
+  if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
+  if (a.has("model") && a.has("tokenizer")) throw UsageError("give --model or --tokenizer, not both");
+  Tokenizer tok = [&] {
+    if (a.has("tokenizer")) return Tokenizer::from_file(a.get("tokenizer"));
+    const std::string dir = a.get("model", default_model());
+    if (!has_tokenizer(dir)) throw Error(dir + ": no tokenizer.json");
+    return Tokenizer::from_dir(dir);
+  }();
   if (detok) {
     if (!a.has("ids")) throw UsageError("--ids is required");
     std::cout << tok.decode(parse_id_list(a.get("ids"), "--ids")) << std::endl;

@@ -11,9 +11,36 @@
 #include "core/error.h"
 #include "core/threadpool.h"
 
+#include <unistd.h>
+
 namespace nextn {
 
 HYV4Model::~HYV4Model() = default;
+
+void HYV4Model::prefault(bool progress) const {
+  size_t total = 0;
+  for (const auto& f : store_.files())
+    for (const TensorView& t : f->tensors()) total += t.nbytes;
+  const bool bar = progress && isatty(2) && total > (size_t(64) << 20);
+  size_t done = 0;
+  int shown = -1;
+  unsigned sink = 0;
+  for (const auto& f : store_.files())
+    for (const TensorView& t : f->tensors()) {
+      const auto* p = static_cast<const volatile unsigned char*>(t.data);
+      for (size_t o = 0; o < t.nbytes; o += 4096) sink += p[o];
+      done += t.nbytes;
+      const int pct = total ? int(100.0 * double(done) / double(total)) : 100;
+      if (bar && pct != shown) {
+        shown = pct;
+        const int w = 30, fill = pct * w / 100;
+        std::fprintf(stderr, "\rloading weights [%.*s%*s] %3d%%  %.2f / %.2f GB", fill,
+                     "##############################", w - fill, "", pct, double(done) / 1e9, double(total) / 1e9);
+      }
+    }
+  if (bar) std::fprintf(stderr, "\r\033[K");
+  (void)sink;
+}
 
 size_t HYV4Model::weight_bytes_total() const {
   size_t total = w_.lm_head.weight_bytes();

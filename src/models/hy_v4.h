@@ -141,6 +141,10 @@ class HYV4Model {
   // Bytes of weights a single-token target forward reads (all layers, active experts only, lm_head).
   size_t weight_bytes_total() const;
 
+  // Reads every weight page once so the first token does not pay for page faults; with `progress` and a
+  // terminal on stderr, large checkpoints show a progress bar.
+  void prefault(bool progress) const;
+
   KVCache new_cache(int64_t capacity) const;      // target layers
   KVCache new_draft_cache(int64_t capacity) const;  // one MTP layer (each draft layer has its own)
 

@@ -1,30 +1,17 @@
-// CPU matmul over checkpoint weights (F32, BF16, F16, F8_E4M3 + block scales), batch invariant.
+// CPU matmul entry points: validation, the Linear helpers and the thread split. The SIMD kernels live in
+// matmul_hwy.cpp (Highway, one source compiled for AVX-512, AVX2 and a scalar fallback, dispatched at run
+// time); see there for the numerics.
 //
-// Every output element y[m][n] is produced by one dot-product routine whatever M, the tile it falls in,
-// or the thread count:
-//   * 16 independent fp32 lanes: lane j accumulates fma(x[k], w[k], lane) for k ≡ j (mod 16), k increasing;
-//   * the k tail (K mod 16 elements) is loaded zero-padded into the same lanes (depends only on K);
-//   * lanes are summed by a fixed tree: v[j] = l[j] + l[j+8] (j < 8), s[j] = v[j] + v[j+4] (j < 4),
-//     t[j] = s[j] + s[j+2] (j < 2), dot = t[0] + t[1]; then y = dot + bias[n].
-// The weight is dequantized to fp32 first (x·w products then use exactly the same fp32 weight values as
-// dequant_row). Register tiles cover several x rows and weight rows at once, but each element keeps its
-// own accumulators, so tiling never changes a value. Threads split the output columns (weight rows).
-// The AVX2 path and the portable fallback compute bit-identical results (FMA is exactly rounded).
-#include <algorithm>
-#include <array>
-#include <cmath>
+// Batch invariance: every output element y[m][n] is one dot product with a fixed reduction order on a given
+// machine (and ISA target), whatever M, the tiling or the thread count. Threads split only the output
+// columns (weight rows), never a reduction.
 #include <cstring>
 #include <string>
-#include <vector>
 
 #include "core/error.h"
 #include "core/threadpool.h"
+#include "ops/cpu/matmul_kernels.h"
 #include "ops/ops.h"
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define NEXTN_MATMUL_AVX2 1
-#include <immintrin.h>
-#endif
 
 namespace nextn {
 
@@ -54,293 +41,57 @@ void check_supported(const Linear& w, const char* what) {
   }
 }
 
-const float* fp8_lut() {
-  static const std::array<float, 256> lut = [] {
-    std::array<float, 256> t{};
-    for (int i = 0; i < 256; ++i) t[static_cast<size_t>(i)] = fp8_e4m3_to_f32(static_cast<uint8_t>(i));
-    return t;
-  }();
-  return lut.data();
-}
-
-float load_scale(const Linear& w, int64_t idx) {
-  switch (w.scale_dtype) {
-    case DType::F32: {
-      float f;
-      std::memcpy(&f, static_cast<const unsigned char*>(w.scale) + idx * 4, 4);
-      return f;
-    }
-    case DType::BF16: {
-      uint16_t v;
-      std::memcpy(&v, static_cast<const unsigned char*>(w.scale) + idx * 2, 2);
-      return bf16_to_f32(v);
-    }
-    default:  // F8_E8M0 (checked by check_supported)
-      return e8m0_to_f32(static_cast<const uint8_t*>(w.scale)[idx]);
-  }
-}
-
-// ---- row conversion -------------------------------------------------------------------------------
-
-void bf16_row(const uint16_t* src, float* dst, int64_t n) {
-  int64_t i = 0;
-#ifdef NEXTN_MATMUL_AVX2
-  for (; i + 8 <= n; i += 8) {
-    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-    _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = bf16_to_f32(src[i]);
-}
-
-void f16_row(const uint16_t* src, float* dst, int64_t n) {
-  int64_t i = 0;
-#ifdef NEXTN_MATMUL_AVX2
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-#endif
-  for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
-}
-
-// dst[i] = lut[src[i]] * scale (one fp32 multiply, same in both paths).
-void fp8_row(const uint8_t* src, float* dst, int64_t n, float scale, const float* lut) {
-  int64_t i = 0;
-#ifdef NEXTN_MATMUL_AVX2
-  const __m256 s = _mm256_set1_ps(scale);
-  for (; i + 8 <= n; i += 8) {
-    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
-    const __m256 v = _mm256_i32gather_ps(lut, _mm256_cvtepu8_epi32(b), 4);
-    _mm256_storeu_ps(dst + i, _mm256_mul_ps(v, s));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = lut[src[i]] * scale;
-}
-
-// Row r of w as fp32 into out[w.in]. w has been checked.
-void dequant_row_impl(const Linear& w, int64_t r, float* out) {
-  const int64_t K = w.in;
-  const unsigned char* base = static_cast<const unsigned char*>(w.data);
-  const int64_t off = r * stride_of(w);
-  switch (w.dtype) {
+// Whether some scale s of the rows in use is finite with 256 * s overflowing (|s| >= 2^120: biased
+// exponent 247..254), which the SIMD FP8 decoder (scale pre-multiplied by 256) cannot take exactly.
+bool has_huge_scale(const matmul_kernels::Weight& k, int64_t r0, int64_t n) {
+  const int64_t first = (k.scale_row0 + r0) / k.block_out, last = (k.scale_row0 + r0 + n - 1) / k.block_out;
+  const int64_t i0 = first * k.scale_cols, i1 = (last + 1) * k.scale_cols;
+  unsigned bad = 0;
+  switch (k.scale_dtype) {
     case DType::F32:
-      std::memcpy(out, base + off * 4, static_cast<size_t>(K) * 4);
-      return;
+      for (int64_t i = i0; i < i1; ++i) {
+        uint32_t b;
+        std::memcpy(&b, k.scale + i * 4, 4);
+        bad |= ((b >> 23) & 0xffu) - 247u < 8u;
+      }
+      break;
     case DType::BF16:
-      bf16_row(reinterpret_cast<const uint16_t*>(base + off * 2), out, K);
-      return;
-    case DType::F16:
-      f16_row(reinterpret_cast<const uint16_t*>(base + off * 2), out, K);
-      return;
-    case DType::F8_E4M3: {
-      const uint8_t* src = reinterpret_cast<const uint8_t*>(base + off);
-      const float* lut = fp8_lut();
-      const int64_t srow = ((w.scale_row0 + r) / w.block_out) * scale_cols_of(w);
-      for (int64_t c0 = 0, b = 0; c0 < K; c0 += w.block_in, ++b) {
-        const int64_t c1 = std::min(K, c0 + w.block_in);
-        fp8_row(src + c0, out + c0, c1 - c0, load_scale(w, srow + b), lut);
+      for (int64_t i = i0; i < i1; ++i) {
+        uint16_t b;
+        std::memcpy(&b, k.scale + i * 2, 2);
+        bad |= ((b >> 7) & 0xffu) - 247u < 8u;
       }
-      return;
-    }
-    default:
-      throw Error(std::string("dequant_row: unsupported weight dtype ") + dtype_name(w.dtype));
+      break;
+    default:  // F8_E8M0: 2^(v - 127)
+      for (int64_t i = i0; i < i1; ++i) bad |= static_cast<unsigned>(k.scale[i]) - 247u < 8u;
+      break;
   }
+  return bad != 0;
 }
 
-// ---- the dot-product tile ---------------------------------------------------------------------------
-//
-// dot_tile<MT, NT>: out[i][j] = dot(xs[i], ws[j]) over K, for MT x rows and NT fp32 weight rows.
-
-#ifdef NEXTN_MATMUL_AVX2
-
-inline float lane_sum(__m256 lo8, __m256 hi8) {
-  const __m256 v = _mm256_add_ps(lo8, hi8);                                             // l[j] + l[j+8]
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));  // v[j] + v[j+4]
-  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));                                  // s[j] + s[j+2]
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, _MM_SHUFFLE(1, 1, 1, 1))));   // t[0] + t[1]
-}
-
-// Adds elements [k0, k1) of the dot products of MT x rows (xs) and NT weight rows (ws) into their 16-lane
-// accumulators acc + (i * acc_stride + j) * 16. k0 is a multiple of 16; k1 is too unless k1 == K, the
-// tail then being loaded zero-padded into the same lanes.
-template <int MT, int NT>
-void dot_tile(const float* const* xs, const float* const* ws, int64_t k0, int64_t k1, float* acc,
-              int64_t acc_stride) {
-  __m256 lo[MT][NT], hi[MT][NT];
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) {
-      lo[i][j] = _mm256_loadu_ps(acc + (i * acc_stride + j) * 16);
-      hi[i][j] = _mm256_loadu_ps(acc + (i * acc_stride + j) * 16 + 8);
-    }
-  int64_t k = k0;
-  for (; k + 16 <= k1; k += 16) {
-    __m256 wl[NT], wh[NT];
-    for (int j = 0; j < NT; ++j) {
-      wl[j] = _mm256_loadu_ps(ws[j] + k);
-      wh[j] = _mm256_loadu_ps(ws[j] + k + 8);
-    }
-    for (int i = 0; i < MT; ++i) {
-      const __m256 xl = _mm256_loadu_ps(xs[i] + k);
-      const __m256 xh = _mm256_loadu_ps(xs[i] + k + 8);
-      for (int j = 0; j < NT; ++j) {
-        lo[i][j] = _mm256_fmadd_ps(xl, wl[j], lo[i][j]);
-        hi[i][j] = _mm256_fmadd_ps(xh, wh[j], hi[i][j]);
-      }
-    }
+// The kernels' view of a checked weight; FP8 scales are inspected for rows [r0, r0 + n) (all by default).
+matmul_kernels::Weight kernel_weight(const Linear& w, int64_t r0 = 0, int64_t n = -1) {
+  if (n < 0) n = w.out;
+  matmul_kernels::Weight k;
+  k.dtype = w.dtype;
+  k.N = w.out;
+  k.K = w.in;
+  k.data = static_cast<const unsigned char*>(w.data);
+  k.row_stride = stride_of(w);
+  k.bias = w.bias;
+  if (w.dtype == DType::F8_E4M3) {
+    k.scale = static_cast<const unsigned char*>(w.scale);
+    k.scale_dtype = w.scale_dtype;
+    k.block_out = w.block_out;
+    k.block_in = w.block_in;
+    k.scale_cols = scale_cols_of(w);
+    k.scale_row0 = w.scale_row0;
+    k.fp8_table = w.block_in % 16 != 0 || (n > 0 && has_huge_scale(k, r0, n));
   }
-  if (k < k1) {  // tail: the missing elements load as 0 in both x and w, so they add +0 to their lanes
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    const int rem = static_cast<int>(k1 - k);
-    const __m256i ml = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), lane);
-    const __m256i mh = _mm256_cmpgt_epi32(_mm256_set1_epi32(rem - 8), lane);
-    __m256 wl[NT], wh[NT];
-    for (int j = 0; j < NT; ++j) {
-      wl[j] = _mm256_maskload_ps(ws[j] + k, ml);
-      wh[j] = _mm256_maskload_ps(ws[j] + k + 8, mh);
-    }
-    for (int i = 0; i < MT; ++i) {
-      const __m256 xl = _mm256_maskload_ps(xs[i] + k, ml);
-      const __m256 xh = _mm256_maskload_ps(xs[i] + k + 8, mh);
-      for (int j = 0; j < NT; ++j) {
-        lo[i][j] = _mm256_fmadd_ps(xl, wl[j], lo[i][j]);
-        hi[i][j] = _mm256_fmadd_ps(xh, wh[j], hi[i][j]);
-      }
-    }
-  }
-  for (int i = 0; i < MT; ++i)
-    for (int j = 0; j < NT; ++j) {
-      _mm256_storeu_ps(acc + (i * acc_stride + j) * 16, lo[i][j]);
-      _mm256_storeu_ps(acc + (i * acc_stride + j) * 16 + 8, hi[i][j]);
-    }
+  return k;
 }
 
-// The fixed reduction tree over 16 lanes.
-inline float lane_sum(const float* l) { return lane_sum(_mm256_loadu_ps(l), _mm256_loadu_ps(l + 8)); }
-
-#else  // portable fallback: the same lanes, the same fma order, the same tree
-
-inline float lane_sum(const float* l) {
-  float v[8], s[4], t[2];
-  for (int j = 0; j < 8; ++j) v[j] = l[j] + l[j + 8];
-  for (int j = 0; j < 4; ++j) s[j] = v[j] + v[j + 4];
-  for (int j = 0; j < 2; ++j) t[j] = s[j] + s[j + 2];
-  return t[0] + t[1];
-}
-
-template <int MT, int NT>
-void dot_tile(const float* const* xs, const float* const* ws, int64_t k0, int64_t k1, float* acc,
-              int64_t acc_stride) {
-  for (int i = 0; i < MT; ++i) {
-    for (int j = 0; j < NT; ++j) {
-      float* l = acc + (i * acc_stride + j) * 16;
-      int64_t k = k0;
-      for (; k + 16 <= k1; k += 16)
-        for (int q = 0; q < 16; ++q) l[q] = std::fma(xs[i][k + q], ws[j][k + q], l[q]);
-      if (k < k1) {  // tail lanes past the end get fma(0, 0, l) as in the vector path
-        for (int q = 0; q < 16; ++q)
-          l[q] = k + q < k1 ? std::fma(xs[i][k + q], ws[j][k + q], l[q]) : std::fma(0.0f, 0.0f, l[q]);
-      }
-    }
-  }
-}
-
-#endif
-
-// Blocking. None of these affects any value: lane j of every accumulator still sees k ≡ j (mod 16) in
-// increasing order, and k blocks are multiples of 16.
-constexpr int64_t kRowBlock = 16;  // weight rows dequantized at once (and the thread grain)
-constexpr int64_t kKBlock = 512;   // k elements per pass (prefill), so x and w tiles stay in L1/L2
-constexpr int64_t kMBlock = 48;    // x rows per accumulator block (prefill)
-constexpr int kTileM = 3;          // register tile: 3 x rows by 2 weight rows = 12 accumulator pairs
-constexpr int kTileN = 2;
-constexpr int kDecodeTileN = 4;  // M == 1: 4 weight rows per tile
-static_assert(kKBlock % 16 == 0 && kMBlock % kTileM == 0 && kRowBlock % kDecodeTileN == 0);
-
-// mt (1..3) x rows by NT weight rows over [k0, k1), accumulators at acc (x row stride acc_stride).
-template <int NT>
-void tile_rows(const float* const* xr, int64_t mt, const float* const* ws, int64_t k0, int64_t k1, float* acc,
-               int64_t acc_stride) {
-  switch (mt) {
-    case 3:
-      dot_tile<3, NT>(xr, ws, k0, k1, acc, acc_stride);
-      return;
-    case 2:
-      dot_tile<2, NT>(xr, ws, k0, k1, acc, acc_stride);
-      return;
-    default:
-      dot_tile<1, NT>(xr, ws, k0, k1, acc, acc_stride);
-      return;
-  }
-}
-
-// y[n] = lane_sum(acc) (+ bias[n]).
-inline float finish(const float* acc, const float* bias, int64_t n) {
-  const float d = lane_sum(acc);
-  return bias ? d + bias[n] : d;
-}
-
-// Output columns [n0, n1) for all M rows.
-void matmul_cols(const float* x, int64_t M, int64_t xs, const Linear& w, float* y, int64_t ys, int64_t n0,
-                 int64_t n1) {
-  const int64_t K = w.in;
-  const bool direct = w.dtype == DType::F32;
-  thread_local std::vector<float> scratch;  // dequantized weight rows [kRowBlock][pitch]
-  thread_local std::vector<float> accbuf;   // accumulators [kMBlock][kRowBlock][16]
-  // Scratch rows are padded to an odd number of cache lines so the block's rows do not all map to the same
-  // L1 sets (a power-of-two K would otherwise make them alias).
-  const int64_t pitch = ((K + 15) / 16 | 1) * 16;
-  if (!direct && scratch.size() < static_cast<size_t>(kRowBlock * pitch))
-    scratch.resize(static_cast<size_t>(kRowBlock * pitch));
-  if (accbuf.size() < static_cast<size_t>(kMBlock * kRowBlock * 16))
-    accbuf.resize(static_cast<size_t>(kMBlock * kRowBlock * 16));
-  float* acc = accbuf.data();
-  const float* wrow[kRowBlock];
-
-  for (int64_t nb = n0; nb < n1; nb += kRowBlock) {
-    const int64_t cnt = std::min(kRowBlock, n1 - nb);
-    for (int64_t j = 0; j < cnt; ++j) {
-      if (direct) {
-        wrow[j] = static_cast<const float*>(w.data) + (nb + j) * stride_of(w);
-      } else {
-        dequant_row_impl(w, nb + j, scratch.data() + j * pitch);
-        wrow[j] = scratch.data() + j * pitch;
-      }
-    }
-
-    if (M == 1) {  // decode: one pass over k, kDecodeTileN weight rows per tile
-      std::fill(acc, acc + cnt * 16, 0.0f);
-      int64_t j = 0;
-      for (; j + kDecodeTileN <= cnt; j += kDecodeTileN)
-        dot_tile<1, kDecodeTileN>(&x, wrow + j, 0, K, acc + j * 16, 0);
-      for (; j < cnt; ++j) dot_tile<1, 1>(&x, wrow + j, 0, K, acc + j * 16, 0);
-      for (j = 0; j < cnt; ++j) y[nb + j] = finish(acc + j * 16, w.bias, nb + j);
-      continue;
-    }
-
-    // Prefill: x rows in blocks of kMBlock; per block, k in passes of kKBlock; per pass, x register tiles
-    // outer and weight rows inner, so a tile of x is reused from L1 across the whole weight block.
-    for (int64_t mb = 0; mb < M; mb += kMBlock) {
-      const int64_t mcnt = std::min(kMBlock, M - mb);
-      std::fill(acc, acc + mcnt * kRowBlock * 16, 0.0f);
-      for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
-        const int64_t k1 = std::min(K, k0 + kKBlock);
-        for (int64_t m = 0; m < mcnt; m += kTileM) {
-          const int64_t mt = std::min<int64_t>(kTileM, mcnt - m);
-          const float* xr[kTileM];
-          for (int64_t i = 0; i < mt; ++i) xr[i] = x + (mb + m + i) * xs;
-          float* am = acc + m * kRowBlock * 16;
-          int64_t j = 0;
-          for (; j + kTileN <= cnt; j += kTileN)
-            tile_rows<kTileN>(xr, mt, wrow + j, k0, k1, am + j * 16, kRowBlock);
-          for (; j < cnt; ++j) tile_rows<1>(xr, mt, wrow + j, k0, k1, am + j * 16, kRowBlock);
-        }
-      }
-      for (int64_t m = 0; m < mcnt; ++m) {
-        float* yr = y + (mb + m) * ys;
-        for (int64_t j = 0; j < cnt; ++j) yr[nb + j] = finish(acc + (m * kRowBlock + j) * 16, w.bias, nb + j);
-      }
-    }
-  }
-}
+constexpr int64_t kRowBlock = 16;  // thread grain: output columns per chunk at least
 
 }  // namespace
 
@@ -384,56 +135,38 @@ void matmul(ThreadPool* pool, const float* x, int64_t M, const Linear& w, float*
             int64_t y_stride) {
   if (M <= 0 || w.out <= 0) return;
   check_supported(w, "matmul");
-  const int64_t xs = x_stride < 0 ? w.in : x_stride;
-  const int64_t ys = y_stride < 0 ? w.out : y_stride;
-  struct Job {
-    const float* x;
-    int64_t M, xs;
-    const Linear* w;
-    float* y;
-    int64_t ys;
-  } job{x, M, xs, &w, y, ys};
+  const matmul_kernels::Weight kw = kernel_weight(w);
+  matmul_kernels::Job job;
+  job.x = x;
+  job.M = M;
+  job.x_stride = x_stride < 0 ? w.in : x_stride;
+  job.y = y;
+  job.y_stride = y_stride < 0 ? w.out : y_stride;
+  job.w = &kw;
   // Hand-offs cost microseconds: below ~256k multiply-adds a call runs on the caller's thread alone.
   // (Which thread computes an output never changes its value: results stay batch invariant.)
   const int64_t work = M * w.out * w.in;
   ThreadPool* use = work < (int64_t(1) << 18) ? nullptr : pool;
   // Captures one pointer, so std::function stores it inline (no allocation).
   parallel_for(use, w.out, kRowBlock, [j = &job](int64_t n0, int64_t n1, int) {
-    matmul_cols(j->x, j->M, j->xs, *j->w, j->y, j->ys, n0, n1);
+    matmul_kernels::Job part = *j;
+    part.n0 = n0;
+    part.n1 = n1;
+    matmul_kernels::matmul_cols(part);
   });
 }
 
 void matmul_transposed(const float* x, const Linear& w, float* y) {
   if (w.out <= 0 || w.in <= 0) return;
   check_supported(w, "matmul_transposed");
-  const int64_t K = w.in;
-  thread_local std::vector<float> scratch;
-  if (w.dtype != DType::F32 && scratch.size() < static_cast<size_t>(K))
-    scratch.resize(static_cast<size_t>(K));
-  for (int64_t r = 0; r < w.out; ++r) {
-    const float* wr;
-    if (w.dtype == DType::F32) {
-      wr = static_cast<const float*>(w.data) + r * stride_of(w);
-    } else {
-      dequant_row_impl(w, r, scratch.data());
-      wr = scratch.data();
-    }
-    const float xr = x[r];
-    int64_t c = 0;
-#ifdef NEXTN_MATMUL_AVX2
-    const __m256 xv = _mm256_set1_ps(xr);
-    for (; c + 8 <= K; c += 8)
-      _mm256_storeu_ps(y + c, _mm256_fmadd_ps(xv, _mm256_loadu_ps(wr + c), _mm256_loadu_ps(y + c)));
-#endif
-    for (; c < K; ++c) y[c] = std::fma(xr, wr[c], y[c]);
-  }
+  matmul_kernels::matmul_transposed(x, kernel_weight(w), y);
 }
 
 void dequant_row(const Linear& w, int64_t r, float* out) {
   check_supported(w, "dequant_row");
   if (r < 0 || r >= w.out)
     throw Error("dequant_row: row " + std::to_string(r) + " out of range [0, " + std::to_string(w.out) + ")");
-  dequant_row_impl(w, r, out);
+  matmul_kernels::dequant_row(kernel_weight(w, r, 1), r, out);
 }
 
 }  // namespace ops

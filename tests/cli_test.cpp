@@ -1,0 +1,166 @@
+// The nextn command line: help, usage errors (exit 2), load errors (exit 1), outputs.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+#include "io/tokenizer.h"
+#include "test_util.h"
+
+namespace nextn {
+namespace {
+
+struct Run {
+  int status;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+Run nextn(const std::string& args) {
+  const std::string err_file = ::testing::TempDir() + "/nextn_cli_stderr.txt";
+  const std::string cmd = std::string(NEXTN_CLI_PATH) + " " + args + " 2>" + err_file + " </dev/null";
+  Run r{};
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, "", "popen failed"};
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) r.out.append(buf.data(), n);
+  const int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (FILE* f = fopen(err_file.c_str(), "r")) {
+    while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) r.err.append(buf.data(), n);
+    fclose(f);
+  }
+  return r;
+}
+
+const std::string kFixture = testing::fixture_dir("a_fp32");
+
+std::string ids_arg(const std::vector<int32_t>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); ++i) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+TEST(Cli, HelpExitsZeroAndListsCommands) {
+  auto r = nextn("--help");
+  EXPECT_EQ(r.status, 0);
+  for (const char* cmd : {"generate", "logits", "inspect", "bench", "tokenize"})
+    EXPECT_NE(r.out.find(cmd), std::string::npos) << cmd;
+  for (const char* cmd : {"generate", "logits", "inspect", "bench", "tokenize", "detokenize"}) {
+    auto h = nextn(std::string(cmd) + " --help");
+    EXPECT_EQ(h.status, 0) << cmd;
+    EXPECT_NE(h.out.find("usage"), std::string::npos) << cmd;
+  }
+}
+
+TEST(Cli, BadArgumentsExitTwoWithUsage) {
+  EXPECT_EQ(nextn("").status, 2);
+  auto r = nextn("frobnicate");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("unknown command"), std::string::npos);
+  r = nextn("generate --model " + kFixture + " --ids 1,x");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("not a token id"), std::string::npos);
+  EXPECT_NE(r.err.find("usage"), std::string::npos);
+  EXPECT_EQ(nextn("generate --bogus-flag").status, 2);
+  EXPECT_EQ(nextn("generate --model " + kFixture + " --ids 1,2 --speculative-tokens 9").status, 2);
+  EXPECT_EQ(nextn("generate --model " + kFixture + " --ids 1,2 --temperature -1").status, 2);
+  EXPECT_EQ(nextn("logits --model " + kFixture + " --ids 1,2").status, 2);  // no --output
+}
+
+TEST(Cli, LoadErrorsExitOneAndNameThePath) {
+  auto r = nextn("generate --model /nonexistent/model --ids 1,2");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("/nonexistent/model"), std::string::npos) << r.err;
+}
+
+TEST(Cli, LogitsWritesTargetAndDraftLogits) {
+  testing::Reference ref(kFixture);
+  auto ids = ref.ids("input_ids");
+  const std::string out = ::testing::TempDir() + "/nextn_cli_logits.safetensors";
+  auto r = nextn("logits --model " + kFixture + " --ids " + ids_arg(ids) + " --output " + out + " --draft --threads 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  SafetensorsFile f(out);
+  const TensorView* l = f.find("logits");
+  const TensorView* d = f.find("draft_logits");
+  ASSERT_TRUE(l && d);
+  const int64_t T = ids.size();
+  EXPECT_EQ(l->shape, (std::vector<int64_t>{T, 256}));
+  EXPECT_EQ(d->shape, (std::vector<int64_t>{T - 1, 256}));
+  auto want = ref.f32("logits");
+  auto diff = testing::compare(static_cast<const float*>(l->data), want.data(), T, 256);
+  EXPECT_LE(diff.rel(), 1e-4);
+  auto dwant = ref.f32("draft_logits");
+  auto ddiff = testing::compare(static_cast<const float*>(d->data), dwant.data(), T - 1, 256);
+  EXPECT_LE(ddiff.rel(), 1e-4);
+  std::filesystem::remove(out);
+}
+
+TEST(Cli, GenerateJsonHasIdsAndStats) {
+  testing::Reference ref(kFixture);
+  auto ids = ref.ids("input_ids");
+  auto greedy = ref.ids("greedy_ids");
+  auto r = nextn("generate --model " + kFixture + " --ids " + ids_arg(ids) + " -n 6 --json --ignore-eos");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  auto got = j["ids"].get<std::vector<int32_t>>();
+  EXPECT_EQ(got, std::vector<int32_t>(greedy.begin(), greedy.begin() + 6));
+  for (const char* k : {"num_drafts", "num_draft_tokens", "num_accepted_tokens", "per_position_acceptance",
+                        "mean_acceptance_length", "tokens_per_second"})
+    EXPECT_TRUE(j["stats"].contains(k)) << k;
+  EXPECT_NE(r.err.find("mean acceptance length"), std::string::npos);
+}
+
+TEST(Cli, GenerateTextWithBundledModelAndStopString) {
+  auto r = nextn("generate --prompt 'def add(a, b):' -n 24 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_FALSE(j["text"].get<std::string>().empty());
+  const std::string text = j["text"];
+  // stop before the first newline the model writes
+  auto s = nextn("generate --prompt 'def add(a, b):' -n 24 --json --stop '\n'");
+  ASSERT_EQ(s.status, 0) << s.err;
+  auto js = nlohmann::json::parse(s.out);
+  const std::string stopped = js["text"];
+  EXPECT_EQ(stopped.find('\n'), std::string::npos);
+  EXPECT_EQ(text.substr(0, stopped.size()), stopped);
+  EXPECT_EQ(js["finish_reason"], "stop");
+}
+
+TEST(Cli, TokenizeMatchesTheLibrary) {
+  const std::string dir = std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny";
+  auto r = nextn("tokenize --model " + dir + " --text 'for i in range(10):'");
+  ASSERT_EQ(r.status, 0) << r.err;
+  Tokenizer tok = Tokenizer::from_dir(dir);
+  auto want = tok.encode("for i in range(10):");
+  EXPECT_EQ(nlohmann::json::parse(r.out).get<std::vector<int32_t>>(), want);
+  auto d = nextn("detokenize --tokenizer " + dir + "/tokenizer.json --ids " + ids_arg(want));
+  ASSERT_EQ(d.status, 0) << d.err;
+  EXPECT_EQ(d.out, "for i in range(10):\n");
+}
+
+TEST(Cli, InspectExitCodeTellsLoadability) {
+  auto ok = nextn("inspect " + kFixture);
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  const std::string broken = ::testing::TempDir() + "/nextn_cli_broken";
+  std::filesystem::create_directories(broken);
+  std::filesystem::copy_file(kFixture + "/config.json", broken + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  SafetensorsWriter w;  // a checkpoint holding one tensor only
+  std::vector<float> e(256 * 64, 0.0f);
+  w.add_f32("model.embed_tokens.weight", {256, 64}, e.data());
+  w.write(broken + "/model.safetensors");
+  auto bad = nextn("inspect " + broken);
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE((bad.out + bad.err).find("model.layers.0.self_attn.q_a_proj.weight"), std::string::npos);
+  EXPECT_NE((bad.out + bad.err).find("lacks"), std::string::npos);
+  std::filesystem::remove_all(broken);
+}
+
+}  // namespace
+}  // namespace nextn
