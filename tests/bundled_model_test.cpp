@@ -3,7 +3,11 @@
 // tokenizer against the ids `tokenizers` recorded. References: tests/fixtures/bundled/.
 #include <gtest/gtest.h>
 
+#include <malloc.h>
+
+#include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "core/threadpool.h"
@@ -78,6 +82,31 @@ TEST_F(Bundled, GreedyWithAndWithoutSpeculationMatchesTransformers) {
       EXPECT_GT(res.stats.mean_acceptance_length(), 1.2) << "the trained MTP layers should draft well";
     }
   }
+}
+
+// FP8 stays FP8: loading copies no large tensor (heap growth is the small fp32 vectors: norms, HC gates,
+// router and indexer weights), and after touching every weight the resident bytes of the mapped file
+// equal the file size.
+TEST(BundledMemory, ResidentWeightBytesMatchTheFile) {
+  const size_t file = std::filesystem::file_size(kModel + "/model.safetensors");
+  const size_t heap0 = mallinfo2().uordblks;
+  HYV4Model m(kModel, nullptr);
+  const size_t heap = mallinfo2().uordblks - heap0;
+  EXPECT_LT(heap, file / 10) << "loading allocated " << heap << " bytes for a " << file << "-byte checkpoint";
+  m.prefault(false);
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool in_model = false;
+  size_t rss_kb = 0;
+  while (std::getline(smaps, line)) {
+    if (!line.empty() && std::isxdigit(static_cast<unsigned char>(line[0])) && line.find('-') < 17)
+      in_model = line.find("nextn-hy4-tiny/model.safetensors") != std::string::npos;
+    else if (in_model && line.rfind("Rss:", 0) == 0)
+      rss_kb += std::stoul(line.substr(4));
+  }
+  const double resident = double(rss_kb) * 1024;
+  EXPECT_GT(resident, 0.95 * double(file));
+  EXPECT_LT(resident, 1.05 * double(file) + 8192);
 }
 
 TEST_F(Bundled, TokenizerMatchesTokenizersLibrary) {
