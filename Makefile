@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 
-.PHONY: setup build test demo clean
+.PHONY: setup build test demo bench clean
 
 setup:
 	@bash scripts/setup.sh
@@ -19,6 +19,13 @@ test: build
 
 demo: build
 	@bash scripts/demo.sh $(BUILD_DIR)/bin/nextn
+
+# Speed measurements (not tests): bandwidth, decode, verify cost and speculation on the bundled model and
+# on a 2-layer-MTP fixture; kernel micro-benchmarks when built. Numbers go to docs/performance.md.
+bench: build
+	$(BUILD_DIR)/bin/nextn bench
+	$(BUILD_DIR)/bin/nextn bench --model tests/fixtures/hy_v4/b_fp32 --tokens 128
+	@if [ -x $(BUILD_DIR)/bin/nextn_bench_kernels ]; then $(BUILD_DIR)/bin/nextn_bench_kernels; fi
 
 clean:
 	rm -rf $(BUILD_DIR)

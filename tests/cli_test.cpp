@@ -114,6 +114,17 @@ TEST(Cli, GenerateJsonHasIdsAndStats) {
                         "mean_acceptance_length", "tokens_per_second"})
     EXPECT_TRUE(j["stats"].contains(k)) << k;
   EXPECT_NE(r.err.find("mean acceptance length"), std::string::npos);
+  // logprobs: the chosen (greedy) token is the best alternative, and logprobs are <= 0
+  auto l = nextn("generate --model " + kFixture + " --ids " + ids_arg(ids) + " -n 3 --json --logprobs 2");
+  ASSERT_EQ(l.status, 0) << l.err;
+  auto jl = nlohmann::json::parse(l.out);
+  ASSERT_EQ(jl["logprobs"].size(), 3u);
+  for (const auto& e : jl["logprobs"]) {
+    EXPECT_LE(e["logprob"].get<double>(), 0.0);
+    ASSERT_EQ(e["top"].size(), 2u);
+    EXPECT_EQ(e["top"][0]["token"], e["token"]);
+    EXPECT_GE(e["top"][0]["logprob"].get<double>(), e["top"][1]["logprob"].get<double>());
+  }
 }
 
 TEST(Cli, GenerateTextWithBundledModelAndStopString) {

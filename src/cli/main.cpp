@@ -56,6 +56,7 @@ sampled output is distributed exactly as the target's.
   --top-k K, --top-p P, --min-p P, --seed S
   --repetition-penalty R, --presence-penalty P, --frequency-penalty F
   --stop TEXT               stop before this text (repeatable; not included in the output)
+  --logprobs N              with --json: each token's logprob under the target and its N best alternatives
   --stop-id ID              stop after this token id (repeatable)
   --ignore-eos              do not stop at the checkpoint's eos token
   --relaxed-acceptance N,D  LOSSY: also accept drafts in the target's top-N within D of its top probability
@@ -124,7 +125,7 @@ int run_generate(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "no-speculate", "no-draft-probs", "ignore-eos"},
          {"model", "ids", "prompt", "max-tokens", "speculative-tokens", "temperature", "top-k", "top-p", "min-p",
           "seed", "repetition-penalty", "presence-penalty", "frequency-penalty", "stop", "stop-id",
-          "relaxed-acceptance", "adaptive", "threads"});
+          "relaxed-acceptance", "adaptive", "threads", "logprobs"});
   if (a.has("help")) {
     std::fputs(kGenerateUsage, stdout);
     return 0;
@@ -142,6 +143,8 @@ int run_generate(int argc, char** argv) {
   sp.presence_penalty = static_cast<float>(a.get_double("presence-penalty", 0.0));
   sp.frequency_penalty = static_cast<float>(a.get_double("frequency-penalty", 0.0));
   sp.stop = a.all("stop");
+  sp.logprobs = static_cast<int>(a.get_int("logprobs", -1));
+  if (a.has("logprobs") && (sp.logprobs < 0 || sp.logprobs > 20)) throw UsageError("--logprobs must be in 0..20");
   for (const auto& s : sp.stop)
     if (s.empty()) throw UsageError("--stop needs a non-empty text");
   for (const auto& s : a.all("stop-id")) {
@@ -252,7 +255,11 @@ int run_generate(int argc, char** argv) {
     if (dec) out["text"] = text;
     if (sp.logprobs >= 0) {
       nlohmann::json lps = nlohmann::json::array();
-      for (const auto& lp : res.logprobs) lps.push_back({{"token", lp.token}, {"logprob", lp.logprob}});
+      for (const auto& lp : res.logprobs) {
+        nlohmann::json top = nlohmann::json::array();
+        for (const auto& [id, l] : lp.top) top.push_back({{"token", id}, {"logprob", l}});
+        lps.push_back({{"token", lp.token}, {"logprob", lp.logprob}, {"top", top}});
+      }
       out["logprobs"] = lps;
     }
     std::cout << out.dump() << std::endl;
