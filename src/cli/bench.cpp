@@ -137,7 +137,7 @@ std::vector<SynthTensor> synthetic_tensors(const nlohmann::json& c, bool fp8) {
     if (fp8) t.push_back({n + ".weight_scale_inv", "F32", {(out + 127) / 128, (in + 127) / 128}, 0, true});
   };
   auto norm = [&](const std::string& n, int64_t d) { t.push_back({n, "BF16", {d}, 1.0f, true}); };
-  auto block = [&](const std::string& p, bool sparse, bool hc) {
+  auto block = [&](const std::string& p, bool sparse, bool hc, bool own_indexer) {
     if (hc)
       for (const char* k : {"attn_hc", "ffn_hc"}) {
         t.push_back({p + k + ".fn", "F32", {2 * C, C * H}, 1.0f / std::sqrt(float(C * H))});
@@ -156,11 +156,13 @@ std::vector<SynthTensor> synthetic_tensors(const nlohmann::json& c, bool fp8) {
     linear(a + "o_proj", H, nh * vd);
     linear(a + "gate_proj", nh * vd, H);
     t.push_back({a + "sinks", "F32", {nh}, 1.0f});
-    linear(a + "indexer.wq_b", nih * ihd, ql);
-    linear(a + "indexer.wk", ihd, H);
-    norm(a + "indexer.k_norm.weight", ihd);
-    t.push_back({a + "indexer.k_norm.bias", "F32", {ihd}, 0.1f});
-    t.push_back({a + "indexer.weights_proj.weight", "F32", {nih, H}, 1.0f / std::sqrt(float(H))});
+    if (own_indexer) {
+      linear(a + "indexer.wq_b", nih * ihd, ql);
+      linear(a + "indexer.wk", ihd, H);
+      norm(a + "indexer.k_norm.weight", ihd);
+      t.push_back({a + "indexer.k_norm.bias", "F32", {ihd}, 0.1f});
+      t.push_back({a + "indexer.weights_proj.weight", "F32", {nih, H}, 1.0f / std::sqrt(float(H))});
+    }
     const std::string m = p + "mlp.";
     if (!sparse) {
       linear(m + "gate_proj", Id, H);
@@ -179,7 +181,9 @@ std::vector<SynthTensor> synthetic_tensors(const nlohmann::json& c, bool fp8) {
     if (fp8) t.push_back({m + "experts.down_proj_scale_inv", "F32", {E, (H + 127) / 128, (I + 127) / 128}, 0, true});
   };
   t.push_back({"model.embed_tokens.weight", "BF16", {V, H}, 1.0f});
-  for (int64_t i = 0; i < L; ++i) block("model.layers." + std::to_string(i) + ".", i > 0, true);
+  // default indexer pattern: own indexer on layer 0 and every layer with (i - 1) % 4 == 0
+  for (int64_t i = 0; i < L; ++i)
+    block("model.layers." + std::to_string(i) + ".", i > 0, true, i == 0 || (i - 1) % 4 == 0);
   t.push_back({"model.hc_head.hc_fn", "F32", {C, C * H}, 1.0f / std::sqrt(float(C * H))});
   t.push_back({"model.hc_head.hc_base", "F32", {C}, 0.5f});
   t.push_back({"model.hc_head.hc_scale", "F32", {1}, 0.5f});
@@ -190,7 +194,7 @@ std::vector<SynthTensor> synthetic_tensors(const nlohmann::json& c, bool fp8) {
   norm(mp + "hnorm.weight", H);
   norm(mp + "final_layernorm.weight", H);
   linear(mp + "eh_proj", H, 2 * H);
-  block(mp, true, false);
+  block(mp, true, false, true);
   return t;
 }
 
@@ -333,7 +337,7 @@ int run_bench(int argc, char** argv) {
   if (a.has("synthetic")) {
     const char* home = std::getenv("HOME");
     const std::string cache = a.get("cache-dir", std::string(home ? home : "/tmp") + "/.cache/nextn");
-    dir = cache + "/synthetic-hy4-" + dtype;
+    dir = cache + "/synthetic-hy4-v2-" + dtype;
     if (!std::filesystem::exists(dir + "/model.safetensors")) {
       std::fprintf(stderr, "writing synthetic checkpoint to %s ...\n", dir.c_str());
       write_synthetic(dir, dtype == "fp8");

@@ -103,8 +103,9 @@ nlohmann::json stats_json(const SpecStats& s) {
 }
 
 void print_stats(const SpecStats& s, bool speculated) {
-  std::fprintf(stderr, "generated %lld tokens in %.3f s (%.1f tokens/s), %lld target forwards\n",
-               (long long)s.num_generated, s.decode_seconds, s.tokens_per_second(), (long long)s.target_forwards);
+  std::fprintf(stderr, "generated %lld tokens: prefill %lld tokens %.3f s, decode %.1f tokens/s, %lld target forwards\n",
+               (long long)s.num_generated, (long long)s.prompt_tokens, s.prefill_seconds, s.tokens_per_second(),
+               (long long)s.target_forwards);
   if (!speculated) return;
   std::fprintf(stderr, "speculation: %lld drafts, %lld draft tokens, %lld accepted, mean acceptance length %.3f\n",
                (long long)s.num_drafts, (long long)s.num_draft_tokens, (long long)s.num_accepted_tokens,

@@ -28,7 +28,8 @@ std::vector<double> SpecStats::per_position_acceptance() const {
 }
 
 double SpecStats::tokens_per_second() const {
-  return decode_seconds > 0 ? double(num_generated) / decode_seconds : 0.0;
+  // decode speed: tokens after the first (which prefill produces) over the time after it
+  return decode_seconds > 0 && num_generated > 1 ? double(num_generated - 1) / decode_seconds : 0.0;
 }
 
 void SpecStats::add_round(int drafted, int accepted) {
@@ -373,7 +374,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
       }
     }
   }
-  st.decode_seconds = seconds_since(t_decode) + st.prefill_seconds;
+  st.decode_seconds = seconds_since(t_decode);
   if (res.finish_reason.empty()) res.finish_reason = "length";
   return res;
 }

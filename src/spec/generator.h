@@ -61,7 +61,7 @@ struct SpecStats {
 
   double mean_acceptance_length() const;  // 1 + accepted / drafts
   std::vector<double> per_position_acceptance() const;
-  double tokens_per_second() const;       // generated tokens / decode time (first token included)
+  double tokens_per_second() const;       // decode: (generated - 1) / time after the first token
   void add_round(int drafted, int accepted);
 };
 
