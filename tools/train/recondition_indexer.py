@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "fixtures"))
 sys.path.insert(0, HERE)
 from make_hy_v4_fixtures import HUB_RENAMES, MTPLayerRef, TopkGapMonitor  # noqa: E402
-from train_hy_v4 import collect_files, quantize_fp8, read  # noqa: E402
+from train_hy_v4 import collect_files, quantize_fp8, read, reference_outputs  # noqa: E402
 
 SRC, OUT = sys.argv[1], sys.argv[2]
 NEW_HEADS = 16
@@ -128,27 +128,14 @@ def main():
         model, mtps = build(config, deq, L, n_mtp)
         # the reference prompt of the bundled test (first held-out file, bos + 191 tokens)
         prompt = [1] + tok.encode(texts[0][:4000], add_special_tokens=False).ids[:191]
-        x = torch.tensor([prompt])
-        T = x.shape[1]
         with TopkGapMonitor(cfg["n_routed_experts"] // cfg["n_group"]) as mon:
-            out = model(input_ids=x)
-            hidden = model.model(input_ids=x).last_hidden_state
-            o = model(input_ids=x, use_cache=True)
-            past, nxt, greedy = o.past_key_values, o.logits[0, -1].argmax(), []
-            for _ in range(48):
-                greedy.append(int(nxt))
-                o = model(input_ids=nxt.view(1, 1), past_key_values=past, use_cache=True)
-                past, nxt = o.past_key_values, o.logits[0, -1].argmax()
-            e0 = model.model.embed_tokens(x[:, 1:]).clone()
-            e0[:, 0] = 0
-            g0 = mtps[0](e0, hidden[:, :-1], torch.arange(T - 1))
-            dl = model.lm_head(g0)[0]
+            ref = reference_outputs(model, mtps[0], prompt)
         print(f"seed {seed}: min top-k gap {mon.min_gap:.2e}", flush=True)
         if best is None or mon.min_gap > best[0]:
-            best = (mon.min_gap, seed, new, deq, x, out, greedy, dl)
+            best = (mon.min_gap, seed, new, deq, ref)
         if mon.min_gap >= 3e-5:
             break
-    gap, seed, new, deq, x, out, greedy, dl = best
+    gap, seed, new, deq, ref = best
     loss_new = heldout_loss(config, deq)
     print("held-out loss, reconditioned indexer:", loss_new, flush=True)
 
@@ -163,9 +150,7 @@ def main():
         json.dump(cfg, f, indent=2, sort_keys=True)
     ref_dir = os.path.join(OUT, "bundled_reference")
     os.makedirs(ref_dir, exist_ok=True)
-    save_file({"input_ids": x[0].contiguous(), "logits": out.logits[0].float().contiguous(),
-               "greedy_ids": torch.tensor(greedy, dtype=torch.int64), "draft_logits": dl.float().contiguous()},
-              os.path.join(ref_dir, "reference.safetensors"))
+    save_file(ref, os.path.join(ref_dir, "reference.safetensors"))
     with open(os.path.join(ref_dir, "recondition_report.json"), "w") as f:
         json.dump({"heldout_loss_original_indexer": loss_old, "heldout_loss_reconditioned_indexer": loss_new,
                    "index_n_heads": NEW_HEADS, "indexer_seed": 1000 + seed, "min_topk_gap": gap,

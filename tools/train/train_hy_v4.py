@@ -137,6 +137,29 @@ def quantize_fp8(w, block=128):
     return q, scale.contiguous(), deq.contiguous()
 
 
+@torch.no_grad()
+def reference_outputs(model, mtp0, prompt, n_greedy=48):
+    """What nextn's bundled-model test checks, from transformers: the prompt's logits, a greedy
+    continuation decoded through the HF cache, and MTP layer 0's logits over the prompt (position p gets
+    token p+1 and the target hidden state at p; embedding zeroed at position 0)."""
+    ids = torch.tensor([prompt])
+    T = ids.shape[1]
+    out = model(input_ids=ids)
+    hidden = model.model(input_ids=ids).last_hidden_state
+    o = model(input_ids=ids, use_cache=True)
+    past, nxt, greedy = o.past_key_values, o.logits[0, -1].argmax(), []
+    for _ in range(n_greedy):
+        greedy.append(int(nxt))
+        o = model(input_ids=nxt.view(1, 1), past_key_values=past, use_cache=True)
+        past, nxt = o.past_key_values, o.logits[0, -1].argmax()
+    e0 = model.model.embed_tokens(ids[:, 1:]).clone()
+    e0[:, 0] = 0
+    g0 = mtp0(e0, hidden[:, :-1], torch.arange(T - 1))
+    return {"input_ids": ids[0].contiguous(), "logits": out.logits[0].float().contiguous(),
+            "greedy_ids": torch.tensor(greedy, dtype=torch.int64),
+            "draft_logits": model.lm_head(g0)[0].float().contiguous()}
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     torch.manual_seed(0)
@@ -341,28 +364,12 @@ def main():
         r = MTPLayerRef(config, L + i).float().eval()
         r.load_state_dict(deq_mtp[i], strict=False)
         refs.append(r)
-    text = held_texts[0][:4000]
-    prompt = [1] + tok.encode(text, add_special_tokens=False).ids[:191]
-    ids = torch.tensor([prompt])
-    T = ids.shape[1]
-    with torch.no_grad():
-        out = ref_model(input_ids=ids)
-        hidden = ref_model.model(input_ids=ids).last_hidden_state
-        o = ref_model(input_ids=ids, use_cache=True)
-        past, nxt, greedy = o.past_key_values, o.logits[0, -1].argmax(), []
-        for _ in range(48):
-            greedy.append(int(nxt))
-            o = ref_model(input_ids=nxt.view(1, 1), past_key_values=past, use_cache=True)
-            past, nxt = o.past_key_values, o.logits[0, -1].argmax()
-        e0 = ref_model.model.embed_tokens(ids[:, 1:]).clone()
-        e0[:, 0] = 0
-        g0 = refs[0](e0, hidden[:, :-1], torch.arange(T - 1))
-        dl = ref_model.lm_head(g0)[0]
+    prompt = [1] + tok.encode(held_texts[0][:4000], add_special_tokens=False).ids[:191]
+    ref = reference_outputs(ref_model, refs[0], prompt)
+    T = len(prompt)
     ref_dir = os.path.join(OUT, "bundled_reference")
     os.makedirs(ref_dir, exist_ok=True)
-    save_file({"input_ids": ids[0].contiguous(), "logits": out.logits[0].float().contiguous(),
-               "greedy_ids": torch.tensor(greedy, dtype=torch.int64), "draft_logits": dl.float().contiguous()},
-              os.path.join(ref_dir, "reference.safetensors"))
+    save_file(ref, os.path.join(ref_dir, "reference.safetensors"))
 
     # Token ids recorded by `tokenizers` for nextn's tokenizer test.
     rnd = random.Random(7)

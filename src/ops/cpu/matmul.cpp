@@ -41,8 +41,8 @@ void check_supported(const Linear& w, const char* what) {
   }
 }
 
-// Whether some scale s of the rows in use is finite with 256 * s overflowing (|s| >= 2^120: biased
-// exponent 247..254), which the SIMD FP8 decoder (scale pre-multiplied by 256) cannot take exactly.
+// Whether some scale s of the rows in use is finite with |s| >= 2^8 (biased exponent 135..254): the SIMD
+// FP8 decoder pre-multiplies scales by 2^120, which must stay finite and exact.
 bool has_huge_scale(const matmul_kernels::Weight& k, int64_t r0, int64_t n) {
   const int64_t first = (k.scale_row0 + r0) / k.block_out, last = (k.scale_row0 + r0 + n - 1) / k.block_out;
   const int64_t i0 = first * k.scale_cols, i1 = (last + 1) * k.scale_cols;
@@ -52,18 +52,18 @@ bool has_huge_scale(const matmul_kernels::Weight& k, int64_t r0, int64_t n) {
       for (int64_t i = i0; i < i1; ++i) {
         uint32_t b;
         std::memcpy(&b, k.scale + i * 4, 4);
-        bad |= ((b >> 23) & 0xffu) - 247u < 8u;
+        bad |= ((b >> 23) & 0xffu) - 135u < 120u;
       }
       break;
     case DType::BF16:
       for (int64_t i = i0; i < i1; ++i) {
         uint16_t b;
         std::memcpy(&b, k.scale + i * 2, 2);
-        bad |= ((b >> 7) & 0xffu) - 247u < 8u;
+        bad |= ((b >> 7) & 0xffu) - 135u < 120u;
       }
       break;
     default:  // F8_E8M0: 2^(v - 127)
-      for (int64_t i = i0; i < i1; ++i) bad |= static_cast<unsigned>(k.scale[i]) - 247u < 8u;
+      for (int64_t i = i0; i < i1; ++i) bad |= static_cast<unsigned>(k.scale[i]) - 135u < 120u;
       break;
   }
   return bad != 0;

@@ -118,20 +118,20 @@ struct DecF16 {
   static HWY_INLINE VF Load(DF d, const T* p, VF) { return hn::PromoteTo(d, hn::LoadU(hn::Rebind<T, DF>(), p)); }
 };
 
-// e4m3 -> f16 bits by moving the fields: sign-extended byte << 7 puts exponent and mantissa in place
-// (e4m3 exponent e becomes f16 exponent e, subnormals included) and the sign at bits 14 and 15; clearing bit
-// 14 leaves f16(v) = e4m3(v) · 2^-8 exactly. The caller's scale vector holds 256 · scale (exact), so the
-// product is e4m3(v) · scale rounded once, as the scalar table gives.
+// e4m3 -> f32 by moving the fields: the sign-extended byte << 20, masked to sign | exponent | mantissa,
+// is the f32 with biased exponent e and the 3 mantissa bits on top, i.e. exactly e4m3(v) · 2^-120
+// (e = 0, the e4m3 subnormals, land on f32 subnormals with the same scaling). The caller's scale vector
+// holds s · 2^120 (exact for |s| < 2^8; larger scales take the table route), so the product is
+// e4m3(v) · s rounded once, as the scalar table gives.
+constexpr float kFp8ScaleBias = 1329227995784915872903807060280344576.0f;  // 2^120
 struct DecFP8 {
   using T = int8_t;
   static constexpr bool kScaled = true;
-  static HWY_INLINE VF Load(DF d, const T* p, VF scale256) {
+  static HWY_INLINE VF Load(DF d, const T* p, VF scale) {
     const hn::Rebind<int8_t, DF> d8;
-    const hn::Rebind<int16_t, DF> d16;
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    auto h = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, p)));
-    h = hn::And(h, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
-    return hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, h)), scale256);
+    const hn::RebindToSigned<DF> di;
+    const auto v = hn::ShiftLeft<20>(hn::PromoteTo(di, hn::LoadU(d8, p)));
+    return hn::Mul(hn::BitCast(d, hn::And(v, hn::Set(di, static_cast<int32_t>(0x87F00000u)))), scale);
   }
 };
 
@@ -151,7 +151,7 @@ HWY_INLINE const typename Dec::T* RowPtr(const Weight& w, int64_t n) {
 template <class Dec>
 HWY_INLINE VF SegmentScale(DF d, const Weight& w, int64_t n, int64_t k) {
   if constexpr (Dec::kScaled) {
-    return hn::Set(d, scale_of(w, n, k / w.block_in) * 256.0f);
+    return hn::Set(d, scale_of(w, n, k / w.block_in) * kFp8ScaleBias);
   } else {
     return hn::Set(d, 1.0f);
   }
