@@ -136,6 +136,33 @@ TEST_P(HYV4Parity, TruncateThenReplayIsExact) {
   EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), V * sizeof(float)));
 }
 
+// Draft caches roll back the same way: speculative draft rows dropped by truncate leave the layer exactly
+// as if they had never been computed (including rows that attended to a forced top-k set).
+TEST_P(HYV4Parity, DraftCacheRollbackIsExact) {
+  if (model_->num_mtp_layers() == 0) GTEST_SKIP() << "fixture has no MTP layer";
+  const int64_t T = prompt_.size(), V = model_->config().vocab_size, H = model_->config().hidden_size;
+  KVCache cache = model_->new_cache(T);
+  std::vector<float> hidden(T * H);
+  model_->forward(prompt_.data(), T, cache, nullptr, hidden.data());
+  KVCache a = model_->new_draft_cache(T + 4), b = model_->new_draft_cache(T + 4);
+  std::vector<float> la(V), lb(V), ha(H), junk(2 * H);
+  // a: canonical rows up to T-3, two speculative rows (one forced), rolled back, then the last rows
+  model_->draft_forward(0, prompt_.data() + 1, hidden.data(), T - 3, 0, a, nullptr, nullptr);
+  const int32_t slots[3] = {0, 2, 5};
+  TopkOverride ov{slots, 3};
+  const int32_t wrong = 7;
+  model_->draft_forward(0, &wrong, hidden.data(), 1, T - 3, a, nullptr, junk.data());
+  model_->draft_forward(0, &wrong, junk.data(), 1, T - 2, a, nullptr, junk.data() + H, &ov);
+  a.truncate(T - 3);
+  model_->draft_forward(0, prompt_.data() + T - 2, hidden.data() + (T - 3) * H, 2, T - 3, a, nullptr, nullptr);
+  // b: the same canonical rows in one go
+  model_->draft_forward(0, prompt_.data() + 1, hidden.data(), T - 1, 0, b, nullptr, nullptr);
+  // one more identical row on both: equal logits bit for bit
+  model_->draft_forward(0, prompt_.data() + T - 1, hidden.data() + (T - 1) * H, 1, T - 1, a, la.data(), nullptr);
+  model_->draft_forward(0, prompt_.data() + T - 1, hidden.data() + (T - 1) * H, 1, T - 1, b, lb.data(), nullptr);
+  EXPECT_EQ(0, std::memcmp(la.data(), lb.data(), V * sizeof(float)));
+}
+
 // MTP layer 0 over the prompt: position p gets token p+1 and the target's hidden state at p.
 TEST_P(HYV4Parity, DraftLayerLogitsMatchReference) {
   if (model_->num_mtp_layers() == 0) GTEST_SKIP() << "fixture has no MTP layer";
