@@ -15,6 +15,12 @@
 
 namespace nextn {
 
+// Per-thread attention buffers for one query row (see HYV4Model::attention).
+struct AttentionScratch {
+  int64_t nh, kvl, rope, vd, kmax;
+  int64_t floats() const { return nh * kvl + kmax * kvl + kmax * rope + 2 * nh * kmax + nh * kvl + vd; }
+};
+
 HYV4Model::~HYV4Model() = default;
 
 void HYV4Model::prefault(bool progress) const {
@@ -132,9 +138,11 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   w.hidden.assign(S * H, 0);
   w.mtp_in.assign(S * 2 * H, 0);
   w.streams_tmp.assign(S * C, 0);  // post gates [S, C]
-  // attention scratch per thread: q_lat + o_lat [kv_lora], out [v], scores [max_seq]
   w.kvb.assign(nh * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank, 0);
-  w.att_scratch.assign(threads * (2 * c.kv_lora_rank + c.v_head_dim + max_seq), 0);
+  const AttentionScratch sz{nh, c.kv_lora_rank, c.qk_rope_head_dim, c.v_head_dim,
+                            std::min<int64_t>(std::max<int64_t>(c.index_topk, 1), max_seq)};
+  w.att_scratch.assign(threads * sz.floats(), 0);  // per thread, one query row at a time
+  w.idx_heads.assign(threads * c.index_n_heads * max_seq, 0);
   w.idx_scratch.assign(S * max_seq, 0);
   w.idx_tmp.assign(S * max_seq, 0);
 }
@@ -236,17 +244,25 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       for (int64_t h = 0; h < nih; ++h) iw[h] = iw[h] * wscale_a * wscale_b;
     }
     const int64_t max_seq = ws_max_seq_;
-    parallel_for(pool_, S, 1, [&](int64_t s0, int64_t s1, int) {
+    // Per query row: head scores [nih, n] = iq [nih, ihd] · K_cacheᵀ (one matmul), then Σ_h w_h·relu(.).
+    const int64_t hstride = nih * max_seq;
+    parallel_for(pool_, S, 1, [&](int64_t s0, int64_t s1, int tid) {
+      float* heads = ws_.idx_heads.data() + tid * hstride;
       for (int64_t s = s0; s < s1; ++s) {
         const int64_t n = slot0 + s + 1;
         float* score = ws_.idx_scratch.data() + s * max_seq;
-        const float* iq = ws_.iq.data() + s * nih * ihd;
         const float* iw = ws_.iw.data() + s * nih;
-        for (int64_t t = 0; t < n; ++t) {
-          const float* k = lc.index_k.data() + t * ihd;
-          float acc = 0.0f;
-          for (int64_t h = 0; h < nih; ++h) acc += iw[h] * std::max(ops::dot(iq + h * ihd, k, ihd), 0.0f);
-          score[t] = acc;
+        Linear keys;
+        keys.dtype = DType::F32;
+        keys.out = n;
+        keys.in = ihd;
+        keys.row_stride = ihd;
+        keys.data = lc.index_k.data();
+        ops::matmul(nullptr, ws_.iq.data() + s * nih * ihd, nih, keys, heads);
+        std::fill(score, score + n, 0.0f);
+        for (int64_t h = 0; h < nih; ++h) {
+          const float* hr = heads + h * n;
+          for (int64_t t = 0; t < n; ++t) score[t] += iw[h] * std::max(hr[t], 0.0f);
         }
         ws_.topk_count[s] = static_cast<int32_t>(
             ops::topk_ascending(score, n, K, ws_.topk.data() + s * K, ws_.idx_tmp.data() + s * max_seq));
@@ -265,44 +281,80 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     kvb.row_stride = kvl;
     kvb.data = ws_.kvb.data();
   }
-  // Sparse MLA over the cached latents (absorbed: q·(W_kb c) = (W_kbᵀ q)·c, out = W_vb (Σ p c)).
+  // Sparse MLA over the cached latents, absorbed: q·(W_kb c) = (W_kbᵀ q)·c and out = W_vb (Σ p c).
+  // Per query row, the selected latents / rope keys are gathered once for all heads, so scores and the
+  // scores are matmuls: [nh, nsel] = q_lat [nh, kvl]·Cᵀ + q_rope [nh, rope]·Rᵀ; o_lat [nh, kvl] = P·C.
   const float scale = static_cast<float>(c.attn_scale);
-  const int64_t stride = 2 * kvl + vd + ws_max_seq_;
-  parallel_for(pool_, S * nh, 1, [&](int64_t b0, int64_t b1, int tid) {
-    float* q_lat = ws_.att_scratch.data() + tid * stride;
-    float* o_lat = q_lat + kvl;
-    float* out = o_lat + kvl;
-    float* p = out + vd;
-    for (int64_t bi = b0; bi < b1; ++bi) {
-      const int64_t s = bi / nh, h = bi % nh;
-      const float* q = ws_.q.data() + s * nh * qkd + h * qkd;
-      std::fill(q_lat, q_lat + kvl, 0.0f);
-      ops::matmul_transposed(q, kvb.rows(h * (nope + vd), nope), q_lat);
+  const int64_t Kmax = std::min<int64_t>(K, ws_max_seq_);
+  const AttentionScratch sz{nh, kvl, rope, vd, Kmax};
+  parallel_for(pool_, S, 1, [&](int64_t s0, int64_t s1, int tid) {
+    float* q_lat = ws_.att_scratch.data() + tid * sz.floats();  // [nh, kvl]
+    float* csel = q_lat + nh * kvl;                              // [nsel, kvl] gathered latents
+    float* rsel = csel + Kmax * kvl;                             // [nsel, rope] gathered rope keys
+    float* sc = rsel + Kmax * rope;                              // [nh, nsel] scores -> probabilities
+    float* sc2 = sc + nh * Kmax;                                 // [nh, nsel] rope part
+    float* o_lat = sc2 + nh * Kmax;                              // [nh, kvl]
+    float* out = o_lat + nh * kvl;                               // [vd]
+    for (int64_t s = s0; s < s1; ++s) {
+      const float* q = ws_.q.data() + s * nh * qkd;
       const int32_t* sel = ws_.topk.data() + s * K;
       const int64_t nsel = ws_.topk_count[s];
-      float mx = a.sinks[h];
+      std::fill(q_lat, q_lat + nh * kvl, 0.0f);
+      for (int64_t h = 0; h < nh; ++h)
+        ops::matmul_transposed(q + h * qkd, kvb.rows(h * (nope + vd), nope), q_lat + h * kvl);
       for (int64_t j = 0; j < nsel; ++j) {
-        const int64_t t = sel[j];
-        const float sc = (ops::dot(q_lat, lc.latent.data() + t * kvl, kvl) +
-                          ops::dot(q + nope, lc.k_rot.data() + t * rope, rope)) * scale;
-        p[j] = sc;
-        mx = std::max(mx, sc);
-      }
-      float denom = std::exp(a.sinks[h] - mx);
-      for (int64_t j = 0; j < nsel; ++j) {
-        p[j] = std::exp(p[j] - mx);
-        denom += p[j];
-      }
-      std::fill(o_lat, o_lat + kvl, 0.0f);
-      for (int64_t j = 0; j < nsel; ++j) {
-        const float pj = p[j] / denom;
         const float* cl = lc.latent.data() + int64_t(sel[j]) * kvl;
-        for (int64_t i = 0; i < kvl; ++i) o_lat[i] += pj * cl[i];
+        std::copy(cl, cl + kvl, csel + j * kvl);
+        const float* kr = lc.k_rot.data() + int64_t(sel[j]) * rope;
+        std::copy(kr, kr + rope, rsel + j * rope);
       }
-      ops::matmul(nullptr, o_lat, 1, kvb.rows(h * (nope + vd) + nope, vd), out);
-      const float* g = ws_.gate.data() + s * nh * vd + h * vd;
-      float* dst = ws_.attn.data() + s * nh * vd + h * vd;
-      for (int64_t i = 0; i < vd; ++i) dst[i] = out[i] * ops::sigmoid(g[i]);
+      if (nsel > 0) {
+        Linear cm{};
+        cm.dtype = DType::F32;
+        cm.out = nsel;
+        cm.in = kvl;
+        cm.row_stride = kvl;
+        cm.data = csel;
+        ops::matmul(nullptr, q_lat, nh, cm, sc, kvl, nsel);
+        Linear rm = cm;
+        rm.in = rope;
+        rm.row_stride = rope;
+        rm.data = rsel;
+        ops::matmul(nullptr, q + nope, nh, rm, sc2, qkd, nsel);
+      }
+      for (int64_t h = 0; h < nh; ++h) {
+        float* p = sc + h * nsel;
+        const float* pr = sc2 + h * nsel;
+        float mx = a.sinks[h];
+        for (int64_t j = 0; j < nsel; ++j) {
+          p[j] = (p[j] + pr[j]) * scale;
+          mx = std::max(mx, p[j]);
+        }
+        float denom = std::exp(a.sinks[h] - mx);  // the sink takes part in the softmax, then is dropped
+        for (int64_t j = 0; j < nsel; ++j) {
+          p[j] = std::exp(p[j] - mx);
+          denom += p[j];
+        }
+        const float inv = 1.0f / denom;
+        for (int64_t j = 0; j < nsel; ++j) p[j] *= inv;
+      }
+      // o_lat[h] = Σ_j p[h, j] · C[j], ascending j (contiguous axpys)
+      std::fill(o_lat, o_lat + nh * kvl, 0.0f);
+      for (int64_t h = 0; h < nh; ++h) {
+        float* o = o_lat + h * kvl;
+        const float* p = sc + h * nsel;
+        for (int64_t j = 0; j < nsel; ++j) {
+          const float pj = p[j];
+          const float* cj = csel + j * kvl;
+          for (int64_t i = 0; i < kvl; ++i) o[i] += pj * cj[i];
+        }
+      }
+      for (int64_t h = 0; h < nh; ++h) {
+        ops::matmul(nullptr, o_lat + h * kvl, 1, kvb.rows(h * (nope + vd) + nope, vd), out);
+        const float* g = ws_.gate.data() + s * nh * vd + h * vd;
+        float* dst = ws_.attn.data() + s * nh * vd + h * vd;
+        for (int64_t i = 0; i < vd; ++i) dst[i] = out[i] * ops::sigmoid(g[i]);
+      }
     }
   });
   ops::matmul(pool_, ws_.attn.data(), S, a.o_proj, ws_.y.data());  // [S, H]
