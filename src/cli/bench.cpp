@@ -34,6 +34,8 @@ acceptance metrics (when the checkpoint has MTP layers).
   --synthetic        write (once, cached) and measure a random HY V4 checkpoint at realistic width
                      (hidden 2048, 32 experts, a few GB) so that bandwidth, not cache, is measured
   --dtype bf16|fp8   weights of the synthetic checkpoint (default bf16)
+  --mlp moe|dense    synthetic MLPs: 32-expert MoE (default) or dense (isolates verify cost from expert
+                     coverage: k+1 tokens routed independently read up to k+1 times the expert bytes)
   --cache-dir DIR    where synthetic checkpoints live (default ~/.cache/nextn)
   --tokens N         decode tokens per measurement (default 64)
   --prompt-tokens N  prompt length (default 64)
@@ -91,7 +93,7 @@ int64_t numel(const std::vector<int64_t>& s) {
   return n;
 }
 
-nlohmann::json synthetic_config(bool fp8) {
+nlohmann::json synthetic_config(bool fp8, bool dense) {
   nlohmann::json c = {{"model_type", "hy_v4"},
                       {"architectures", {"HYV4ForCausalLM"}},
                       {"vocab_size", 32000},
@@ -115,6 +117,7 @@ nlohmann::json synthetic_config(bool fp8) {
                       {"max_position_embeddings", 8192},
                       {"num_nextn_predict_layers", 1},
                       {"tie_word_embeddings", false}};
+  if (dense) c["mlp_layer_types"] = std::vector<std::string>(int(c["num_hidden_layers"]), "dense");
   if (fp8)
     c["quantization_config"] = {{"quant_method", "fp8"},
                                 {"fmt", "e4m3"},
@@ -124,7 +127,7 @@ nlohmann::json synthetic_config(bool fp8) {
   return c;
 }
 
-std::vector<SynthTensor> synthetic_tensors(const nlohmann::json& c, bool fp8) {
+std::vector<SynthTensor> synthetic_tensors(const nlohmann::json& c, bool fp8, bool dense) {
   const int64_t H = c["hidden_size"], V = c["vocab_size"], L = c["num_hidden_layers"], nh = c["num_attention_heads"];
   const int64_t ql = c["q_lora_rank"], kvl = c["kv_lora_rank"], nope = c["qk_nope_head_dim"], rope = c["qk_rope_head_dim"];
   const int64_t vd = c["v_head_dim"], nih = c["index_n_heads"], ihd = c["index_head_dim"];
@@ -183,7 +186,7 @@ std::vector<SynthTensor> synthetic_tensors(const nlohmann::json& c, bool fp8) {
   t.push_back({"model.embed_tokens.weight", "BF16", {V, H}, 1.0f});
   // default indexer pattern: own indexer on layer 0 and every layer with (i - 1) % 4 == 0
   for (int64_t i = 0; i < L; ++i)
-    block("model.layers." + std::to_string(i) + ".", i > 0, true, i == 0 || (i - 1) % 4 == 0);
+    block("model.layers." + std::to_string(i) + ".", i > 0 && !dense, true, i == 0 || (i - 1) % 4 == 0);
   t.push_back({"model.hc_head.hc_fn", "F32", {C, C * H}, 1.0f / std::sqrt(float(C * H))});
   t.push_back({"model.hc_head.hc_base", "F32", {C}, 0.5f});
   t.push_back({"model.hc_head.hc_scale", "F32", {1}, 0.5f});
@@ -194,17 +197,17 @@ std::vector<SynthTensor> synthetic_tensors(const nlohmann::json& c, bool fp8) {
   norm(mp + "hnorm.weight", H);
   norm(mp + "final_layernorm.weight", H);
   linear(mp + "eh_proj", H, 2 * H);
-  block(mp, true, false, true);
+  block(mp, !dense, false, true);
   return t;
 }
 
 size_t dtype_bytes(const std::string& d) { return d == "F32" ? 4 : d == "BF16" ? 2 : 1; }
 
 // Streams a random checkpoint to disk tensor by tensor (never the whole model in memory).
-void write_synthetic(const std::string& dir, bool fp8) {
+void write_synthetic(const std::string& dir, bool fp8, bool dense) {
   std::filesystem::create_directories(dir);
-  const auto cfg = synthetic_config(fp8);
-  const auto tensors = synthetic_tensors(cfg, fp8);
+  const auto cfg = synthetic_config(fp8, dense);
+  const auto tensors = synthetic_tensors(cfg, fp8, dense);
   nlohmann::json header = nlohmann::json::object();
   size_t off = 0;
   for (const auto& t : tensors) {
@@ -315,7 +318,7 @@ std::vector<int32_t> bench_prompt(const std::string& dir, int64_t vocab, int n) 
 
 int run_bench(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "synthetic"},
-         {"model", "dtype", "cache-dir", "tokens", "prompt-tokens", "threads"});
+         {"model", "dtype", "mlp", "cache-dir", "tokens", "prompt-tokens", "threads"});
   if (a.has("help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
@@ -337,10 +340,12 @@ int run_bench(int argc, char** argv) {
   if (a.has("synthetic")) {
     const char* home = std::getenv("HOME");
     const std::string cache = a.get("cache-dir", std::string(home ? home : "/tmp") + "/.cache/nextn");
-    dir = cache + "/synthetic-hy4-v2-" + dtype;
+    const bool dense = a.get("mlp", "moe") == "dense";
+    if (a.get("mlp", "moe") != "moe" && !dense) throw UsageError("--mlp must be moe or dense");
+    dir = cache + "/synthetic-hy4-v2-" + dtype + (dense ? "-dense" : "");
     if (!std::filesystem::exists(dir + "/model.safetensors")) {
       std::fprintf(stderr, "writing synthetic checkpoint to %s ...\n", dir.c_str());
-      write_synthetic(dir, dtype == "fp8");
+      write_synthetic(dir, dtype == "fp8", dense);
     }
   } else {
     dir = a.get("model", NEXTN_DEFAULT_MODEL);
