@@ -40,6 +40,9 @@ acceptance metrics (when the checkpoint has MTP layers).
   --tokens N         decode tokens per measurement (default 64)
   --prompt-tokens N  prompt length (default 64)
   --threads N        worker threads (default: all cores)
+  --oracle-acceptance P  also measure speculation with drafts replaced by the target's own greedy token
+                     with probability P per draft position (a what-if for a draft of that quality on this
+                     checkpoint; the output stays the target's, the MTP layers still run)
   --json             print one JSON object
 )";
 
@@ -318,7 +321,7 @@ std::vector<int32_t> bench_prompt(const std::string& dir, int64_t vocab, int n) 
 
 int run_bench(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "synthetic"},
-         {"model", "dtype", "mlp", "cache-dir", "tokens", "prompt-tokens", "threads"});
+         {"model", "dtype", "mlp", "cache-dir", "tokens", "prompt-tokens", "threads", "oracle-acceptance"});
   if (a.has("help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
@@ -438,6 +441,37 @@ int run_bench(int argc, char** argv) {
     }
   }
   out["speculative"] = specs;
+  if (a.has("oracle-acceptance") && m.num_mtp_layers() > 0) {
+    const double p = a.get_double("oracle-acceptance", 0.7);
+    if (!(p >= 0 && p <= 1)) throw UsageError("--oracle-acceptance must be in [0, 1]");
+    SamplingParams sp;
+    sp.max_tokens = n_tokens;
+    SpecOptions plain;
+    plain.enabled = false;
+    Generator gen(m);
+    const auto ref = gen.generate(prompt, sp, plain);
+    const double base_tps = ref.stats.tokens_per_second();
+    nlohmann::json oracle = nlohmann::json::array();
+    log("oracle drafts (each right with probability %.2f):\n", p);
+    for (int k = 1; k <= 4; ++k) {
+      SpecOptions so;
+      so.num_speculative_tokens = k;
+      so.draft_hook = [&](int64_t pos, int32_t d) -> int32_t {
+        const int64_t i = pos - int64_t(prompt.size());
+        if (i < 0 || i >= int64_t(ref.ids.size())) return d;
+        const uint64_t h = uint64_t(pos) * 0x9E3779B97F4A7C15ull;
+        const bool right = double(h >> 11) / double(1ull << 53) < p;
+        return right ? ref.ids[i] : (ref.ids[i] + 1) % int32_t(m.config().vocab_size);
+      };
+      auto r = gen.generate(prompt, sp, so);
+      const double tps = r.stats.tokens_per_second();
+      oracle.push_back({{"k", k}, {"tokens_per_s", tps}, {"mean_acceptance_length", r.stats.mean_acceptance_length()},
+                        {"speedup", tps / base_tps}});
+      log("  k=%d: %.2f tokens/s (%.2fx), mean acceptance length %.2f\n", k, tps, tps / base_tps,
+          r.stats.mean_acceptance_length());
+    }
+    out["oracle_speculative"] = {{"acceptance", p}, {"runs", oracle}};
+  }
   if (json) std::cout << out.dump() << std::endl;
   return 0;
 }
