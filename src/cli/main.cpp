@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -49,7 +50,8 @@ sampled output is distributed exactly as the target's.
   --ids LIST                prompt token ids instead of text, comma separated
   -n, --max-tokens N        tokens to generate (default 64)
   --json                    print {"ids": [...], "text": "...", "stats": {...}} on stdout
-  --speculative-tokens K    draft K tokens per step, 1..8 (default 3)
+  --speculative-tokens K    draft K tokens per step, 1..8 (default: generation_config.json's
+                            num_speculative_tokens, else 3)
   --no-speculate            plain decoding
   --no-draft-probs          verify as if the draft were one-hot (exact, lower acceptance; for comparison)
   --temperature T           0 = greedy (default 0)
@@ -120,6 +122,20 @@ std::string default_model() {
   return NEXTN_DEFAULT_MODEL;
 }
 
+// k when --speculative-tokens is not given: generation_config.json's "num_speculative_tokens", else 3.
+int default_speculative_tokens(const std::string& dir) {
+  std::ifstream f(dir + "/generation_config.json");
+  if (!f) return 3;
+  const auto j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("num_speculative_tokens") && j["num_speculative_tokens"].is_number_integer()) {
+    const int k = j["num_speculative_tokens"].get<int>();
+    if (k >= 1 && k <= 8) return k;
+    std::fprintf(stderr, "nextn: warning: %s/generation_config.json: num_speculative_tokens %d outside 1..8, using 3\n",
+                 dir.c_str(), k);
+  }
+  return 3;
+}
+
 bool has_tokenizer(const std::string& dir) { return std::filesystem::exists(dir + "/tokenizer.json"); }
 
 int run_generate(int argc, char** argv) {
@@ -160,6 +176,7 @@ int run_generate(int argc, char** argv) {
   SpecOptions so;
   so.enabled = !a.has("no-speculate");
   so.num_speculative_tokens = static_cast<int>(a.get_int("speculative-tokens", 3));
+  const bool k_given = a.has("speculative-tokens");
   so.use_draft_probs = !a.has("no-draft-probs");
   if (a.has("relaxed-acceptance")) {
     const std::string v = a.get("relaxed-acceptance");
@@ -184,6 +201,7 @@ int run_generate(int argc, char** argv) {
   }
 
   const std::string model_dir = a.get("model", default_model());
+  if (!k_given) so.num_speculative_tokens = default_speculative_tokens(model_dir);
   std::unique_ptr<Tokenizer> tok;
   if (has_tokenizer(model_dir)) tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
   std::vector<int32_t> prompt;
