@@ -14,13 +14,19 @@
 //              (the best of BM_ReadBandwidth's 1, 4 and 8 streams per thread, measured once per thread count
 //              and cached);
 //   pct_read   100 * GB/s / read_GB/s.
-// Names: BM_Matmul/<dtype>/<N>x<K>/M:<rows>/threads:<t>.
+// Names: BM_Matmul/<dtype>/<N>x<K>/M:<rows>/threads:<t>; BM_MatmulHot/... is the same kernel on one small
+// cache-resident weight (its compute rate, no memory limit).
+// Environment: NEXTN_BENCH_THREADS (thread counts, default 1,2), NEXTN_BENCH_WORKING_SET_MB (default 1536),
+// NEXTN_BENCH_TARGET (force a Highway target: AVX3, AVX2, SCALAR), NEXTN_BENCH_X_OFFSET (activation
+// misalignment in floats from a 64-byte boundary, default 4). bench/compare_kernels.py turns the JSON
+// output (--benchmark_out=F --benchmark_out_format=json) into the tables of docs/performance.md.
 #include <benchmark/benchmark.h>
 #include <immintrin.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -31,6 +37,11 @@
 #include "core/dtype.h"
 #include "core/threadpool.h"
 #include "ops/ops.h"
+#if __has_include("ops/cpu/matmul_kernels.h")  // (absent when this file benchmarks the pre-Highway kernels)
+#include "hwy/targets.h"
+#include "ops/cpu/matmul_kernels.h"
+#define NEXTN_BENCH_HWY 1
+#endif
 
 namespace nextn {
 namespace {
@@ -165,10 +176,12 @@ void BM_ReadBandwidth(benchmark::State& state) {
 struct WeightKey {
   DType dtype;
   int64_t n, k;
+  bool hot;  // one copy, small enough to stay in cache: the kernel's compute rate
   bool operator<(const WeightKey& o) const {
     if (dtype != o.dtype) return dtype < o.dtype;
     if (n != o.n) return n < o.n;
-    return k < o.k;
+    if (k != o.k) return k < o.k;
+    return hot < o.hot;
   }
 };
 
@@ -184,7 +197,7 @@ struct WeightSet {
     const size_t mat = elems * esize;
     const int64_t srows = (key.n + 127) / 128, scols = (key.k + 127) / 128;
     const size_t sbytes = key.dtype == DType::F8_E4M3 ? static_cast<size_t>(srows * scols) * 4 : 0;
-    const size_t ncopies = std::max<size_t>(2, (working_set_bytes() + mat - 1) / mat);
+    const size_t ncopies = key.hot ? 1 : std::max<size_t>(2, (working_set_bytes() + mat - 1) / mat);
     bytes.resize(ncopies * mat);
     scales.resize(ncopies * sbytes);
     Rng rng{static_cast<uint64_t>(key.n * 131 + key.k)};
@@ -241,7 +254,7 @@ struct WeightSet {
 // Holds one weight set at a time (benchmarks are registered grouped by weight).
 const WeightSet& weight_set(const WeightKey& key) {
   static std::unique_ptr<WeightSet> cur;
-  static WeightKey cur_key{DType::BOOL, 0, 0};
+  static WeightKey cur_key{DType::BOOL, 0, 0, false};
   if (!cur || cur_key < key || key < cur_key) {
     cur.reset();
     cur = std::make_unique<WeightSet>(key);
@@ -250,29 +263,36 @@ const WeightSet& weight_set(const WeightKey& key) {
   return *cur;
 }
 
-void BM_Matmul(benchmark::State& state, DType dtype, int64_t n, int64_t k) {
+void BM_Matmul(benchmark::State& state, DType dtype, int64_t n, int64_t k, bool hot) {
   const int64_t M = state.range(0);
   const int threads = static_cast<int>(state.range(1));
-  const double read_bw = read_bandwidth_gbs(threads);
-  const WeightSet& ws = weight_set(WeightKey{dtype, n, k});
+  const double read_bw = hot ? 0.0 : read_bandwidth_gbs(threads);
+  const WeightSet& ws = weight_set(WeightKey{dtype, n, k, hot});
   ThreadPool* pool = pool_for(threads);
-  std::vector<float> x(static_cast<size_t>(M * k)), y(static_cast<size_t>(M * n));
+  // Activations at a 64-byte boundary plus NEXTN_BENCH_X_OFFSET floats (default 4: the 16-byte alignment
+  // a std::vector typically gets).
+  const char* off_env = std::getenv("NEXTN_BENCH_X_OFFSET");
+  const size_t x_off = off_env ? static_cast<size_t>(std::atoi(off_env)) : 4;
+  std::vector<float> xbuf(static_cast<size_t>(M * k) + 32), y(static_cast<size_t>(M * n));
+  float* x = xbuf.data() + ((64 - reinterpret_cast<uintptr_t>(xbuf.data()) % 64) % 64) / 4 + x_off % 16;
   Rng rng{7};
-  for (float& v : x) v = rng.uniform();
+  for (int64_t i = 0; i < M * k; ++i) x[i] = rng.uniform();
   const double bytes = static_cast<double>(ws.copies[0].weight_bytes());
   size_t c = 0;
-  for (const Linear& w : ws.copies) ops::matmul(pool, x.data(), M, w, y.data());  // warm-up: page faults
+  for (const Linear& w : ws.copies) ops::matmul(pool, x, M, w, y.data());  // warm-up: page faults
   const auto t0 = std::chrono::steady_clock::now();
   for (auto _ : state) {
-    ops::matmul(pool, x.data(), M, ws.copies[c], y.data());
+    ops::matmul(pool, x, M, ws.copies[c], y.data());
     benchmark::DoNotOptimize(y.data());
     if (++c == ws.copies.size()) c = 0;
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double iters = static_cast<double>(state.iterations());
   state.counters["GB/s"] = benchmark::Counter(bytes * iters * 1e-9, benchmark::Counter::kIsRate);
-  state.counters["read_GB/s"] = read_bw;
-  state.counters["pct_read"] = secs > 0 ? 100.0 * (bytes * iters / secs * 1e-9) / read_bw : 0.0;
+  if (!hot) {
+    state.counters["read_GB/s"] = read_bw;
+    state.counters["pct_read"] = secs > 0 ? 100.0 * (bytes * iters / secs * 1e-9) / read_bw : 0.0;
+  }
 }
 
 void register_all() {
@@ -296,6 +316,8 @@ void register_all() {
   const std::vector<Group> groups = {
       {DType::BF16, "bf16", {{4096, 4096}, {2048, 8192}}, {1, 2, 4, 8, 16}},
       {DType::F8_E4M3, "fp8", {{4096, 4096}, {2048, 8192}}, {1, 2, 4, 8, 16}},
+      {DType::BF16, "bf16", {{4096, 4096}}, {64}},  // prefill-sized
+      {DType::F8_E4M3, "fp8", {{4096, 4096}}, {64}},
       {DType::F16, "f16", {{4096, 4096}}, {1, 4}},
       {DType::F32, "f32", {{4096, 4096}}, {1, 4}},
   };
@@ -304,12 +326,23 @@ void register_all() {
       std::vector<int64_t> tl(threads.begin(), threads.end());
       const std::string name =
           std::string("BM_Matmul/") + g.name + "/" + std::to_string(s.n) + "x" + std::to_string(s.k);
-      benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, g.dtype, s.n, s.k)
+      benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, g.dtype, s.n, s.k, false)
           ->ArgsProduct({g.ms, tl})
           ->ArgNames({"M", "threads"})
           ->UseRealTime()
           ->Unit(benchmark::kMicrosecond);
     }
+  // Cache-resident weights (one thread): what the kernels compute per second when memory is not the limit.
+  for (const Group& g : groups) {
+    if (g.ms.size() == 1) continue;  // (the prefill-sized groups repeat a dtype)
+    const int64_t n = 64, k = 4096;  // 256 KiB..1 MiB: fits L2
+    const std::string name = std::string("BM_MatmulHot/") + g.name + "/" + std::to_string(n) + "x" + std::to_string(k);
+    benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, g.dtype, n, k, true)
+        ->ArgsProduct({{1, 2, 4, 8, 16}, {1}})
+        ->ArgNames({"M", "threads"})
+        ->UseRealTime()
+        ->Unit(benchmark::kMicrosecond);
+  }
 }
 
 }  // namespace
@@ -318,6 +351,23 @@ void register_all() {
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  // NEXTN_BENCH_TARGET=AVX2 (or AVX3, SCALAR, ...): run the kernels of that Highway target instead of the
+  // best one the CPU supports.
+#ifdef NEXTN_BENCH_HWY
+  if (const char* want = std::getenv("NEXTN_BENCH_TARGET")) {
+    int64_t chosen = 0;
+    for (int64_t bits = hwy::SupportedTargets(); bits != 0; bits &= bits - 1) {
+      const int64_t t = bits & -bits;
+      if (std::string(hwy::TargetName(t)) == want) chosen = t;
+    }
+    if (chosen == 0) {
+      std::fprintf(stderr, "NEXTN_BENCH_TARGET=%s: not a target this CPU supports\n", want);
+      return 1;
+    }
+    hwy::SetSupportedTargetsForTest(chosen);
+  }
+  benchmark::AddCustomContext("matmul_target", nextn::matmul_kernels::active_target_name());
+#endif
   nextn::register_all();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();

@@ -5,8 +5,10 @@
 // Batch invariance: every output element y[m][n] is one dot product with a fixed reduction order on a given
 // machine (and ISA target), whatever M, the tiling or the thread count. Threads split only the output
 // columns (weight rows), never a reduction.
+#include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/threadpool.h"
@@ -41,8 +43,8 @@ void check_supported(const Linear& w, const char* what) {
   }
 }
 
-// Whether some scale s of the rows in use is finite with |s| >= 2^8 (biased exponent 135..254): the SIMD
-// FP8 decoder pre-multiplies scales by 2^120, which must stay finite and exact.
+// Whether some scale s of the rows in use is finite with |s| >= 2^120 (biased exponent 247..254): the
+// SIMD FP8 decoder pre-multiplies scales by 256, which must stay finite.
 bool has_huge_scale(const matmul_kernels::Weight& k, int64_t r0, int64_t n) {
   const int64_t first = (k.scale_row0 + r0) / k.block_out, last = (k.scale_row0 + r0 + n - 1) / k.block_out;
   const int64_t i0 = first * k.scale_cols, i1 = (last + 1) * k.scale_cols;
@@ -52,18 +54,18 @@ bool has_huge_scale(const matmul_kernels::Weight& k, int64_t r0, int64_t n) {
       for (int64_t i = i0; i < i1; ++i) {
         uint32_t b;
         std::memcpy(&b, k.scale + i * 4, 4);
-        bad |= ((b >> 23) & 0xffu) - 135u < 120u;
+        bad |= ((b >> 23) & 0xffu) - 247u < 8u;
       }
       break;
     case DType::BF16:
       for (int64_t i = i0; i < i1; ++i) {
         uint16_t b;
         std::memcpy(&b, k.scale + i * 2, 2);
-        bad |= ((b >> 7) & 0xffu) - 135u < 120u;
+        bad |= ((b >> 7) & 0xffu) - 247u < 8u;
       }
       break;
     default:  // F8_E8M0: 2^(v - 127)
-      for (int64_t i = i0; i < i1; ++i) bad |= static_cast<unsigned>(k.scale[i]) - 135u < 120u;
+      for (int64_t i = i0; i < i1; ++i) bad |= static_cast<unsigned>(k.scale[i]) - 247u < 8u;
       break;
   }
   return bad != 0;
@@ -140,6 +142,19 @@ void matmul(ThreadPool* pool, const float* x, int64_t M, const Linear& w, float*
   job.x = x;
   job.M = M;
   job.x_stride = x_stride < 0 ? w.in : x_stride;
+  // Decode-sized calls read every x row once per weight row group: rows that straddle cache lines (a
+  // std::vector is only 16-byte aligned) cost a split load each time, so such x is copied to 64-byte
+  // aligned rows first (the values, hence the results, are the same).
+  if (M > 1 && M <= 16 &&
+      (reinterpret_cast<uintptr_t>(x) % 64 != 0 || (job.x_stride * sizeof(float)) % 64 != 0)) {
+    thread_local std::vector<float> xbuf;
+    const int64_t pitch = (w.in + 15) / 16 * 16;
+    xbuf.resize(static_cast<size_t>(M * pitch + 16));
+    float* base = xbuf.data() + ((64 - reinterpret_cast<uintptr_t>(xbuf.data()) % 64) % 64) / sizeof(float);
+    for (int64_t m = 0; m < M; ++m) std::memcpy(base + m * pitch, x + m * job.x_stride, static_cast<size_t>(w.in) * 4);
+    job.x = base;
+    job.x_stride = pitch;
+  }
   job.y = y;
   job.y_stride = y_stride < 0 ? w.out : y_stride;
   job.w = &kw;

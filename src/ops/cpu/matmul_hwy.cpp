@@ -3,21 +3,25 @@
 //
 // Numerics, per target (batch invariance): every output y[m][n] is one dot product computed the same way
 // whatever M, the tile it falls in, the code path or the thread count:
-//   * the weight is decoded to fp32 (bf16 by a shift, f16 by the hardware conversion, FP8 e4m3 through
-//     f16, times its block scale: exactly the value e4m3 · scale rounded once to fp32);
+//   * the weight is decoded to fp32 exactly: bf16 by a shift, f16 by the hardware conversion, FP8 e4m3
+//     through f16 times its block scale (e4m3 · scale rounded once, the value dequant_row returns);
 //   * N = Lanes(float) independent fp32 lanes: lane j accumulates fma(x[k], w[k], lane) for k ≡ j (mod N),
 //     k increasing; the k tail (K mod N elements) is one zero-padded vector;
 //   * the lanes are summed by the target's fixed SumOfLanes tree, then the bias is added.
-// Tiling decides only which elements share registers or which weight vectors are decoded once and reused:
-// an element's own chain of fma never changes. Different targets have different N, so their results
-// differ (each is self-consistent).
+// Tiling decides only which elements share registers, and whether a weight vector is decoded from memory
+// or read back as the f32 a previous tile decoded: an element's own chain of fma never changes. Different
+// targets have different N, so their results differ (each is self-consistent); activations are never
+// rounded (no bf16 dot products).
 //
-// Work split (memory-bound decode, M = 1..16, and prefill):
-//   * M <= kFusedMaxM: "fused" tiles: R weight rows x M x rows, weights decoded in registers straight
-//     from memory and applied to every x row, so each weight byte is read once per call;
-//   * larger M: panels of P weight rows are decoded once into an L2-resident fp32 scratch (row by row, a
-//     sequential stream, prefetched ahead while the previous panel computes), then register tiles of
-//     TT x rows by RR weight rows run over K chunks that stay in L1.
+// Work split:
+//   * M <= kFusedMaxM (decode, speculative verification): fused tiles of T x rows by R weight rows, the
+//     weights decoded in registers straight from memory and applied to all T rows; the next row group is
+//     prefetched alongside. Up to kFusedTileM rows form one tile; for more, x is cut into tiles of at
+//     most kFusedMultiTileM rows: the first decodes the row group and also stores it as f32 (L1), the
+//     others read that copy. Each weight byte is read from memory once per call.
+//   * larger M (prefill): panels of P weight rows are decoded once into an L2-resident f32 scratch (the
+//     next panel prefetched while this one computes), then register tiles of kTileM x rows by kTileN
+//     weight rows run over k chunks.
 //
 // NaN codes of e4m3 (0x7f, 0xff) are not special-cased by the SIMD decoder (they decode as ±480 · scale):
 // a checkpoint never stores them.
@@ -37,9 +41,11 @@
 
 // clang-format off
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cpu/matmul_kernels.h"
@@ -57,26 +63,41 @@ constexpr int64_t kMaxLanes = 16;  // widest float vector of any compiled target
 
 // ---- per-target tiling (none of these changes a value) --------------------------------------------------
 
+// Fused tiles: x rows per tile (at most kFusedTileM; M <= kFusedMaxM uses fused tiles only) and weight
+// rows per tile for a tile of T x rows (accumulators T * R, plus the decoded weights, within the registers).
+constexpr int kFusedTileM = 8;       // M <= kFusedTileM: one tile of all M rows
+constexpr int kFusedMultiTileM = 4;  // larger M: tiles of at most this many rows
+constexpr int64_t kFusedMaxM = 16;
+
+// Number of x tiles for M rows (fused path).
+constexpr int64_t FusedTiles(int64_t M) {
+  return M <= kFusedTileM ? 1 : (M + kFusedMultiTileM - 1) / kFusedMultiTileM;
+}
 #if HWY_TARGET == HWY_SCALAR
-constexpr int kFusedMaxM = 4;
 template <int T>
 constexpr int kFusedRows = 4;
 constexpr int kTileM = 4, kTileN = 4;
-#elif HWY_TARGET <= HWY_AVX3  // 32 vector registers
-constexpr int kFusedMaxM = 4;
+#elif HWY_TARGET <= HWY_AVX3  // 32 vector registers; weights decoded in pairs (2R registers)
 template <int T>
-constexpr int kFusedRows = 4;  // up to 16 accumulators + 4 weights + x
+constexpr int kFusedRows = T <= 4 ? 4 : (T <= 7 ? 3 : 2);
 constexpr int kTileM = 4, kTileN = 4;
 #else  // AVX2: 16 vector registers
-constexpr int kFusedMaxM = 4;
 template <int T>
-constexpr int kFusedRows = T <= 2 ? 4 : 2;
+constexpr int kFusedRows = T <= 2 ? 4 : (T <= 6 ? 2 : 1);
 constexpr int kTileM = 2, kTileN = 4;
+#endif
+
+// Decode two weight vectors per step in the fused tiles (FP8: one double-width integer stage; needs the
+// registers of AVX-512).
+#if HWY_TARGET != HWY_SCALAR && HWY_TARGET <= HWY_AVX3
+constexpr bool kPairDecode = true;
+#else
+constexpr bool kPairDecode = false;
 #endif
 
 constexpr int64_t kPanelRows = 16;        // weight rows decoded per panel (at most)
 constexpr int64_t kPanelBytes = 512 << 10;  // fp32 scratch budget of a panel (L2)
-constexpr int64_t kChunk = 256;           // k elements per pass over a panel (x and weights in L1)
+constexpr int64_t kChunk = 1024;          // k elements per pass over a panel (x tile in L1, weights in L2)
 constexpr int64_t kMBlock = 64;           // x rows per accumulator block
 static_assert(kChunk % kMaxLanes == 0 && kMBlock % 4 == 0 && kPanelRows % 4 == 0);
 
@@ -118,22 +139,50 @@ struct DecF16 {
   static HWY_INLINE VF Load(DF d, const T* p, VF) { return hn::PromoteTo(d, hn::LoadU(hn::Rebind<T, DF>(), p)); }
 };
 
-// e4m3 -> f32 by moving the fields: the sign-extended byte << 20, masked to sign | exponent | mantissa,
-// is the f32 with biased exponent e and the 3 mantissa bits on top, i.e. exactly e4m3(v) · 2^-120
-// (e = 0, the e4m3 subnormals, land on f32 subnormals with the same scaling). The caller's scale vector
-// holds s · 2^120 (exact for |s| < 2^8; larger scales take the table route), so the product is
-// e4m3(v) · s rounded once, as the scalar table gives.
-constexpr float kFp8ScaleBias = 1329227995784915872903807060280344576.0f;  // 2^120
+// e4m3 -> f16 bits by moving the fields: the sign-extended byte << 7 puts exponent and mantissa in place
+// (e4m3 exponent e becomes f16 exponent e, subnormals included) and the sign at bits 14 and 15; clearing bit
+// 14 leaves f16(v) = e4m3(v) · 2^-8 exactly, which the hardware widens to f32 (f32 subnormals, which would
+// cost microcode assists in the multiply, never appear). The caller's scale vector holds 256 · s (exact
+// for |s| < 2^120; larger scales take the table route), so the product is e4m3(v) · s rounded once, as
+// the scalar table gives.
+constexpr float kFp8ScaleBias = 256.0f;
 struct DecFP8 {
   using T = int8_t;
   static constexpr bool kScaled = true;
   static HWY_INLINE VF Load(DF d, const T* p, VF scale) {
     const hn::Rebind<int8_t, DF> d8;
-    const hn::RebindToSigned<DF> di;
-    const auto v = hn::ShiftLeft<20>(hn::PromoteTo(di, hn::LoadU(d8, p)));
-    return hn::Mul(hn::BitCast(d, hn::And(v, hn::Set(di, static_cast<int32_t>(0x87F00000u)))), scale);
+    const hn::Rebind<int16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    auto h = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, p)));
+    h = hn::And(h, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
+    return hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, h)), scale);
   }
+#if HWY_TARGET != HWY_SCALAR
+  // Two vectors (elements [0, N) and [N, 2N)) from one double-width integer stage.
+  static HWY_INLINE void Load2(DF d, const T* p, VF scale, VF& lo, VF& hi) {
+    const hn::Repartition<int16_t, DF> d16;  // 2N lanes
+    const hn::Rebind<int8_t, decltype(d16)> d8;
+    const hn::Repartition<hwy::float16_t, DF> dh2;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    auto h = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, p)));
+    h = hn::And(h, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
+    const auto hf = hn::BitCast(dh2, h);
+    lo = hn::Mul(hn::PromoteTo(d, hn::LowerHalf(dh, hf)), scale);
+    hi = hn::Mul(hn::PromoteTo(d, hn::UpperHalf(dh, hf)), scale);
+  }
+#endif
 };
+
+// Elements [0, 2N) as two vectors: the decoder's own double-width path if it has one.
+template <class Dec>
+HWY_INLINE void Load2(DF d, const typename Dec::T* p, VF scale, VF& lo, VF& hi) {
+  if constexpr (kPairDecode && std::is_same_v<Dec, DecFP8>) {
+    Dec::Load2(d, p, scale, lo, hi);
+  } else {
+    lo = Dec::Load(d, p, scale);
+    hi = Dec::Load(d, p + hn::Lanes(d), scale);
+  }
+}
 
 // The last, partial vector: n < Lanes elements, zero-padded (zero bytes decode to 0).
 template <class Dec>
@@ -178,7 +227,16 @@ void DecodeRange(DF d, const Weight& w, int64_t n, int64_t k0, int64_t k1, float
   for (int64_t s0 = k0 - k0 % seg; s0 < k1; s0 += seg) {
     const VF s = SegmentScale<Dec>(d, w, n, s0);
     const int64_t b = std::max(s0, k0), e = std::min({s0 + seg, k1, Kfull});
-    for (int64_t k = b; k < e; k += N) hn::StoreU(Dec::Load(d, row + k, s), d, dst + (k - k0));
+    int64_t k = b;
+    if constexpr (kPairDecode) {
+      for (; k + 2 * N <= e; k += 2 * N) {
+        VF lo, hi;
+        Load2<Dec>(d, row + k, s, lo, hi);
+        hn::StoreU(lo, d, dst + (k - k0));
+        hn::StoreU(hi, d, dst + (k - k0) + N);
+      }
+    }
+    for (; k < e; k += N) hn::StoreU(Dec::Load(d, row + k, s), d, dst + (k - k0));
     if (k1 == w.K && Kfull < w.K && s0 + seg >= w.K)
       hn::StoreU(LoadTail<Dec>(d, row + Kfull, w.K - Kfull, s), d, dst + (Kfull - k0));
   }
@@ -186,9 +244,9 @@ void DecodeRange(DF d, const Weight& w, int64_t n, int64_t k0, int64_t k1, float
 
 // The scalar-table decoder for FP8 weights the SIMD decoder cannot take (Weight::fp8_table).
 void DecodeRangeTable(DF d, const Weight& w, int64_t n, int64_t k0, int64_t k1, float* HWY_RESTRICT dst) {
-  static const auto* lut = [] {
-    auto* t = new float[256];
-    for (int i = 0; i < 256; ++i) t[i] = fp8_e4m3_to_f32(static_cast<uint8_t>(i));
+  static const std::array<float, 256> lut = [] {
+    std::array<float, 256> t{};
+    for (int i = 0; i < 256; ++i) t[static_cast<size_t>(i)] = fp8_e4m3_to_f32(static_cast<uint8_t>(i));
     return t;
   }();
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -201,16 +259,46 @@ void DecodeRangeTable(DF d, const Weight& w, int64_t n, int64_t k0, int64_t k1, 
   for (int64_t k = k1; (k - k0) % N != 0; ++k) dst[k - k0] = 0.0f;  // tail padding
 }
 
+// 64-byte aligned, grow-only per-thread buffers.
+struct Scratch {
+  std::vector<float> buf;
+  float* get(size_t n) {
+    if (buf.size() < n + 16) buf.resize(n + 16);
+    const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
+    return buf.data() + ((64 - p % 64) % 64) / sizeof(float);
+  }
+};
+Scratch& FusedScratch() {
+  static thread_local Scratch s;
+  return s;
+}
+Scratch& PanelScratch() {
+  static thread_local Scratch s;
+  return s;
+}
+Scratch& AccScratch() {
+  static thread_local Scratch s;
+  return s;
+}
+
 // ---- fused tiles: T x rows by R weight rows, decoded in registers, full K -----------------------------
 
-// res[t * R + r] = dot(x row t, weight row n + r). xt[t]: x row t's zero-padded tail vector.
-template <class Dec, int T, int R>
-HWY_NOINLINE void FusedTile(const Weight& w, const float* const* xr, const float* xt, int64_t n, float* res) {
+// res[t * R + r] = dot(x row t, weight row n + r). xt + t * kMaxLanes: x row t's zero-padded tail vector.
+// pf: element offset (from each row) of the bytes to prefetch alongside, the same k range of the rows of
+// the next row group; 0 when there is none (the prefetch then touches the current rows, a no-op).
+// kStore: also writes the decoded rows to dst[r] (Kpad floats each, the tail vector zero-padded), for
+// the other x tiles of the same rows to read back as f32.
+template <class Dec, int T, int R, bool kStore>
+HWY_NOINLINE void FusedTile(const Weight& w, const float* const* xr, const float* xt, int64_t n, int64_t pf,
+                            float* const* dst, float* res) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t K = w.K, Kfull = K - K % N;
-  const typename Dec::T* rows[R];
+  using TW = typename Dec::T;
+  const TW* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = RowPtr<Dec>(w, n + r);
+  const float* x[T];
+  for (int t = 0; t < T; ++t) x[t] = xr[t];
   VF acc[T][R];
   for (int t = 0; t < T; ++t)
     for (int r = 0; r < R; ++r) acc[t][r] = hn::Zero(d);
@@ -221,11 +309,37 @@ HWY_NOINLINE void FusedTile(const Weight& w, const float* const* xr, const float
     if constexpr (Dec::kScaled)
       for (int r = 0; r < R; ++r) s[r] = SegmentScale<Dec>(d, w, n + r, s0);
     const int64_t e = std::min(s0 + seg, Kfull);
-    for (int64_t k = s0; k < e; k += N) {
+    int64_t k = s0;
+    if constexpr (kPairDecode) {
+      for (; k + 2 * N <= e; k += 2 * N) {
+        if constexpr (!kStore)  // (with several x tiles the loop is compute-bound: no prefetch)
+          for (int r = 0; r < R; ++r)
+            for (size_t b = 0; b < 2 * N * sizeof(TW); b += 64)
+              __builtin_prefetch(reinterpret_cast<const char*>(rows[r] + pf + k) + b, 0, 2);
+        VF lo[R], hi[R];
+        for (int r = 0; r < R; ++r) Load2<Dec>(d, rows[r] + k, s[r], lo[r], hi[r]);
+        if constexpr (kStore)
+          for (int r = 0; r < R; ++r) {
+            hn::Store(lo[r], d, dst[r] + k);
+            hn::Store(hi[r], d, dst[r] + k + N);
+          }
+        for (int t = 0; t < T; ++t) {
+          const VF x0 = hn::LoadU(d, x[t] + k);
+          for (int r = 0; r < R; ++r) acc[t][r] = Fma(d, x0, lo[r], acc[t][r]);
+          const VF x1 = hn::LoadU(d, x[t] + k + N);
+          for (int r = 0; r < R; ++r) acc[t][r] = Fma(d, x1, hi[r], acc[t][r]);
+        }
+      }
+    }
+    for (; k < e; k += N) {
+      if (!kStore && (k * static_cast<int64_t>(sizeof(TW))) % 64 == 0)
+        for (int r = 0; r < R; ++r) __builtin_prefetch(rows[r] + pf + k, 0, 2);
       VF wv[R];
       for (int r = 0; r < R; ++r) wv[r] = Dec::Load(d, rows[r] + k, s[r]);
+      if constexpr (kStore)
+        for (int r = 0; r < R; ++r) hn::Store(wv[r], d, dst[r] + k);
       for (int t = 0; t < T; ++t) {
-        const VF xv = hn::LoadU(d, xr[t] + k);
+        const VF xv = hn::LoadU(d, x[t] + k);
         for (int r = 0; r < R; ++r) acc[t][r] = Fma(d, xv, wv[r], acc[t][r]);
       }
     }
@@ -233,6 +347,8 @@ HWY_NOINLINE void FusedTile(const Weight& w, const float* const* xr, const float
   if (Kfull < K) {
     VF wv[R];
     for (int r = 0; r < R; ++r) wv[r] = LoadTail<Dec>(d, rows[r] + Kfull, K - Kfull, s[r]);
+    if constexpr (kStore)
+      for (int r = 0; r < R; ++r) hn::Store(wv[r], d, dst[r] + Kfull);
     for (int t = 0; t < T; ++t) {
       const VF xv = hn::LoadU(d, xt + t * kMaxLanes);
       for (int r = 0; r < R; ++r) acc[t][r] = Fma(d, xv, wv[r], acc[t][r]);
@@ -242,56 +358,91 @@ HWY_NOINLINE void FusedTile(const Weight& w, const float* const* xr, const float
     for (int r = 0; r < R; ++r) res[t * R + r] = Reduce(d, acc[t][r]);
 }
 
-template <class Dec, int T>
-void FusedCols(const Job& job, const float* xt) {
-  const Weight& w = *job.w;
+// One x tile of T rows starting at x row m0 against rows [n, n + R) of w (the job's weight, or the f32
+// copy of its rows a previous tile stored): computes and stores y[m0 .. m0 + T)[ny .. ny + R).
+template <class Dec, int T, int R, bool kStore>
+HWY_INLINE void FusedTileStore(const Job& job, const Weight& w, int64_t n, int64_t ny, const float* xt, int64_t m0,
+                               int64_t pf, float* const* dst) {
   const float* xr[T];
-  for (int t = 0; t < T; ++t) xr[t] = job.x + t * job.x_stride;
-  constexpr int R = kFusedRows<T>;
+  for (int t = 0; t < T; ++t) xr[t] = job.x + (m0 + t) * job.x_stride;
   float res[T * R];
-  auto emit = [&](int64_t n, int rows) {
-    for (int t = 0; t < T; ++t)
-      for (int r = 0; r < rows; ++r) {
-        const float b = w.bias ? w.bias[n + r] : 0.0f;
-        job.y[t * job.y_stride + n + r] = w.bias ? res[t * rows + r] + b : res[t * rows + r];
-      }
-  };
-  int64_t n = job.n0;
-  for (; n + R <= job.n1; n += R) {
-    FusedTile<Dec, T, R>(w, xr, xt, n, res);
-    emit(n, R);
-  }
-  for (; n < job.n1; ++n) {
-    FusedTile<Dec, T, 1>(w, xr, xt, n, res);
-    emit(n, 1);
+  FusedTile<Dec, T, R, kStore>(w, xr, xt + m0 * kMaxLanes, n, pf, dst, res);
+  const float* bias = job.w->bias;
+  for (int t = 0; t < T; ++t) {
+    float* yr = job.y + (m0 + t) * job.y_stride + ny;
+    for (int r = 0; r < R; ++r) yr[r] = bias ? res[t * R + r] + bias[ny + r] : res[t * R + r];
   }
 }
 
-// ---- panel tiles: TT x rows by RR fp32 weight rows over one k chunk, accumulators in memory ------------
+// M <= kFusedMaxM: x split into FusedTiles(M) tiles of TM or TM - 1 rows (TM = the largest). For
+// each group of R weight rows: the first tile decodes them from memory (prefetching the next group), and
+// when there are more tiles it also stores the decoded f32 rows, which the other tiles then read from L1.
+template <class Dec, int TM>
+void FusedCols(const Job& job, const float* xt) {
+  const DF d;
+  constexpr int R = kFusedRows<TM>;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t tiles = FusedTiles(job.M);
+  const int64_t big = job.M - tiles * (TM - 1);  // tiles of TM rows (the others have TM - 1)
+  const int64_t stride = job.w->row_stride;
+  // f32 copy of the current rows: R rows of Kpad floats, pitch an odd number of vectors (no L1 aliasing).
+  const int64_t Kpad = (job.w->K + N - 1) / N * N;
+  const int64_t pitch = Kpad + (Kpad / N % 2 == 0 ? N : 0);
+  float* copy = tiles > 1 ? FusedScratch().get(static_cast<size_t>(R * pitch)) : nullptr;
+  Weight cw;  // the copy as a weight
+  cw.dtype = DType::F32;
+  cw.N = R;
+  cw.K = job.w->K;
+  cw.data = reinterpret_cast<const unsigned char*>(copy);
+  cw.row_stride = pitch;
+  auto group = [&](int64_t n, int64_t pf, auto rows_tag) {
+    constexpr int RR = decltype(rows_tag)::value;
+    float* dst[RR];
+    for (int r = 0; r < RR; ++r) dst[r] = copy + r * pitch;
+    if (tiles == 1) {
+      FusedTileStore<Dec, TM, RR, false>(job, *job.w, n, n, xt, 0, pf, dst);
+      return;
+    }
+    int64_t m0 = 0;
+    for (int64_t i = 0; i < tiles; ++i) {
+      if (i == 0) {  // tiles > 1: the first is a big one
+        FusedTileStore<Dec, TM, RR, true>(job, *job.w, n, n, xt, m0, pf, dst);
+        m0 += TM;
+      } else if (i < big) {
+        FusedTileStore<DecF32, TM, RR, false>(job, cw, 0, n, xt, m0, 0, dst);
+        m0 += TM;
+      } else if constexpr (TM > 1) {
+        FusedTileStore<DecF32, TM - 1, RR, false>(job, cw, 0, n, xt, m0, 0, dst);
+        m0 += TM - 1;
+      }
+    }
+  };
+  int64_t n = job.n0;
+  for (; n + R <= job.n1; n += R)
+    group(n, n + 2 * R <= job.n1 ? R * stride : 0, std::integral_constant<int, R>());
+  for (; n < job.n1; ++n) group(n, 0, std::integral_constant<int, 1>());
+}
 
-// acc + (t * acc_stride + r) * Lanes: the accumulators of (x row t, weight row r). xr/wr point at the
-// chunk start; nfull whole vectors, then (tail) one more with x from xt.
+// ---- panel tiles: TT x rows by RR fp32 weight rows, accumulators in memory ----------------------------
+
+// Adds nvec vectors of (x row t) · (weight row r) into acc + (t * acc_stride + r) * Lanes.
 template <int TT, int RR>
-HWY_NOINLINE void PanelTile(const float* const* xr, const float* xt, const float* const* wr, int64_t nfull,
-                            bool tail, float* acc, int64_t acc_stride) {
+HWY_NOINLINE void PanelTile(const float* const* xr, const float* const* wr, int64_t nvec, float* acc,
+                            int64_t acc_stride) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   VF a[TT][RR];
   for (int t = 0; t < TT; ++t)
     for (int r = 0; r < RR; ++r) a[t][r] = hn::Load(d, acc + (t * acc_stride + r) * N);
-  for (int64_t j = 0; j < nfull; ++j) {
+  const float* x[TT];
+  const float* w[RR];
+  for (int t = 0; t < TT; ++t) x[t] = xr[t];
+  for (int r = 0; r < RR; ++r) w[r] = wr[r];
+  for (int64_t j = 0; j < nvec * N; j += N) {
     VF wv[RR];
-    for (int r = 0; r < RR; ++r) wv[r] = hn::Load(d, wr[r] + j * N);
+    for (int r = 0; r < RR; ++r) wv[r] = hn::Load(d, w[r] + j);
     for (int t = 0; t < TT; ++t) {
-      const VF xv = hn::LoadU(d, xr[t] + j * N);
-      for (int r = 0; r < RR; ++r) a[t][r] = Fma(d, xv, wv[r], a[t][r]);
-    }
-  }
-  if (tail) {
-    VF wv[RR];
-    for (int r = 0; r < RR; ++r) wv[r] = hn::Load(d, wr[r] + nfull * N);
-    for (int t = 0; t < TT; ++t) {
-      const VF xv = hn::Load(d, xt + t * kMaxLanes);
+      const VF xv = hn::LoadU(d, x[t] + j);
       for (int r = 0; r < RR; ++r) a[t][r] = Fma(d, xv, wv[r], a[t][r]);
     }
   }
@@ -300,47 +451,35 @@ HWY_NOINLINE void PanelTile(const float* const* xr, const float* xt, const float
 }
 
 template <int TT>
-void PanelTileRows(int rr, const float* const* xr, const float* xt, const float* const* wr, int64_t nfull,
-                   bool tail, float* acc, int64_t acc_stride) {
+void PanelTileRows(int rr, const float* const* xr, const float* const* wr, int64_t nvec, float* acc,
+                   int64_t acc_stride) {
   static_assert(kTileN == 4);
   switch (rr) {
     case 4:
-      return PanelTile<TT, 4>(xr, xt, wr, nfull, tail, acc, acc_stride);
+      return PanelTile<TT, 4>(xr, wr, nvec, acc, acc_stride);
     case 3:
-      return PanelTile<TT, 3>(xr, xt, wr, nfull, tail, acc, acc_stride);
+      return PanelTile<TT, 3>(xr, wr, nvec, acc, acc_stride);
     case 2:
-      return PanelTile<TT, 2>(xr, xt, wr, nfull, tail, acc, acc_stride);
+      return PanelTile<TT, 2>(xr, wr, nvec, acc, acc_stride);
     default:
-      return PanelTile<TT, 1>(xr, xt, wr, nfull, tail, acc, acc_stride);
+      return PanelTile<TT, 1>(xr, wr, nvec, acc, acc_stride);
   }
 }
 
-void PanelTileDispatch(int tt, int rr, const float* const* xr, const float* xt, const float* const* wr,
-                       int64_t nfull, bool tail, float* acc, int64_t acc_stride) {
+void PanelTileDispatch(int tt, int rr, const float* const* xr, const float* const* wr, int64_t nvec, float* acc,
+                       int64_t acc_stride) {
   if constexpr (kTileM >= 4) {
-    if (tt == 4) return PanelTileRows<4>(rr, xr, xt, wr, nfull, tail, acc, acc_stride);
-    if (tt == 3) return PanelTileRows<3>(rr, xr, xt, wr, nfull, tail, acc, acc_stride);
+    if (tt == 4) return PanelTileRows<4>(rr, xr, wr, nvec, acc, acc_stride);
+    if (tt == 3) return PanelTileRows<3>(rr, xr, wr, nvec, acc, acc_stride);
   }
-  if (tt == 2) return PanelTileRows<2>(rr, xr, xt, wr, nfull, tail, acc, acc_stride);
-  return PanelTileRows<1>(rr, xr, xt, wr, nfull, tail, acc, acc_stride);
+  if (tt == 2) return PanelTileRows<2>(rr, xr, wr, nvec, acc, acc_stride);
+  return PanelTileRows<1>(rr, xr, wr, nvec, acc, acc_stride);
 }
 
-// 64-byte aligned, grow-only per-thread buffers.
-struct Scratch {
-  std::vector<float> buf;
-  float* get(size_t n) {
-    if (buf.size() < n + 16) buf.resize(n + 16);
-    const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
-    return buf.data() + ((64 - p % 64) % 64) / sizeof(float);
-  }
-};
-Scratch& PanelScratch() {
-  static thread_local Scratch s;
-  return s;
-}
-Scratch& AccScratch() {
-  static thread_local Scratch s;
-  return s;
+// Asks for bytes [b0, b1) of weight row n into L2 (ahead of their decode).
+HWY_INLINE void PrefetchRow(const Weight& w, size_t esize, int64_t n, int64_t b0, int64_t b1) {
+  const unsigned char* row = w.data + static_cast<size_t>(n * w.row_stride) * esize;
+  for (int64_t b = b0; b < b1; b += 64) __builtin_prefetch(row + b, 0, 2);
 }
 
 template <class Dec>
@@ -349,6 +488,7 @@ void PanelCols(const Job& job) {
   const Weight& w = *job.w;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t K = w.K, Kfull = K - K % N, Kpad = (K + N - 1) / N * N;
+  const size_t esize = sizeof(typename Dec::T);
   // Rows per panel: kPanelRows, fewer (multiples of kTileN) when K is long, so the panel stays in L2.
   const int64_t pitch = Kpad + (Kpad / N % 2 == 0 ? N : 0);  // odd number of vectors: rows do not alias
   const int64_t P = std::clamp<int64_t>(kPanelBytes / (pitch * 4) / kTileN * kTileN, kTileN, kPanelRows);
@@ -372,19 +512,35 @@ void PanelCols(const Job& job) {
         if (Kfull < K) std::copy_n(job.x + (mb + m) * job.x_stride + Kfull, K - Kfull, dst);
       }
       std::fill(acc, acc + mc * pc * N, 0.0f);
+      // The next panel's rows are fetched while this one computes: chunk c prefetches their bytes of
+      // the same k range (first x-row block only).
+      const int64_t next0 = nb + pc, next1 = std::min(job.n1, next0 + P);
       for (int64_t k0 = 0; k0 < Kpad; k0 += kChunk) {
         const int64_t k1 = std::min(Kpad, k0 + kChunk);
         const bool tail = k1 == Kpad && Kfull < K;
         const int64_t nfull = (k1 - k0) / N - (tail ? 1 : 0);
+        if (mb == 0)
+          for (int64_t r = next0; r < next1; ++r)
+            PrefetchRow(w, esize, r, k0 * static_cast<int64_t>(esize),
+                        std::min(k1, K) * static_cast<int64_t>(esize));
         for (int64_t m = 0; m < mc; m += kTileM) {
           const int tt = static_cast<int>(std::min<int64_t>(kTileM, mc - m));
           const float* xr[kTileM];
-          for (int t = 0; t < tt; ++t) xr[t] = job.x + (mb + m + t) * job.x_stride + k0;
+          const float* xtr[kTileM];
+          for (int t = 0; t < tt; ++t) {
+            xr[t] = job.x + (mb + m + t) * job.x_stride + k0;
+            xtr[t] = xt + (m + t) * kMaxLanes;
+          }
           for (int64_t r = 0; r < pc; r += kTileN) {
             const int rr = static_cast<int>(std::min<int64_t>(kTileN, pc - r));
             const float* wr[kTileN];
             for (int j = 0; j < rr; ++j) wr[j] = panel + (r + j) * pitch + k0;
-            PanelTileDispatch(tt, rr, xr, xt + m * kMaxLanes, wr, nfull, tail, acc + (m * pc + r) * N, pc);
+            float* a = acc + (m * pc + r) * N;
+            PanelTileDispatch(tt, rr, xr, wr, nfull, a, pc);
+            if (tail) {
+              for (int j = 0; j < rr; ++j) wr[j] += nfull * N;
+              PanelTileDispatch(tt, rr, xtr, wr, 1, a, pc);
+            }
           }
         }
       }
@@ -405,18 +561,27 @@ void ColsFor(const Job& job) {
     const DF d;
     const int64_t N = static_cast<int64_t>(hn::Lanes(d));
     const int64_t K = job.w->K, Kfull = K - K % N;
-    HWY_ALIGN float xt[4 * kMaxLanes] = {};
-    for (int64_t m = 0; m < job.M; ++m)
-      if (Kfull < K) std::copy_n(job.x + m * job.x_stride + Kfull, K - Kfull, xt + m * kMaxLanes);
-    switch (job.M) {
+    HWY_ALIGN float xt[kFusedMaxM * kMaxLanes] = {};
+    if (Kfull < K)
+      for (int64_t m = 0; m < job.M; ++m) std::copy_n(job.x + m * job.x_stride + Kfull, K - Kfull, xt + m * kMaxLanes);
+    const int64_t tiles = FusedTiles(job.M);
+    switch ((job.M + tiles - 1) / tiles) {  // rows of the largest x tile
       case 1:
         return FusedCols<Dec, 1>(job, xt);
       case 2:
         return FusedCols<Dec, 2>(job, xt);
       case 3:
         return FusedCols<Dec, 3>(job, xt);
-      default:
+      case 4:
         return FusedCols<Dec, 4>(job, xt);
+      case 5:
+        return FusedCols<Dec, 5>(job, xt);
+      case 6:
+        return FusedCols<Dec, 6>(job, xt);
+      case 7:
+        return FusedCols<Dec, 7>(job, xt);
+      default:
+        return FusedCols<Dec, 8>(job, xt);
     }
   }
   PanelCols<Dec>(job);

@@ -20,7 +20,7 @@ struct Weight {
   DType scale_dtype = DType::F32;
   int64_t block_out = 128, block_in = 128, scale_cols = 0, scale_row0 = 0;
   // FP8 blocks the SIMD decoder cannot take exactly (block_in not a multiple of 16, or a finite scale
-  // s with |s| >= 2^8, see DecFP8): such weights are dequantized with the scalar table instead. A property of
+  // s with |s| >= 2^120, see DecFP8): such weights are dequantized with the scalar table instead. A property of
   // the weight alone, so every call on it takes the same route.
   bool fp8_table = false;
   const float* bias = nullptr;

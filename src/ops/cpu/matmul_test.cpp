@@ -12,6 +12,8 @@
 
 #include "core/error.h"
 #include "core/threadpool.h"
+#include "hwy/targets.h"
+#include "ops/cpu/matmul_kernels.h"
 #include "ops/ops.h"
 
 namespace nextn {
@@ -363,6 +365,194 @@ TEST(Matmul, UnsupportedDtypeThrows) {
   EXPECT_THROW(ops::matmul(nullptr, x.data(), 1, w, y.data()), Error);
   w.dtype = DType::F8_E4M3;  // FP8 without scales
   EXPECT_THROW(ops::matmul(nullptr, x.data(), 1, w, y.data()), Error);
+}
+
+// ---- every SIMD target (test-backend-ops style) -----------------------------------------------------------
+//
+// The kernels are compiled for several Highway targets (AVX3 = AVX-512, AVX2, scalar) and dispatched at run
+// time. Each target supported by this CPU is forced in turn; for each, every weight dtype and shape is
+// compared against the double-precision reference, and every row must be bit-identical whatever the number
+// of rows in the call and the thread count (targets differ from each other, never from themselves).
+
+// The targets compiled into the kernels that this CPU can run, best first.
+std::vector<int64_t> kernel_targets() {
+  std::vector<int64_t> out;
+  for (int64_t bits = hwy::SupportedTargets() & matmul_kernels::compiled_targets(); bits != 0; bits &= bits - 1)
+    out.push_back(bits & -bits);
+  return out;
+}
+
+// Forces one target for the scope (and checks the kernels really dispatch to it).
+class ForceTarget {
+ public:
+  explicit ForceTarget(int64_t target) {
+    hwy::SetSupportedTargetsForTest(target);
+    EXPECT_STREQ(matmul_kernels::active_target_name(), hwy::TargetName(target));
+  }
+  ~ForceTarget() { hwy::SetSupportedTargetsForTest(0); }
+  ForceTarget(const ForceTarget&) = delete;
+  ForceTarget& operator=(const ForceTarget&) = delete;
+};
+
+struct KernelCase {
+  const char* name;
+  DType dtype;
+  DType scale_dtype;
+  int64_t out, in, block;
+};
+
+// K = 300 and 1100 are not multiples of any vector width (16, 8 lanes); 200 rows / 300 columns leave
+// partial FP8 scale blocks on both axes; block 100 is not a multiple of 16 (the scalar-table FP8 route);
+// 600 x 1100 is large enough to be split across threads even for one row.
+const KernelCase kKernelCases[] = {
+    {"f32", DType::F32, DType::F32, 72, 300, 128},
+    {"f32_k1100", DType::F32, DType::F32, 33, 1100, 128},
+    {"bf16", DType::BF16, DType::F32, 72, 300, 128},
+    {"bf16_k1100", DType::BF16, DType::F32, 40, 1100, 128},
+    {"bf16_wide", DType::BF16, DType::F32, 600, 1100, 128},
+    {"f16", DType::F16, DType::F32, 72, 300, 128},
+    {"f16_k1100", DType::F16, DType::F32, 21, 1100, 128},
+    {"fp8_f32_scale", DType::F8_E4M3, DType::F32, 256, 384, 128},
+    {"fp8_f32_scale_edges", DType::F8_E4M3, DType::F32, 200, 300, 128},
+    {"fp8_bf16_scale_edges", DType::F8_E4M3, DType::BF16, 130, 1100, 128},
+    {"fp8_e8m0_scale_edges", DType::F8_E4M3, DType::F8_E8M0, 200, 300, 128},
+    {"fp8_e8m0_wide", DType::F8_E4M3, DType::F8_E8M0, 600, 1100, 128},
+    {"fp8_block64", DType::F8_E4M3, DType::F32, 100, 300, 64},
+    {"fp8_block100_table", DType::F8_E4M3, DType::BF16, 150, 300, 100},
+};
+
+constexpr int64_t kKernelMs[] = {1, 3, 7, 16, 33};
+
+TEST(MatmulKernels, EveryTargetMatchesDoubleReference) {
+  ThreadPool pool(3);
+  const std::vector<int64_t> targets = kernel_targets();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t target : targets) {
+    ForceTarget force(target);
+    for (const KernelCase& c : kKernelCases) {
+      for (bool with_bias : {false, true}) {
+        auto t = make_weight(c.dtype, c.out, c.in, 4321, with_bias, c.scale_dtype, c.block);
+        for (int64_t M : kKernelMs) {
+          const auto x = random_vec(static_cast<size_t>(M * c.in), 17 + static_cast<uint32_t>(M));
+          std::vector<float> y(static_cast<size_t>(M * c.out), -7.0f);
+          ops::matmul(&pool, x.data(), M, t->lin, y.data());
+          expect_close(y, ref_matmul(x, M, *t),
+                       std::string(hwy::TargetName(target)) + " " + c.name + (with_bias ? " +bias" : "") +
+                           " M=" + std::to_string(M));
+        }
+      }
+    }
+  }
+}
+
+TEST(MatmulKernels, EveryTargetBatchAndThreadInvariant) {
+  ThreadPool pool1(1), pool3(3);
+  ThreadPool* pools[] = {nullptr, &pool1, &pool3};
+  for (int64_t target : kernel_targets()) {
+    ForceTarget force(target);
+    const char* tname = hwy::TargetName(target);
+    for (const KernelCase& c : kKernelCases) {
+      auto t = make_weight(c.dtype, c.out, c.in, 987, true, c.scale_dtype, c.block);
+      const int64_t N = c.out, K = c.in, Mmax = 33;
+      const auto x = random_vec(static_cast<size_t>(Mmax * K), 2024);
+      // Reference: each row alone (M = 1) on the calling thread.
+      std::vector<float> single(static_cast<size_t>(Mmax * N));
+      for (int64_t m = 0; m < Mmax; ++m) ops::matmul(nullptr, x.data() + m * K, 1, t->lin, single.data() + m * N);
+      for (ThreadPool* p : pools) {
+        for (int64_t M : kKernelMs) {
+          std::vector<float> y(static_cast<size_t>(M * N));
+          ops::matmul(p, x.data(), M, t->lin, y.data());
+          for (int64_t m = 0; m < M; ++m)
+            ASSERT_EQ(0, std::memcmp(y.data() + m * N, single.data() + m * N, static_cast<size_t>(N) * 4))
+                << tname << " " << c.name << " threads=" << (p ? p->size() : 0) << " M=" << M << " row " << m;
+        }
+        // The same rows at an offset inside a larger batch, with padded strides.
+        const int64_t M = 9, off = 5, xs = K + 3, ys = N + 1;
+        std::vector<float> xpad(static_cast<size_t>(M * xs), 0.0f), ypad(static_cast<size_t>(M * ys));
+        for (int64_t m = 0; m < M; ++m) std::copy_n(x.data() + (off + m) * K, K, xpad.data() + m * xs);
+        ops::matmul(p, xpad.data(), M, t->lin, ypad.data(), xs, ys);
+        for (int64_t m = 0; m < M; ++m)
+          ASSERT_EQ(0, std::memcmp(ypad.data() + m * ys, single.data() + (off + m) * N, static_cast<size_t>(N) * 4))
+              << tname << " " << c.name << " strided row " << m;
+      }
+    }
+  }
+}
+
+TEST(MatmulKernels, EveryTargetDequantRowExact) {
+  for (int64_t target : kernel_targets()) {
+    ForceTarget force(target);
+    for (const KernelCase& c : kKernelCases) {
+      auto t = make_weight(c.dtype, c.out, c.in, 55, false, c.scale_dtype, c.block);
+      std::vector<float> row(static_cast<size_t>(c.in));
+      for (int64_t r : {int64_t{0}, c.out / 2, c.out - 1}) {
+        ops::dequant_row(t->lin, r, row.data());
+        for (int64_t k = 0; k < c.in; ++k)
+          ASSERT_EQ(row[k], static_cast<float>(t->deq[r * c.in + k]))
+              << hwy::TargetName(target) << " " << c.name << " r=" << r << " k=" << k;
+      }
+    }
+  }
+}
+
+TEST(MatmulKernels, EveryTargetTransposedMatchesReference) {
+  for (int64_t target : kernel_targets()) {
+    ForceTarget force(target);
+    for (const KernelCase& c : kKernelCases) {
+      auto t = make_weight(c.dtype, c.out, c.in, 808, false, c.scale_dtype, c.block);
+      const auto x = random_vec(static_cast<size_t>(c.out), 809);
+      auto y = random_vec(static_cast<size_t>(c.in), 810);
+      std::vector<double> ref(y.begin(), y.end());
+      for (int64_t r = 0; r < c.out; ++r)
+        for (int64_t k = 0; k < c.in; ++k) ref[k] += static_cast<double>(x[r]) * t->deq[r * c.in + k];
+      ops::matmul_transposed(x.data(), t->lin, y.data());
+      expect_close(y, ref, std::string(hwy::TargetName(target)) + " transposed " + c.name);
+    }
+  }
+}
+
+// FP8 scales >= 2^120 (the SIMD decoder would overflow pre-multiplying them by 256) take the scalar-table
+// route: still exact, still batch invariant.
+TEST(MatmulKernels, HugeFp8ScalesExact) {
+  ThreadPool pool(3);
+  auto t = make_weight(DType::F8_E4M3, 48, 64, 99, false, DType::F8_E8M0, 32);
+  for (uint8_t& s : t->scale_u8) s = 247;  // 2^120
+  for (size_t i = 0; i < t->u8.size(); ++i) {
+    t->u8[i] &= 0xBF;  // exponent <= 7: |e4m3| < 2, products stay finite
+    t->deq[i] = ref_fp8(t->u8[i]) * std::ldexp(1.0, 120);
+  }
+  for (int64_t target : kernel_targets()) {
+    ForceTarget force(target);
+    std::vector<float> row(64);
+    ops::dequant_row(t->lin, 5, row.data());
+    for (int64_t k = 0; k < 64; ++k) ASSERT_EQ(row[k], static_cast<float>(t->deq[5 * 64 + k])) << k;
+    const auto x = random_vec(16 * 64, 3);
+    std::vector<float> y(16 * 48), y1(48);
+    ops::matmul(&pool, x.data(), 16, t->lin, y.data());
+    expect_close(y, ref_matmul(x, 16, *t), std::string(hwy::TargetName(target)) + " huge scales");
+    for (int64_t m = 0; m < 16; ++m) {
+      ops::matmul(nullptr, x.data() + m * 64, 1, t->lin, y1.data());
+      ASSERT_EQ(0, std::memcmp(y1.data(), y.data() + m * 48, 48 * 4)) << m;
+    }
+  }
+}
+
+// Row slices starting inside an FP8 scale block (scale_row0 != 0) on every target.
+TEST(MatmulKernels, EveryTargetFp8RowSlices) {
+  auto t = make_weight(DType::F8_E4M3, 300, 1100, 7, true, DType::F32, 128);
+  const auto x = random_vec(7 * 1100, 8);
+  for (int64_t target : kernel_targets()) {
+    ForceTarget force(target);
+    std::vector<float> full(7 * 300);
+    ops::matmul(nullptr, x.data(), 7, t->lin, full.data());
+    for (auto [r0, n] : {std::pair<int64_t, int64_t>{96, 70}, {130, 150}, {1, 3}}) {
+      std::vector<float> part(static_cast<size_t>(7 * n));
+      ops::matmul(nullptr, x.data(), 7, t->lin.rows(r0, n), part.data());
+      for (int64_t m = 0; m < 7; ++m)
+        ASSERT_EQ(0, std::memcmp(part.data() + m * n, full.data() + m * 300 + r0, static_cast<size_t>(n) * 4))
+            << hwy::TargetName(target) << " rows " << r0 << "+" << n << " m=" << m;
+    }
+  }
 }
 
 // ---- ThreadPool ---------------------------------------------------------------------------------------
