@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make demo`: the bundled model (models/nextn-hy4-tiny, trained by tools/train/train_hy_v4.py) writes Python,
-# with its own 2 MTP layers drafting 3 tokens ahead; then the same prompt without speculation.
+# with its own 2 MTP layers drafting 2 tokens ahead; then the same prompt without speculation.
 set -euo pipefail
 NEXTN=${1:-build/bin/nextn}
 cd "$(dirname "$0")/.."
@@ -10,9 +10,9 @@ PROMPT='import os
 def read_lines(path):
     """Return the lines of a text file."""
 '
-echo "== nextn generate (bundled HY V4 + 2 MTP layers, speculative, k=3) =="
+echo "== nextn generate (bundled HY V4 + 2 MTP layers drafting k=2 tokens, the model's default) =="
 printf '%s' "$PROMPT"
-"$NEXTN" generate --prompt "$PROMPT" -n 96 --speculative-tokens 3
+"$NEXTN" generate --prompt "$PROMPT" -n 96
 echo
 echo "== the same prompt without speculation (identical text, more target forwards) =="
 "$NEXTN" generate --prompt "$PROMPT" -n 96 --no-speculate >/dev/null

@@ -246,7 +246,9 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     const int64_t max_seq = ws_max_seq_;
     // Per query row: head scores [nih, n] = iq [nih, ihd] · K_cacheᵀ (one matmul), then Σ_h w_h·relu(.).
     const int64_t hstride = nih * max_seq;
-    parallel_for(pool_, S, 1, [&](int64_t s0, int64_t s1, int tid) {
+    // a thread hand-off costs tens of microseconds: only worth it for long contexts or many rows
+    ThreadPool* ipool = S * (slot0 + S) * nih * ihd >= (int64_t(1) << 21) ? pool_ : nullptr;
+    parallel_for(ipool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
       float* heads = ws_.idx_heads.data() + tid * hstride;
       for (int64_t s = s0; s < s1; ++s) {
         const int64_t n = slot0 + s + 1;
@@ -287,7 +289,8 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   const float scale = static_cast<float>(c.attn_scale);
   const int64_t Kmax = std::min<int64_t>(K, ws_max_seq_);
   const AttentionScratch sz{nh, kvl, rope, vd, Kmax};
-  parallel_for(pool_, S, 1, [&](int64_t s0, int64_t s1, int tid) {
+  ThreadPool* apool = S * nh * (Kmax * (kvl + rope) + (nope + vd) * kvl) >= (int64_t(1) << 21) ? pool_ : nullptr;
+  parallel_for(apool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
     float* q_lat = ws_.att_scratch.data() + tid * sz.floats();  // [nh, kvl]
     float* csel = q_lat + nh * kvl;                              // [nsel, kvl] gathered latents
     float* rsel = csel + Kmax * kvl;                             // [nsel, rope] gathered rope keys

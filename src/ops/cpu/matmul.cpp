@@ -158,10 +158,10 @@ void matmul(ThreadPool* pool, const float* x, int64_t M, const Linear& w, float*
   job.y = y;
   job.y_stride = y_stride < 0 ? w.out : y_stride;
   job.w = &kw;
-  // Hand-offs cost microseconds: below ~256k multiply-adds a call runs on the caller's thread alone.
+  // A hand-off to the pool costs tens of microseconds: below ~1M multiply-adds a call runs on the caller alone.
   // (Which thread computes an output never changes its value: results stay batch invariant.)
   const int64_t work = M * w.out * w.in;
-  ThreadPool* use = work < (int64_t(1) << 18) ? nullptr : pool;
+  ThreadPool* use = work < (int64_t(1) << 20) ? nullptr : pool;
   // Captures one pointer, so std::function stores it inline (no allocation).
   parallel_for(use, w.out, kRowBlock, [j = &job](int64_t n0, int64_t n1, int) {
     matmul_kernels::Job part = *j;
