@@ -132,9 +132,11 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   w.router.assign(S * c.n_routed_experts, 0);
   w.expert_ids.assign(S * c.num_experts_per_tok, 0);
   w.expert_w.assign(S * c.num_experts_per_tok, 0);
-  w.gathered.assign(S * H, 0);
-  w.expert_out.assign(S * H, 0);
-  w.expert_rows.assign(S, 0);
+  w.gathered.assign(S * c.num_experts_per_tok * H, 0);
+  w.expert_out.assign(S * std::max(1, c.num_experts_per_tok) * H, 0);
+  w.expert_rows.assign(S * c.num_experts_per_tok, 0);
+  w.expert_jobs.assign(c.n_routed_experts, ExpertJob{});
+  w.expert_scratch.assign(threads * 2 * S * c.moe_intermediate_size, 0);
   w.hidden.assign(S * H, 0);
   w.mtp_in.assign(S * 2 * H, 0);
   w.streams_tmp.assign(S * C, 0);  // post gates [S, C]
@@ -422,12 +424,14 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
       w[i] = w[i] * static_cast<float>(c.routed_scaling_factor);
     }
   }
-  // Experts in ascending id: gather their tokens, run them as one batch, scatter-add (per token the
-  // sum runs in ascending expert order whatever the batch: batch invariant).
-  std::fill(out, out + S * H, 0.0f);
+  // Gather each used expert's tokens (experts in ascending id, rows grouped by expert). The experts then
+  // run as independent jobs — one thread streams a whole expert, instead of every expert's three
+  // matrices being split across threads with a hand-off each — and the results are added per token in
+  // ascending expert order (batch and thread invariant).
   const float limit = static_cast<float>(c.swiglu_limit);
+  int64_t njobs = 0, n = 0;
   for (int64_t e = 0; e < E; ++e) {
-    int64_t n = 0;
+    const int64_t first = n;
     for (int64_t s = 0; s < S; ++s)
       for (int64_t i = 0; i < k; ++i)
         if (ws_.expert_ids[s * k + i] == e) {
@@ -435,15 +439,38 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
           std::copy(x + s * H, x + (s + 1) * H, ws_.gathered.data() + n * H);
           ++n;
         }
-    if (n == 0) continue;
-    mlp(F.expert_gate[e], F.expert_up[e], F.expert_down[e], limit, ws_.gathered.data(), n, ws_.expert_out.data());
-    for (int64_t r = 0; r < n; ++r) {
-      const int64_t slot = ws_.expert_rows[r], s = slot / k;
-      const float wt = ws_.expert_w[slot];
-      const float* src = ws_.expert_out.data() + r * H;
-      float* dst = out + s * H;
-      for (int64_t i = 0; i < H; ++i) dst[i] += src[i] * wt;
+    if (n > first) ws_.expert_jobs[njobs++] = {static_cast<int32_t>(e), first, n - first};
+  }
+  const int threads = pool_ ? pool_->size() : 1;
+  const int64_t I = c.moe_intermediate_size;
+  auto run_expert = [&](int64_t j, int tid) {
+    const ExpertJob& job = ws_.expert_jobs[j];
+    float* a = ws_.expert_scratch.data() + int64_t(tid) * 2 * S * I;  // [rows, I] gate, then [rows, I] up
+    float* u = a + S * I;
+    const float* in = ws_.gathered.data() + job.first * H;
+    ops::matmul(nullptr, in, job.rows, F.expert_gate[job.expert], a);
+    ops::matmul(nullptr, in, job.rows, F.expert_up[job.expert], u);
+    for (int64_t r = 0; r < job.rows; ++r) ops::swiglu(a + r * I, u + r * I, I, limit, a + r * I);
+    ops::matmul(nullptr, a, job.rows, F.expert_down[job.expert], ws_.expert_out.data() + job.first * H);
+  };
+  if (njobs >= threads && threads > 1) {
+    parallel_for(pool_, njobs, 1, [&](int64_t j0, int64_t j1, int tid) {
+      for (int64_t j = j0; j < j1; ++j) run_expert(j, tid);
+    });
+  } else {
+    for (int64_t j = 0; j < njobs; ++j) {  // few experts: split each matrix across threads instead
+      const ExpertJob& job = ws_.expert_jobs[j];
+      mlp(F.expert_gate[job.expert], F.expert_up[job.expert], F.expert_down[job.expert], limit,
+          ws_.gathered.data() + job.first * H, job.rows, ws_.expert_out.data() + job.first * H);
     }
+  }
+  std::fill(out, out + S * H, 0.0f);
+  for (int64_t r = 0; r < n; ++r) {  // rows are in ascending expert order
+    const int64_t slot = ws_.expert_rows[r], s = slot / k;
+    const float wt = ws_.expert_w[slot];
+    const float* src = ws_.expert_out.data() + r * H;
+    float* dst = out + s * H;
+    for (int64_t i = 0; i < H; ++i) dst[i] += src[i] * wt;
   }
   if (F.has_shared) {
     mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, ws_.expert_out.data());

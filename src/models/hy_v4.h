@@ -89,6 +89,11 @@ struct HYV4Weights {
   std::vector<MtpLayerWeights> mtp;  // num_nextn_predict_layers (empty: no draft)
 };
 
+struct ExpertJob {
+  int32_t expert = 0;
+  int64_t first = 0, rows = 0;  // rows [first, first + rows) of the gathered tokens
+};
+
 // Reusable activation buffers for up to `rows` tokens per forward: sized once, grown only when a
 // larger batch arrives, so the decode loop never allocates.
 struct HYV4Workspace {
@@ -110,8 +115,10 @@ struct HYV4Workspace {
   std::vector<float> router;                // [S, E]
   std::vector<int32_t> expert_ids;          // [S, top_k]
   std::vector<float> expert_w;              // [S, top_k]
-  std::vector<float> gathered, expert_out;  // [S, H]
-  std::vector<int32_t> expert_rows;         // [S]
+  std::vector<float> gathered, expert_out;  // [S*top_k, H] tokens grouped by expert, and their outputs
+  std::vector<int32_t> expert_rows;         // [S*top_k] (token, slot) of each gathered row
+  std::vector<ExpertJob> expert_jobs;       // [E] used experts, ascending id
+  std::vector<float> expert_scratch;        // [threads, 2, S, I] gate / up of one expert job
   std::vector<float> hidden;                // [S, H] final hidden state
   std::vector<float> mtp_in;                // [S, 2H]
   std::vector<float> kvb;                   // [heads*(nope+v), kv_lora] dequantized kv_b_proj
