@@ -4,9 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <limits>
-#include <map>
-#include <set>
 
 #include "core/error.h"
 #include "core/threadpool.h"
@@ -139,7 +136,7 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   w.expert_scratch.assign(threads * 2 * S * c.moe_intermediate_size, 0);
   w.hidden.assign(S * H, 0);
   w.mtp_in.assign(S * 2 * H, 0);
-  w.streams_tmp.assign(S * C, 0);  // post gates [S, C]
+  w.post_gates.assign(S * C, 0);  // post gates [S, C]
   w.kvb.assign(nh * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank, 0);
   const AttentionScratch sz{nh, c.kv_lora_rank, c.qk_rope_head_dim, c.v_head_dim,
                             std::min<int64_t>(std::max<int64_t>(c.index_topk, 1), max_seq)};
@@ -149,7 +146,7 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   w.idx_tmp.assign(S * max_seq, 0);
 }
 
-// streams [S, C, H] -> x [S, H] (weighted by the pre gates); post gates -> streams_tmp [S, C]
+// streams [S, C, H] -> x [S, H] (weighted by the pre gates); post gates -> post_gates [S, C]
 void HYV4Model::hyper_pre(const HyperConnectionWeights& hc, int64_t S) {
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
   const float eps = static_cast<float>(cfg_.rms_norm_eps), hc_eps = static_cast<float>(cfg_.hc_eps);
@@ -159,7 +156,7 @@ void HYV4Model::hyper_pre(const HyperConnectionWeights& hc, int64_t S) {
     const float* X = ws_.streams.data() + s * C * H;
     const float r = ops::inv_rms(X, C * H, eps);
     float* m = ws_.mixes.data() + s * 2 * C;
-    float* post = ws_.streams_tmp.data() + s * C;
+    float* post = ws_.post_gates.data() + s * C;
     float* x = ws_.x.data() + s * H;
     std::fill(x, x + H, 0.0f);
     for (int64_t j = 0; j < C; ++j) {
@@ -176,7 +173,7 @@ void HYV4Model::hyper_post(int64_t S) {
   for (int64_t s = 0; s < S; ++s) {
     float* X = ws_.streams.data() + s * C * H;
     const float* y = ws_.y.data() + s * H;
-    const float* post = ws_.streams_tmp.data() + s * C;
+    const float* post = ws_.post_gates.data() + s * C;
     for (int64_t j = 0; j < C; ++j)
       for (int64_t i = 0; i < H; ++i) X[j * H + i] = post[j] * y[i] + X[j * H + i];
   }

@@ -98,7 +98,8 @@ struct ExpertJob {
 // larger batch arrives, so the decode loop never allocates.
 struct HYV4Workspace {
   int64_t rows = 0;
-  std::vector<float> streams, streams_tmp;  // [S, C, H]
+  std::vector<float> streams;               // [S, C, H] hyper-connection streams
+  std::vector<float> post_gates;            // [S, C] iHC post gates of the current sublayer
   std::vector<float> x, xn, y;              // [S, H]
   std::vector<float> mixes;                 // [S, 2C]
   std::vector<float> q_resid;               // [S, q_lora]
