@@ -173,10 +173,38 @@ struct DecFP8 {
 #endif
 };
 
+// FP8 e4m3 unscaled, for matmuls whose activations carry the block scale (Fp8PrescaledCols): the same
+// f16 route without the multiply, so the decoded value is e4m3(v) · 2^-8 exactly.
+struct DecFP8Raw {
+  using T = int8_t;
+  static constexpr bool kScaled = false;
+  static HWY_INLINE VF Load(DF d, const T* p, VF) {
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::Rebind<int16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    auto h = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, p)));
+    h = hn::And(h, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
+    return hn::PromoteTo(d, hn::BitCast(dh, h));
+  }
+#if HWY_TARGET != HWY_SCALAR
+  static HWY_INLINE void Load2(DF d, const T* p, VF, VF& lo, VF& hi) {
+    const hn::Repartition<int16_t, DF> d16;  // 2N lanes
+    const hn::Rebind<int8_t, decltype(d16)> d8;
+    const hn::Repartition<hwy::float16_t, DF> dh2;
+    const hn::Rebind<hwy::float16_t, DF> dh;
+    auto h = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, p)));
+    h = hn::And(h, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
+    const auto hf = hn::BitCast(dh2, h);
+    lo = hn::PromoteTo(d, hn::LowerHalf(dh, hf));
+    hi = hn::PromoteTo(d, hn::UpperHalf(dh, hf));
+  }
+#endif
+};
+
 // Elements [0, 2N) as two vectors: the decoder's own double-width path if it has one.
 template <class Dec>
 HWY_INLINE void Load2(DF d, const typename Dec::T* p, VF scale, VF& lo, VF& hi) {
-  if constexpr (kPairDecode && std::is_same_v<Dec, DecFP8>) {
+  if constexpr (kPairDecode && (std::is_same_v<Dec, DecFP8> || std::is_same_v<Dec, DecFP8Raw>)) {
     Dec::Load2(d, p, scale, lo, hi);
   } else {
     lo = Dec::Load(d, p, scale);
@@ -556,7 +584,60 @@ void PanelCols(const Job& job) {
 }
 
 template <class Dec>
+void ColsFor(const Job& job);
+
+Scratch& PrescaleScratch() {
+  static thread_local Scratch s;
+  return s;
+}
+
+// FP8 through activations that carry the scale: for each scale-block row of weight rows, x' = x · 256 · s
+// (one rounding, per k block) is formed once and multiplied by the unscaled weights (DecFP8Raw), which
+// saves the decoder's multiply per weight vector. x' depends only on x and the scales, so every path
+// (fused or panel, any M, any thread split) computes each output from the same x' and the same chain.
+constexpr int64_t kPrescaleRows = 256;  // x rows prepared at once for prefill (x' scratch bounded)
+void Fp8PrescaledCols(const Job& job) {
+  const DF d;
+  const Weight& w = *job.w;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t K = w.K, pitch = (K + kMaxLanes - 1) / kMaxLanes * kMaxLanes;
+  const int64_t MC = std::min(job.M, job.M <= kFusedMaxM ? kFusedMaxM : kPrescaleRows);
+  float* xs = PrescaleScratch().get(static_cast<size_t>(MC * pitch));
+  for (int64_t m0 = 0; m0 < job.M; m0 += MC) {
+    const int64_t mc = std::min(MC, job.M - m0);
+    for (int64_t n = job.n0; n < job.n1;) {
+      const int64_t blk = (w.scale_row0 + n) / w.block_out;
+      const int64_t ne = std::min(job.n1, (blk + 1) * w.block_out - w.scale_row0);
+      for (int64_t m = 0; m < mc; ++m) {
+        const float* x = job.x + (m0 + m) * job.x_stride;
+        float* o = xs + m * pitch;
+        for (int64_t b0 = 0; b0 < K; b0 += w.block_in) {
+          const float s = scale_of(w, n, b0 / w.block_in) * kFp8ScaleBias;
+          const VF sv = hn::Set(d, s);
+          const int64_t b1 = std::min(K, b0 + w.block_in);
+          int64_t k = b0;
+          for (; k + N <= b1; k += N) hn::Store(hn::Mul(hn::LoadU(d, x + k), sv), d, o + k);
+          for (; k < b1; ++k) o[k] = x[k] * s;
+        }
+      }
+      Job sub = job;
+      sub.x = xs;
+      sub.x_stride = pitch;
+      sub.M = mc;
+      sub.y = job.y + m0 * job.y_stride;
+      sub.n0 = n;
+      sub.n1 = ne;
+      ColsFor<DecFP8Raw>(sub);
+      n = ne;
+    }
+  }
+}
+
+template <class Dec>
 void ColsFor(const Job& job) {
+  if constexpr (std::is_same_v<Dec, DecFP8>) {
+    if (!job.w->fp8_table) return Fp8PrescaledCols(job);
+  }
   if (job.M <= kFusedMaxM && !job.w->fp8_table) {
     const DF d;
     const int64_t N = static_cast<int64_t>(hn::Lanes(d));
