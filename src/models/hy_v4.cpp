@@ -450,7 +450,11 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
     for (int64_t r = 0; r < job.rows; ++r) ops::swiglu(a + r * I, u + r * I, I, limit, a + r * I);
     ops::matmul(nullptr, a, job.rows, F.expert_down[job.expert], ws_.expert_out.data() + job.first * H);
   };
-  if (njobs >= threads && threads > 1) {
+  // Tiny experts (the bundled model's) cost less than a hand-off: below ~1M multiply-adds in all, they run
+  // on the calling thread, as matmuls of that size do.
+  int64_t expert_macs = 0;
+  for (int64_t j = 0; j < njobs; ++j) expert_macs += ws_.expert_jobs[j].rows * 3 * I * H;
+  if (njobs >= threads && threads > 1 && expert_macs >= (int64_t(1) << 20)) {
     parallel_for(pool_, njobs, 1, [&](int64_t j0, int64_t j1, int tid) {
       for (int64_t j = j0; j < j1; ++j) run_expert(j, tid);
     });
