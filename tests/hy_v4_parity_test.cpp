@@ -107,6 +107,38 @@ TEST_P(HYV4Parity, IncrementalDecodeEqualsFullRecompute) {
   EXPECT_EQ(d.argmax_mismatches, 0);
 }
 
+// The threaded paths (attention over (row, head) pairs, MoE matrices split in column chunks, experts as
+// jobs, row-parallel prefill), forced on this tiny model, give the bits of the default run.
+TEST_P(HYV4Parity, ThreadedPathsAreBitIdentical) {
+  const auto greedy = ref_->ids(exact("greedy_ids"));
+  const int64_t T = prompt_.size(), N = greedy.size(), V = model_->config().vocab_size;
+  ASSERT_GE(N, 6);
+  std::vector<int32_t> seq = prompt_;
+  seq.insert(seq.end(), greedy.begin(), greedy.end());
+  KVCache full_cache = model_->new_cache(T + N);
+  std::vector<float> full(int64_t(seq.size()) * V);
+  model_->forward(seq.data(), seq.size(), full_cache, full.data(), nullptr);
+
+  for (int threads : {3, 8}) {
+    ThreadPool pool(threads);
+    HYV4Model m(dir_, &pool);
+    m.set_min_parallel_work(0);
+    KVCache cache = m.new_cache(T + N);
+    std::vector<float> out(T * V);
+    m.forward(prompt_.data(), T, cache, out.data(), nullptr);
+    EXPECT_EQ(0, std::memcmp(out.data(), full.data(), T * V * sizeof(float))) << threads << " threads: prefill";
+    // one row, then a 4-row verification-sized step, then single rows again
+    for (int64_t i = 0; i < N;) {
+      const int64_t n = i == 1 ? std::min<int64_t>(4, N - i) : 1;
+      m.forward(&greedy[i], n, cache, out.data(), nullptr, true);
+      for (int64_t r = 0; r < n; ++r)
+        ASSERT_EQ(0, std::memcmp(out.data() + r * V, full.data() + (T + i + r) * V, V * sizeof(float)))
+            << threads << " threads: position " << T + i + r << " (step of " << n << " rows)";
+      i += n;
+    }
+  }
+}
+
 TEST_P(HYV4Parity, GreedyContinuationMatchesTransformers) {
   const auto expect = ref_->ids(exact("greedy_ids"));
   const int64_t T = prompt_.size(), N = expect.size(), V = model_->config().vocab_size;

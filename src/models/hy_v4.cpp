@@ -12,6 +12,9 @@
 
 namespace nextn {
 
+// Attention calls of at most this many rows may spread (row, head) pairs over the threads.
+constexpr int64_t kHeadParallelRows = 16;
+
 // Per-thread attention buffers for one query row (see HYV4Model::attention).
 struct AttentionScratch {
   int64_t nh, kvl, rope, vd, kmax;
@@ -134,12 +137,17 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   w.expert_rows.assign(S * c.num_experts_per_tok, 0);
   w.expert_jobs.assign(c.n_routed_experts, ExpertJob{});
   w.expert_scratch.assign(threads * 2 * S * c.moe_intermediate_size, 0);
+  const int64_t I_moe = std::max<int64_t>(c.moe_intermediate_size,
+                                          c.moe_intermediate_size * std::max(1, c.n_shared_experts));
+  w.moe_act.assign((S * c.num_experts_per_tok + S) * 2 * I_moe, 0);
+  w.shared_out.assign(S * H, 0);
   w.hidden.assign(S * H, 0);
   w.mtp_in.assign(S * 2 * H, 0);
   w.post_gates.assign(S * C, 0);  // post gates [S, C]
-  w.kvb.assign(nh * (c.qk_nope_head_dim + c.v_head_dim) * c.kv_lora_rank, 0);
   const AttentionScratch sz{nh, c.kv_lora_rank, c.qk_rope_head_dim, c.v_head_dim,
                             std::min<int64_t>(std::max<int64_t>(c.index_topk, 1), max_seq)};
+  // gathered keys of the (few) rows of a head-parallel attention call
+  w.att_gather.assign(std::min<int64_t>(S, kHeadParallelRows) * sz.kmax * (sz.kvl + sz.rope), 0);
   w.att_scratch.assign(threads * sz.floats(), 0);  // per thread, one query row at a time
   w.idx_heads.assign(threads * c.index_n_heads * max_seq, 0);
   w.idx_scratch.assign(S * max_seq, 0);
@@ -271,94 +279,128 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     });
   }
 
-  // kv_b_proj is read by every (row, head) pair below: dequantize it once per call.
-  Linear kvb = a.kv_b_proj;
-  if (kvb.dtype != DType::F32) {
-    for (int64_t r = 0; r < kvb.out; ++r) ops::dequant_row(a.kv_b_proj, r, ws_.kvb.data() + r * kvl);
-    kvb = Linear{};
-    kvb.dtype = DType::F32;
-    kvb.out = a.kv_b_proj.out;
-    kvb.in = kvl;
-    kvb.row_stride = kvl;
-    kvb.data = ws_.kvb.data();
-  }
-  // Sparse MLA over the cached latents, absorbed: q·(W_kb c) = (W_kbᵀ q)·c and out = W_vb (Σ p c).
-  // Per query row, the selected latents / rope keys are gathered once for all heads, so scores and the
-  // scores are matmuls: [nh, nsel] = q_lat [nh, kvl]·Cᵀ + q_rope [nh, rope]·Rᵀ; o_lat [nh, kvl] = P·C.
+  // Sparse MLA over the cached latents, absorbed: q·(W_kb c) = (W_kbᵀ q)·c and out = W_vb (Σ p c), with
+  // kv_b_proj used as stored (bf16 / FP8 rows decoded by the kernels, never copied). Per query row the
+  // selected latents C [nsel, kvl] and rope keys R [nsel, rope] are gathered once; per head:
+  //   q_lat [kvl] = W_kb[h]ᵀ q_nope;  scores [nsel] = q_lat·Cᵀ + q_rope·Rᵀ;  p = softmax with the sink;
+  //   o_lat [kvl] = Σ_j p_j C[j] (ascending j);  out [vd] = W_vb[h] o_lat, times the sigmoid gate.
+  // Few rows (decode, verification): the gathers, then (row, head) pairs spread over the threads. Many rows
+  // (prefill): rows over the threads, the scores of all heads of a row as one matmul. Each head is computed
+  // by the same kernels in the same order either way (the matmuls are batch invariant).
+  const Linear& kvb = a.kv_b_proj;
   const float scale = static_cast<float>(c.attn_scale);
   const int64_t Kmax = std::min<int64_t>(K, ws_max_seq_);
   const AttentionScratch sz{nh, kvl, rope, vd, Kmax};
-  ThreadPool* apool = S * nh * (Kmax * (kvl + rope) + (nope + vd) * kvl) >= (int64_t(1) << 21) ? pool_ : nullptr;
-  parallel_for(apool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
-    float* q_lat = ws_.att_scratch.data() + tid * sz.floats();  // [nh, kvl]
-    float* csel = q_lat + nh * kvl;                              // [nsel, kvl] gathered latents
-    float* rsel = csel + Kmax * kvl;                             // [nsel, rope] gathered rope keys
-    float* sc = rsel + Kmax * rope;                              // [nh, nsel] scores -> probabilities
-    float* sc2 = sc + nh * Kmax;                                 // [nh, nsel] rope part
-    float* o_lat = sc2 + nh * Kmax;                              // [nh, kvl]
-    float* out = o_lat + nh * kvl;                               // [vd]
-    for (int64_t s = s0; s < s1; ++s) {
-      const float* q = ws_.q.data() + s * nh * qkd;
-      const int32_t* sel = ws_.topk.data() + s * K;
-      const int64_t nsel = ws_.topk_count[s];
-      std::fill(q_lat, q_lat + nh * kvl, 0.0f);
-      for (int64_t h = 0; h < nh; ++h)
-        ops::matmul_transposed(q + h * qkd, kvb.rows(h * (nope + vd), nope), q_lat + h * kvl);
-      for (int64_t j = 0; j < nsel; ++j) {
-        const float* cl = lc.latent.data() + int64_t(sel[j]) * kvl;
-        std::copy(cl, cl + kvl, csel + j * kvl);
-        const float* kr = lc.k_rot.data() + int64_t(sel[j]) * rope;
-        std::copy(kr, kr + rope, rsel + j * rope);
-      }
-      if (nsel > 0) {
-        Linear cm{};
-        cm.dtype = DType::F32;
-        cm.out = nsel;
-        cm.in = kvl;
-        cm.row_stride = kvl;
-        cm.data = csel;
-        ops::matmul(nullptr, q_lat, nh, cm, sc, kvl, nsel);
-        Linear rm = cm;
-        rm.in = rope;
-        rm.row_stride = rope;
-        rm.data = rsel;
-        ops::matmul(nullptr, q + nope, nh, rm, sc2, qkd, nsel);
-      }
-      for (int64_t h = 0; h < nh; ++h) {
-        float* p = sc + h * nsel;
-        const float* pr = sc2 + h * nsel;
-        float mx = a.sinks[h];
-        for (int64_t j = 0; j < nsel; ++j) {
-          p[j] = (p[j] + pr[j]) * scale;
-          mx = std::max(mx, p[j]);
-        }
-        float denom = std::exp(a.sinks[h] - mx);  // the sink takes part in the softmax, then is dropped
-        for (int64_t j = 0; j < nsel; ++j) {
-          p[j] = std::exp(p[j] - mx);
-          denom += p[j];
-        }
-        const float inv = 1.0f / denom;
-        for (int64_t j = 0; j < nsel; ++j) p[j] *= inv;
-      }
-      // o_lat[h] = Σ_j p[h, j] · C[j], ascending j (contiguous axpys)
-      std::fill(o_lat, o_lat + nh * kvl, 0.0f);
-      for (int64_t h = 0; h < nh; ++h) {
-        float* o = o_lat + h * kvl;
-        const float* p = sc + h * nsel;
-        for (int64_t j = 0; j < nsel; ++j) {
-          const float pj = p[j];
-          const float* cj = csel + j * kvl;
-          for (int64_t i = 0; i < kvl; ++i) o[i] += pj * cj[i];
-        }
-      }
-      for (int64_t h = 0; h < nh; ++h) {
-        ops::matmul(nullptr, o_lat + h * kvl, 1, kvb.rows(h * (nope + vd) + nope, vd), out);
-        const float* g = ws_.gate.data() + s * nh * vd + h * vd;
-        float* dst = ws_.attn.data() + s * nh * vd + h * vd;
-        for (int64_t i = 0; i < vd; ++i) dst[i] = out[i] * ops::sigmoid(g[i]);
-      }
+  auto gather = [&](int64_t s, int64_t j0, int64_t j1, float* csel, float* rsel) {
+    const int32_t* sel = ws_.topk.data() + s * K;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float* cl = lc.latent.data() + int64_t(sel[j]) * kvl;
+      std::copy(cl, cl + kvl, csel + j * kvl);
+      const float* kr = lc.k_rot.data() + int64_t(sel[j]) * rope;
+      std::copy(kr, kr + rope, rsel + j * rope);
     }
-  });
+  };
+  auto q_latent = [&](int64_t s, int64_t h, float* ql) {  // ql [kvl]
+    std::fill(ql, ql + kvl, 0.0f);
+    ops::matmul_transposed(ws_.q.data() + s * nh * qkd + h * qkd, kvb.rows(h * (nope + vd), nope), ql);
+  };
+  auto keys_of = [&](const float* csel, const float* rsel, int64_t nsel, Linear& cm, Linear& rm) {
+    cm = Linear{};
+    cm.dtype = DType::F32;
+    cm.out = nsel;
+    cm.in = kvl;
+    cm.row_stride = kvl;
+    cm.data = csel;
+    rm = cm;
+    rm.in = rope;
+    rm.row_stride = rope;
+    rm.data = rsel;
+  };
+  // From the two score parts of head h (p [nsel] nope part, pr [nsel] rope part) to its gated output.
+  auto head_tail = [&](int64_t s, int64_t h, float* p, const float* pr, const float* csel, int64_t nsel, float* o,
+                       float* out) {
+    float mx = a.sinks[h];
+    for (int64_t j = 0; j < nsel; ++j) {
+      p[j] = (p[j] + pr[j]) * scale;
+      mx = std::max(mx, p[j]);
+    }
+    float denom = std::exp(a.sinks[h] - mx);  // the sink takes part in the softmax, then is dropped
+    for (int64_t j = 0; j < nsel; ++j) {
+      p[j] = std::exp(p[j] - mx);
+      denom += p[j];
+    }
+    const float inv = 1.0f / denom;
+    for (int64_t j = 0; j < nsel; ++j) p[j] *= inv;
+    std::fill(o, o + kvl, 0.0f);
+    for (int64_t j = 0; j < nsel; ++j) {
+      const float pj = p[j];
+      const float* cj = csel + j * kvl;
+      for (int64_t i = 0; i < kvl; ++i) o[i] += pj * cj[i];
+    }
+    ops::matmul(nullptr, o, 1, kvb.rows(h * (nope + vd) + nope, vd), out);
+    const float* g = ws_.gate.data() + s * nh * vd + h * vd;
+    float* dst = ws_.attn.data() + s * nh * vd + h * vd;
+    for (int64_t i = 0; i < vd; ++i) dst[i] = out[i] * ops::sigmoid(g[i]);
+  };
+
+  const int64_t row_work = nh * ((nope + vd) * kvl + Kmax * (2 * kvl + rope));  // multiply-adds per row
+  const int threads = pool_ ? pool_->size() : 1;
+  if (threads > 1 && S < 2 * threads && S <= kHeadParallelRows && S * row_work >= min_parallel_work_) {
+    // Gathers: rows x chunks of their selected keys.
+    float* gbase = ws_.att_gather.data();  // [S, Kmax, kvl + rope]
+    const int64_t G = std::max<int64_t>(1, threads / S);
+    parallel_for(pool_, S * G, 1, [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t s = t / G, g = t % G, nsel = ws_.topk_count[s];
+        float* csel = gbase + s * Kmax * (kvl + rope);
+        gather(s, nsel * g / G, nsel * (g + 1) / G, csel, csel + Kmax * kvl);
+      }
+    });
+    parallel_for(pool_, S * nh, 1, [&](int64_t t0, int64_t t1, int tid) {
+      float* ql = ws_.att_scratch.data() + tid * sz.floats();  // [kvl]
+      float* sc = ql + kvl;                                     // [nsel]
+      float* sc2 = sc + Kmax;                                   // [nsel]
+      float* o = sc2 + Kmax;                                    // [kvl]
+      float* out = o + kvl;                                     // [vd]
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t s = t / nh, h = t % nh, nsel = ws_.topk_count[s];
+        const float* csel = gbase + s * Kmax * (kvl + rope);
+        const float* rsel = csel + Kmax * kvl;
+        q_latent(s, h, ql);
+        Linear cm, rm;
+        keys_of(csel, rsel, nsel, cm, rm);
+        if (nsel > 0) {
+          ops::matmul(nullptr, ql, 1, cm, sc);
+          ops::matmul(nullptr, ws_.q.data() + s * nh * qkd + h * qkd + nope, 1, rm, sc2);
+        }
+        head_tail(s, h, sc, sc2, csel, nsel, o, out);
+      }
+    });
+  } else {
+    ThreadPool* apool = S * row_work >= (int64_t(1) << 21) ? pool_ : nullptr;
+    parallel_for(apool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
+      float* q_lat = ws_.att_scratch.data() + tid * sz.floats();  // [nh, kvl]
+      float* csel = q_lat + nh * kvl;                              // [nsel, kvl] gathered latents
+      float* rsel = csel + Kmax * kvl;                             // [nsel, rope] gathered rope keys
+      float* sc = rsel + Kmax * rope;                              // [nh, nsel] scores -> probabilities
+      float* sc2 = sc + nh * Kmax;                                 // [nh, nsel] rope part
+      float* o_lat = sc2 + nh * Kmax;                              // [nh, kvl]
+      float* out = o_lat + nh * kvl;                               // [vd]
+      for (int64_t s = s0; s < s1; ++s) {
+        const int64_t nsel = ws_.topk_count[s];
+        for (int64_t h = 0; h < nh; ++h) q_latent(s, h, q_lat + h * kvl);
+        gather(s, 0, nsel, csel, rsel);
+        if (nsel > 0) {
+          Linear cm, rm;
+          keys_of(csel, rsel, nsel, cm, rm);
+          ops::matmul(nullptr, q_lat, nh, cm, sc, kvl, nsel);
+          ops::matmul(nullptr, ws_.q.data() + s * nh * qkd + nope, nh, rm, sc2, qkd, nsel);
+        }
+        for (int64_t h = 0; h < nh; ++h)
+          head_tail(s, h, sc + h * nsel, sc2 + h * nsel, csel, nsel, o_lat + h * kvl, out);
+      }
+    });
+  }
   ops::matmul(pool_, ws_.attn.data(), S, a.o_proj, ws_.y.data());  // [S, H]
 }
 
@@ -450,16 +492,72 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
     for (int64_t r = 0; r < job.rows; ++r) ops::swiglu(a + r * I, u + r * I, I, limit, a + r * I);
     ops::matmul(nullptr, a, job.rows, F.expert_down[job.expert], ws_.expert_out.data() + job.first * H);
   };
-  // Tiny experts (the bundled model's) cost less than a hand-off: below ~1M multiply-adds in all, they run
-  // on the calling thread, as matmuls of that size do.
+  // Tiny experts (the bundled model's) cost less than a hand-off: below min_parallel_work_ multiply-adds in
+  // all, they run on the calling thread, as matmuls of that size do.
   int64_t expert_macs = 0;
   for (int64_t j = 0; j < njobs; ++j) expert_macs += ws_.expert_jobs[j].rows * 3 * I * H;
-  if (njobs >= threads && threads > 1 && expert_macs >= (int64_t(1) << 20)) {
+  const bool parallel = threads > 1 && expert_macs >= min_parallel_work_;
+  const bool split = parallel && njobs + (F.has_shared ? 1 : 0) < threads;
+  float* shared_out = ws_.shared_out.data();  // [S, H]
+  if (split) {
+    // Fewer experts than threads (decode on many cores): every expert matrix, the shared expert's too, is
+    // cut into column chunks over all threads; gate/up (+ SwiGLU) first, then down: two hand-offs in all.
+    struct Part {
+      const Linear *g, *u, *d;
+      const float* in;
+      int64_t rows, I;
+      float limit;
+      float* act;  // [rows, I] gate -> activation, then [rows, I] up
+      float* dst;  // [rows, H]
+    };
+    static thread_local std::vector<Part> part_buf;
+    part_buf.resize(static_cast<size_t>(njobs + 1));
+    Part* parts = part_buf.data();
+    int64_t np = 0, off = 0;
+    for (int64_t j = 0; j < njobs; ++j) {
+      const ExpertJob& job = ws_.expert_jobs[j];
+      parts[np++] = {&F.expert_gate[job.expert], &F.expert_up[job.expert], &F.expert_down[job.expert],
+                     ws_.gathered.data() + job.first * H, job.rows, I, limit, ws_.moe_act.data() + off,
+                     ws_.expert_out.data() + job.first * H};
+      off += 2 * job.rows * I;
+    }
+    if (F.has_shared)
+      parts[np++] = {&F.gate_proj, &F.up_proj, &F.down_proj, x, S, F.gate_proj.out, 0.0f, ws_.moe_act.data() + off,
+                     shared_out};
+    const int64_t C = (threads + np - 1) / np;  // column chunks per matrix
+    auto cols = [&](int64_t width, int64_t chunk) {  // chunk of C over [0, width), in blocks of 16 columns
+      const int64_t blocks = (width + 15) / 16;
+      const auto [b0, b1] =
+          ThreadPool::chunk_range(blocks, static_cast<int>(std::min(C, blocks)), static_cast<int>(chunk));
+      return std::pair<int64_t, int64_t>{std::min(width, b0 * 16), std::min(width, b1 * 16)};
+    };
+    parallel_for(pool_, np * C, 1, [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const Part& q = parts[t / C];
+        if (t % C >= std::min<int64_t>(C, (q.I + 15) / 16)) continue;
+        const auto [c0, c1] = cols(q.I, t % C);
+        float* g = q.act;
+        float* u = q.act + q.rows * q.I;
+        ops::matmul(nullptr, q.in, q.rows, q.g->rows(c0, c1 - c0), g + c0, H, q.I);
+        ops::matmul(nullptr, q.in, q.rows, q.u->rows(c0, c1 - c0), u + c0, H, q.I);
+        for (int64_t r = 0; r < q.rows; ++r)
+          ops::swiglu(g + r * q.I + c0, u + r * q.I + c0, c1 - c0, q.limit, g + r * q.I + c0);
+      }
+    });
+    parallel_for(pool_, np * C, 1, [&](int64_t t0, int64_t t1, int) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const Part& q = parts[t / C];
+        if (t % C >= std::min<int64_t>(C, (H + 15) / 16)) continue;
+        const auto [h0, h1] = cols(H, t % C);
+        ops::matmul(nullptr, q.act, q.rows, q.d->rows(h0, h1 - h0), q.dst + h0, q.I, H);
+      }
+    });
+  } else if (parallel) {
     parallel_for(pool_, njobs, 1, [&](int64_t j0, int64_t j1, int tid) {
       for (int64_t j = j0; j < j1; ++j) run_expert(j, tid);
     });
   } else {
-    for (int64_t j = 0; j < njobs; ++j) {  // few experts: split each matrix across threads instead
+    for (int64_t j = 0; j < njobs; ++j) {
       const ExpertJob& job = ws_.expert_jobs[j];
       mlp(F.expert_gate[job.expert], F.expert_up[job.expert], F.expert_down[job.expert], limit,
           ws_.gathered.data() + job.first * H, job.rows, ws_.expert_out.data() + job.first * H);
@@ -474,8 +572,8 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
     for (int64_t i = 0; i < H; ++i) dst[i] += src[i] * wt;
   }
   if (F.has_shared) {
-    mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, ws_.expert_out.data());
-    for (int64_t i = 0; i < S * H; ++i) out[i] += ws_.expert_out[i];
+    if (!split) mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, shared_out);
+    for (int64_t i = 0; i < S * H; ++i) out[i] += shared_out[i];
   }
 }
 

@@ -120,9 +120,11 @@ struct HYV4Workspace {
   std::vector<int32_t> expert_rows;         // [S*top_k] (token, slot) of each gathered row
   std::vector<ExpertJob> expert_jobs;       // [E] used experts, ascending id
   std::vector<float> expert_scratch;        // [threads, 2, S, I] gate / up of one expert job
+  std::vector<float> moe_act;               // [S*top_k + S, 2, I] gate / up per expert (column-split MoE)
+  std::vector<float> shared_out;            // [S, H] shared expert output
   std::vector<float> hidden;                // [S, H] final hidden state
   std::vector<float> mtp_in;                // [S, 2H]
-  std::vector<float> kvb;                   // [heads*(nope+v), kv_lora] dequantized kv_b_proj
+  std::vector<float> att_gather;            // [min(S, 16), index_topk, kv_lora + rope] selected keys per row
   // per-thread attention scratch
   std::vector<float> att_scratch;           // [threads, heads-independent scratch]
   std::vector<float> idx_scratch;           // [S, max_seq] index scores
@@ -146,6 +148,10 @@ class HYV4Model {
   const HYV4Config& config() const { return cfg_; }
   const HYV4Weights& weights() const { return w_; }
   int num_mtp_layers() const { return static_cast<int>(w_.mtp.size()); }
+  // Work (multiply-adds) below which attention and MoE stay on the calling thread instead of spreading
+  // over the pool: a hand-off costs microseconds. Results never depend on it (tests lower it to 0 to run
+  // every threaded path on tiny models).
+  void set_min_parallel_work(int64_t macs) { min_parallel_work_ = macs; }
   const std::string& dir() const { return dir_; }
   // Bytes of weights a single-token target forward reads (all layers, active experts only, lm_head).
   size_t weight_bytes_total() const;
@@ -192,6 +198,7 @@ class HYV4Model {
   ThreadPool* pool_;
   HYV4Workspace ws_;
   int64_t ws_max_seq_ = 0;
+  int64_t min_parallel_work_ = int64_t(1) << 20;
 };
 
 // transformers' hub -> internal renames for hy_v4 (conversion_mapping.py), applied in the same order.
