@@ -200,11 +200,22 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   const float af = static_cast<float>(c.rope.attention_factor);
   const float* xn = ws_.xn.data();
 
-  ops::matmul(pool_, xn, S, a.gate_proj, ws_.gate.data());        // [S, nh*v]
-  ops::matmul(pool_, xn, S, a.q_a_proj, ws_.q_resid.data());      // [S, q_lora]
+  // The projections of xn, and then those of the normed q_resid, each in one pass over the pool.
+  const bool run_indexer = !forced && a.has_indexer;
+  {
+    ops::MatmulOut outs[5] = {{&a.gate_proj, ws_.gate.data()},      // [S, nh*v]
+                              {&a.q_a_proj, ws_.q_resid.data()},    // [S, q_lora]
+                              {&a.kv_a_proj, ws_.kv_a.data()},      // [S, kvl + rope]
+                              {&a.indexer.wk, ws_.ik.data()},       // [S, ihd]
+                              {&a.indexer.weights_proj, ws_.iw.data()}};  // [S, nih]
+    ops::matmul_many(pool_, xn, S, outs, run_indexer ? 5 : 3);
+  }
   ops::rms_norm(ws_.q_resid.data(), S, c.q_lora_rank, a.q_a_norm.data(), eps, ws_.q_resid.data());
-  ops::matmul(pool_, ws_.q_resid.data(), S, a.q_b_proj, ws_.q.data());  // [S, nh*qkd]
-  ops::matmul(pool_, xn, S, a.kv_a_proj, ws_.kv_a.data());       // [S, kvl + rope]
+  {
+    ops::MatmulOut outs[2] = {{&a.q_b_proj, ws_.q.data()},         // [S, nh*qkd]
+                              {&a.indexer.wq_b, ws_.iq.data()}};   // [S, nih*ihd]
+    ops::matmul_many(pool_, ws_.q_resid.data(), S, outs, run_indexer ? 2 : 1);
+  }
 
   std::vector<float> cs(2 * half);  // small, per call; TODO(P6): move into the workspace
   float* cosv = cs.data();
@@ -229,13 +240,10 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       std::copy(forced->slots, forced->slots + n, ws_.topk.data() + s * K);
       ws_.topk_count[s] = static_cast<int32_t>(n);
     }
-  } else if (a.has_indexer) {
+  } else if (run_indexer) {
     const IndexerWeights& ix = a.indexer;
     const int64_t nih = c.index_n_heads, ihd = c.index_head_dim;
-    ops::matmul(pool_, ws_.q_resid.data(), S, ix.wq_b, ws_.iq.data());  // [S, nih*ihd]
-    ops::matmul(pool_, xn, S, ix.wk, ws_.ik.data());                    // [S, ihd]
     ops::layer_norm(ws_.ik.data(), S, ihd, ix.k_norm_w.data(), ix.k_norm_b.data(), eps, ws_.ik.data());
-    ops::matmul(pool_, xn, S, ix.weights_proj, ws_.iw.data());          // [S, nih]
     const float wscale_a = 1.0f / std::sqrt(static_cast<float>(nih));
     const float wscale_b = 1.0f / std::sqrt(static_cast<float>(ihd));
     for (int64_t s = 0; s < S; ++s) {
@@ -253,30 +261,55 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     const int64_t max_seq = ws_max_seq_;
     // Per query row: head scores [nih, n] = iq [nih, ihd] · K_cacheᵀ (one matmul), then Σ_h w_h·relu(.).
     const int64_t hstride = nih * max_seq;
-    // a thread hand-off costs tens of microseconds: only worth it for long contexts or many rows
-    ThreadPool* ipool = S * (slot0 + S) * nih * ihd >= (int64_t(1) << 21) ? pool_ : nullptr;
-    parallel_for(ipool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
-      float* heads = ws_.idx_heads.data() + tid * hstride;
-      for (int64_t s = s0; s < s1; ++s) {
-        const int64_t n = slot0 + s + 1;
-        float* score = ws_.idx_scratch.data() + s * max_seq;
-        const float* iw = ws_.iw.data() + s * nih;
-        Linear keys;
-        keys.dtype = DType::F32;
-        keys.out = n;
-        keys.in = ihd;
-        keys.row_stride = ihd;
-        keys.data = lc.index_k.data();
-        ops::matmul(nullptr, ws_.iq.data() + s * nih * ihd, nih, keys, heads);
-        std::fill(score, score + n, 0.0f);
-        for (int64_t h = 0; h < nih; ++h) {
-          const float* hr = heads + h * n;
-          for (int64_t t = 0; t < n; ++t) score[t] += iw[h] * std::max(hr[t], 0.0f);
-        }
-        ws_.topk_count[s] = static_cast<int32_t>(
-            ops::topk_ascending(score, n, K, ws_.topk.data() + s * K, ws_.idx_tmp.data() + s * max_seq));
+    // Scores of keys [j0, j1) for row s: one matmul over the heads, then the weighted ReLU sum (ascending h).
+    auto score_keys = [&](int64_t s, int64_t j0, int64_t j1, float* heads) {
+      float* score = ws_.idx_scratch.data() + s * max_seq;
+      const float* iw = ws_.iw.data() + s * nih;
+      const int64_t w = j1 - j0;
+      Linear keys;
+      keys.dtype = DType::F32;
+      keys.out = w;
+      keys.in = ihd;
+      keys.row_stride = ihd;
+      keys.data = lc.index_k.data() + j0 * ihd;
+      ops::matmul(nullptr, ws_.iq.data() + s * nih * ihd, nih, keys, heads);  // [nih, w]
+      std::fill(score + j0, score + j1, 0.0f);
+      for (int64_t h = 0; h < nih; ++h) {
+        const float* hr = heads + h * w;
+        for (int64_t t = 0; t < w; ++t) score[j0 + t] += iw[h] * std::max(hr[t], 0.0f);
       }
-    });
+    };
+    auto select = [&](int64_t s) {
+      const int64_t n = slot0 + s + 1;
+      ws_.topk_count[s] = static_cast<int32_t>(ops::topk_ascending(ws_.idx_scratch.data() + s * max_seq, n, K,
+                                                                   ws_.topk.data() + s * K,
+                                                                   ws_.idx_tmp.data() + s * max_seq));
+    };
+    const int64_t work = S * (slot0 + S) * nih * ihd;
+    const int threads = pool_ ? pool_->size() : 1;
+    if (threads > 1 && S < threads && work >= min_parallel_work_) {
+      // Few rows (decode, verification): each row's keys in chunks over the threads, then the selections.
+      const int64_t G = (threads + S - 1) / S;
+      parallel_for(pool_, S * G, 1, [&](int64_t t0, int64_t t1, int tid) {
+        float* heads = ws_.idx_heads.data() + tid * hstride;
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t s = t / G, g = t % G, n = slot0 + s + 1;
+          const auto [j0, j1] = ThreadPool::chunk_range(n, static_cast<int>(std::min<int64_t>(G, n)),
+                                                        static_cast<int>(std::min<int64_t>(g, n - 1)));
+          if (g < std::min<int64_t>(G, n)) score_keys(s, j0, j1, heads);
+        }
+      });
+      for (int64_t s = 0; s < S; ++s) select(s);
+    } else {
+      ThreadPool* ipool = work >= 2 * min_parallel_work_ ? pool_ : nullptr;
+      parallel_for(ipool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
+        float* heads = ws_.idx_heads.data() + tid * hstride;
+        for (int64_t s = s0; s < s1; ++s) {
+          score_keys(s, 0, slot0 + s + 1, heads);
+          select(s);
+        }
+      });
+    }
   }
 
   // Sparse MLA over the cached latents, absorbed: q·(W_kb c) = (W_kbᵀ q)·c and out = W_vb (Σ p c), with

@@ -42,6 +42,18 @@ namespace ops {
 void matmul(ThreadPool* pool, const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride = -1,
             int64_t y_stride = -1);
 
+// One output of matmul_many: y[M, w->out] with row stride y_stride (default w->out).
+struct MatmulOut {
+  const Linear* w = nullptr;
+  float* y = nullptr;
+  int64_t y_stride = -1;
+};
+// Several products of the same x (all w->in equal) in one pass over the pool: the weights' rows are split
+// across the threads as one concatenated matrix (one hand-off instead of one per weight). Each output is
+// bit-identical to ops::matmul's.
+void matmul_many(ThreadPool* pool, const float* x, int64_t M, const MatmulOut* outs, int64_t n_outs,
+                 int64_t x_stride = -1);
+
 // y[w.in] += Σ_r x[r] · w[r, :] for r < w.out: the transposed product (MLA weight absorption).
 void matmul_transposed(const float* x, const Linear& w, float* y);
 

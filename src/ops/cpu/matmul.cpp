@@ -5,6 +5,7 @@
 // Batch invariance: every output element y[m][n] is one dot product with a fixed reduction order on a given
 // machine (and ISA target), whatever M, the tiling or the thread count. Threads split only the output
 // columns (weight rows), never a reduction.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -133,28 +134,32 @@ size_t Linear::weight_bytes() const {
 
 namespace ops {
 
+// Decode-sized calls read every x row once per weight row group: rows that straddle cache lines (a
+// std::vector is only 16-byte aligned) cost a split load each time, so such x is copied to 64-byte aligned
+// rows first (the values, hence the results, are the same). Sets job.x / job.x_stride.
+void aligned_x(matmul_kernels::Job& job, const float* x, int64_t M, int64_t K, int64_t x_stride) {
+  job.x = x;
+  job.x_stride = x_stride;
+  if (M > 1 && M <= 16 &&
+      (reinterpret_cast<uintptr_t>(x) % 64 != 0 || (job.x_stride * sizeof(float)) % 64 != 0)) {
+    thread_local std::vector<float> xbuf;
+    const int64_t pitch = (K + 15) / 16 * 16;
+    xbuf.resize(static_cast<size_t>(M * pitch + 16));
+    float* base = xbuf.data() + ((64 - reinterpret_cast<uintptr_t>(xbuf.data()) % 64) % 64) / sizeof(float);
+    for (int64_t m = 0; m < M; ++m) std::memcpy(base + m * pitch, x + m * x_stride, static_cast<size_t>(K) * 4);
+    job.x = base;
+    job.x_stride = pitch;
+  }
+}
+
 void matmul(ThreadPool* pool, const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride,
             int64_t y_stride) {
   if (M <= 0 || w.out <= 0) return;
   check_supported(w, "matmul");
   const matmul_kernels::Weight kw = kernel_weight(w);
   matmul_kernels::Job job;
-  job.x = x;
   job.M = M;
-  job.x_stride = x_stride < 0 ? w.in : x_stride;
-  // Decode-sized calls read every x row once per weight row group: rows that straddle cache lines (a
-  // std::vector is only 16-byte aligned) cost a split load each time, so such x is copied to 64-byte
-  // aligned rows first (the values, hence the results, are the same).
-  if (M > 1 && M <= 16 &&
-      (reinterpret_cast<uintptr_t>(x) % 64 != 0 || (job.x_stride * sizeof(float)) % 64 != 0)) {
-    thread_local std::vector<float> xbuf;
-    const int64_t pitch = (w.in + 15) / 16 * 16;
-    xbuf.resize(static_cast<size_t>(M * pitch + 16));
-    float* base = xbuf.data() + ((64 - reinterpret_cast<uintptr_t>(xbuf.data()) % 64) % 64) / sizeof(float);
-    for (int64_t m = 0; m < M; ++m) std::memcpy(base + m * pitch, x + m * job.x_stride, static_cast<size_t>(w.in) * 4);
-    job.x = base;
-    job.x_stride = pitch;
-  }
+  aligned_x(job, x, M, w.in, x_stride < 0 ? w.in : x_stride);
   job.y = y;
   job.y_stride = y_stride < 0 ? w.out : y_stride;
   job.w = &kw;
@@ -168,6 +173,43 @@ void matmul(ThreadPool* pool, const float* x, int64_t M, const Linear& w, float*
     part.n0 = n0;
     part.n1 = n1;
     matmul_kernels::matmul_cols(part);
+  });
+}
+
+void matmul_many(ThreadPool* pool, const float* x, int64_t M, const MatmulOut* outs, int64_t n_outs,
+                 int64_t x_stride) {
+  if (M <= 0 || n_outs <= 0) return;
+  constexpr int64_t kMaxOuts = 16;
+  if (n_outs > kMaxOuts) throw Error("matmul_many: more than 16 outputs");
+  const int64_t K = outs[0].w->in;
+  matmul_kernels::Weight kws[kMaxOuts];
+  int64_t first[kMaxOuts + 1] = {0};  // rows of the concatenation before output i
+  for (int64_t i = 0; i < n_outs; ++i) {
+    const Linear& w = *outs[i].w;
+    if (w.in != K) throw Error("matmul_many: weights of different input widths");
+    check_supported(w, "matmul_many");
+    kws[i] = kernel_weight(w);
+    first[i + 1] = first[i] + w.out;
+  }
+  const int64_t total = first[n_outs];
+  if (total <= 0) return;
+  matmul_kernels::Job base;
+  base.M = M;
+  aligned_x(base, x, M, K, x_stride < 0 ? K : x_stride);
+  ThreadPool* use = M * total * K < (int64_t(1) << 20) ? nullptr : pool;
+  // Chunk [n0, n1) of the concatenated rows: the piece of every output it overlaps.
+  parallel_for(use, total, kRowBlock, [&](int64_t n0, int64_t n1, int) {
+    for (int64_t i = 0; i < n_outs; ++i) {
+      const int64_t a = std::max(n0, first[i]), b = std::min(n1, first[i + 1]);
+      if (a >= b) continue;
+      matmul_kernels::Job part = base;
+      part.w = &kws[i];
+      part.y = outs[i].y;
+      part.y_stride = outs[i].y_stride < 0 ? outs[i].w->out : outs[i].y_stride;
+      part.n0 = a - first[i];
+      part.n1 = b - first[i];
+      matmul_kernels::matmul_cols(part);
+    }
   });
 }
 

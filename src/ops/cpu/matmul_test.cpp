@@ -266,6 +266,42 @@ TEST(Matmul, RowZeroBitIdenticalAcrossBatchSizes) {
   }
 }
 
+// Several weights over one x in one pass: every output bit-identical to its own ops::matmul.
+TEST(Matmul, ManyEqualsSeparateCalls) {
+  ThreadPool pool3(3);
+  auto a = make_weight(DType::F8_E4M3, 200, 300, 31, true, DType::F32, 128);
+  auto b = make_weight(DType::BF16, 40, 300, 32);
+  auto c = make_weight(DType::F8_E4M3, 130, 300, 33, false, DType::F8_E8M0, 128);
+  const TestWeight* ws[] = {a.get(), b.get(), c.get()};
+  for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool3}) {
+    for (int64_t M : {1, 5, 33}) {
+      const auto x = random_vec(static_cast<size_t>(M * 300), 34);
+      std::vector<float> sep[3], many[3];
+      ops::MatmulOut outs[3];
+      for (int i = 0; i < 3; ++i) {
+        const int64_t N = ws[i]->lin.out;
+        sep[i].assign(static_cast<size_t>(M * N), 0.0f);
+        many[i].assign(static_cast<size_t>(M * (N + 3)), -1.0f);
+        ops::matmul(nullptr, x.data(), M, ws[i]->lin, sep[i].data());
+        outs[i] = {&ws[i]->lin, many[i].data(), N + 3};
+      }
+      ops::matmul_many(p, x.data(), M, outs, 3);
+      for (int i = 0; i < 3; ++i) {
+        const int64_t N = ws[i]->lin.out;
+        for (int64_t m = 0; m < M; ++m) {
+          ASSERT_EQ(0, std::memcmp(many[i].data() + m * (N + 3), sep[i].data() + m * N, static_cast<size_t>(N) * 4))
+              << "output " << i << " M=" << M << " row " << m;
+          for (int64_t n = N; n < N + 3; ++n) ASSERT_EQ(many[i][m * (N + 3) + n], -1.0f) << "wrote past the row";
+        }
+      }
+    }
+  }
+  auto narrow = make_weight(DType::F32, 8, 100, 35);
+  ops::MatmulOut bad[2] = {{&a->lin, nullptr}, {&narrow->lin, nullptr}};
+  std::vector<float> x(300);
+  EXPECT_THROW(ops::matmul_many(nullptr, x.data(), 1, bad, 2), Error);
+}
+
 TEST(Matmul, Strides) {
   ThreadPool pool(3);
   auto t = make_weight(DType::BF16, 64, 100, 3, true);
