@@ -557,34 +557,34 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
     if (F.has_shared)
       parts[np++] = {&F.gate_proj, &F.up_proj, &F.down_proj, x, S, F.gate_proj.out, 0.0f, ws_.moe_act.data() + off,
                      shared_out};
-    const int64_t C = (threads + np - 1) / np;  // column chunks per matrix
-    auto cols = [&](int64_t width, int64_t chunk) {  // chunk of C over [0, width), in blocks of 16 columns
-      const int64_t blocks = (width + 15) / 16;
-      const auto [b0, b1] =
-          ThreadPool::chunk_range(blocks, static_cast<int>(std::min(C, blocks)), static_cast<int>(chunk));
-      return std::pair<int64_t, int64_t>{std::min(width, b0 * 16), std::min(width, b1 * 16)};
+    // Each phase splits the concatenation of all parts' output columns evenly over the threads (grain 16):
+    // phase 1 the gate/up columns [0, I) of every part, phase 2 the down columns [0, H).
+    auto phase = [&](auto width_of, auto run) {
+      int64_t total = 0;
+      for (int64_t p = 0; p < np; ++p) total += width_of(parts[p]);
+      parallel_for(pool_, total, 16, [&](int64_t n0, int64_t n1, int) {
+        int64_t base = 0;
+        for (int64_t p = 0; p < np; ++p) {
+          const int64_t w = width_of(parts[p]);
+          const int64_t c0 = std::max(n0, base) - base, c1 = std::min(n1, base + w) - base;
+          if (c0 < c1) run(parts[p], c0, c1);
+          base += w;
+        }
+      });
     };
-    parallel_for(pool_, np * C, 1, [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t) {
-        const Part& q = parts[t / C];
-        if (t % C >= std::min<int64_t>(C, (q.I + 15) / 16)) continue;
-        const auto [c0, c1] = cols(q.I, t % C);
-        float* g = q.act;
-        float* u = q.act + q.rows * q.I;
-        ops::matmul(nullptr, q.in, q.rows, q.g->rows(c0, c1 - c0), g + c0, H, q.I);
-        ops::matmul(nullptr, q.in, q.rows, q.u->rows(c0, c1 - c0), u + c0, H, q.I);
-        for (int64_t r = 0; r < q.rows; ++r)
-          ops::swiglu(g + r * q.I + c0, u + r * q.I + c0, c1 - c0, q.limit, g + r * q.I + c0);
-      }
-    });
-    parallel_for(pool_, np * C, 1, [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t) {
-        const Part& q = parts[t / C];
-        if (t % C >= std::min<int64_t>(C, (H + 15) / 16)) continue;
-        const auto [h0, h1] = cols(H, t % C);
-        ops::matmul(nullptr, q.act, q.rows, q.d->rows(h0, h1 - h0), q.dst + h0, q.I, H);
-      }
-    });
+    phase([](const Part& q) { return q.I; },
+          [&](const Part& q, int64_t c0, int64_t c1) {
+            float* g = q.act;
+            float* u = q.act + q.rows * q.I;
+            ops::matmul(nullptr, q.in, q.rows, q.g->rows(c0, c1 - c0), g + c0, H, q.I);
+            ops::matmul(nullptr, q.in, q.rows, q.u->rows(c0, c1 - c0), u + c0, H, q.I);
+            for (int64_t r = 0; r < q.rows; ++r)
+              ops::swiglu(g + r * q.I + c0, u + r * q.I + c0, c1 - c0, q.limit, g + r * q.I + c0);
+          });
+    phase([&](const Part&) { return H; },
+          [&](const Part& q, int64_t h0, int64_t h1) {
+            ops::matmul(nullptr, q.act, q.rows, q.d->rows(h0, h1 - h0), q.dst + h0, q.I, H);
+          });
   } else if (parallel) {
     parallel_for(pool_, njobs, 1, [&](int64_t j0, int64_t j1, int tid) {
       for (int64_t j = j0; j < j1; ++j) run_expert(j, tid);
