@@ -146,35 +146,9 @@ struct DecF16 {
 // for |s| < 2^120; larger scales take the table route), so the product is e4m3(v) · s rounded once, as
 // the scalar table gives.
 constexpr float kFp8ScaleBias = 256.0f;
-struct DecFP8 {
-  using T = int8_t;
-  static constexpr bool kScaled = true;
-  static HWY_INLINE VF Load(DF d, const T* p, VF scale) {
-    const hn::Rebind<int8_t, DF> d8;
-    const hn::Rebind<int16_t, DF> d16;
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    auto h = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, p)));
-    h = hn::And(h, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
-    return hn::Mul(hn::PromoteTo(d, hn::BitCast(dh, h)), scale);
-  }
-#if HWY_TARGET != HWY_SCALAR
-  // Two vectors (elements [0, N) and [N, 2N)) from one double-width integer stage.
-  static HWY_INLINE void Load2(DF d, const T* p, VF scale, VF& lo, VF& hi) {
-    const hn::Repartition<int16_t, DF> d16;  // 2N lanes
-    const hn::Rebind<int8_t, decltype(d16)> d8;
-    const hn::Repartition<hwy::float16_t, DF> dh2;
-    const hn::Rebind<hwy::float16_t, DF> dh;
-    auto h = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, p)));
-    h = hn::And(h, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
-    const auto hf = hn::BitCast(dh2, h);
-    lo = hn::Mul(hn::PromoteTo(d, hn::LowerHalf(dh, hf)), scale);
-    hi = hn::Mul(hn::PromoteTo(d, hn::UpperHalf(dh, hf)), scale);
-  }
-#endif
-};
 
-// FP8 e4m3 unscaled, for matmuls whose activations carry the block scale (Fp8PrescaledCols): the same
-// f16 route without the multiply, so the decoded value is e4m3(v) · 2^-8 exactly.
+// Unscaled: e4m3(v) · 2^-8 exactly. Matmuls take this route with the block scale carried by the
+// activations (Fp8PrescaledCols). DecFP8 below multiplies by 256 · s: the e4m3 · s values of dequant_row.
 struct DecFP8Raw {
   using T = int8_t;
   static constexpr bool kScaled = false;
@@ -187,6 +161,7 @@ struct DecFP8Raw {
     return hn::PromoteTo(d, hn::BitCast(dh, h));
   }
 #if HWY_TARGET != HWY_SCALAR
+  // Two vectors (elements [0, N) and [N, 2N)) from one double-width integer stage.
   static HWY_INLINE void Load2(DF d, const T* p, VF, VF& lo, VF& hi) {
     const hn::Repartition<int16_t, DF> d16;  // 2N lanes
     const hn::Rebind<int8_t, decltype(d16)> d8;
@@ -197,6 +172,20 @@ struct DecFP8Raw {
     const auto hf = hn::BitCast(dh2, h);
     lo = hn::PromoteTo(d, hn::LowerHalf(dh, hf));
     hi = hn::PromoteTo(d, hn::UpperHalf(dh, hf));
+  }
+#endif
+};
+
+// Scaled: e4m3(v) · s rounded once (the caller's scale vector holds 256 · s).
+struct DecFP8 {
+  using T = int8_t;
+  static constexpr bool kScaled = true;
+  static HWY_INLINE VF Load(DF d, const T* p, VF scale) { return hn::Mul(DecFP8Raw::Load(d, p, scale), scale); }
+#if HWY_TARGET != HWY_SCALAR
+  static HWY_INLINE void Load2(DF d, const T* p, VF scale, VF& lo, VF& hi) {
+    DecFP8Raw::Load2(d, p, scale, lo, hi);
+    lo = hn::Mul(lo, scale);
+    hi = hn::Mul(hi, scale);
   }
 #endif
 };
