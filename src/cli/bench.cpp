@@ -15,6 +15,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/profile.h"
 #include "core/threadpool.h"
 #include "io/tokenizer.h"
 #include "models/hy_v4.h"
@@ -270,6 +271,7 @@ DecodeResult time_decode(HYV4Model& m, const std::vector<int32_t>& prompt, int n
   m.forward(prompt.data(), prompt.size(), cache, logits.data(), nullptr, false);
   int32_t t = Sampler::argmax(logits.data(), V);
   m.forward(&t, 1, cache, logits.data(), nullptr, false);  // warm-up step
+  profile::clear();
   const double t0 = now_s();
   for (int i = 0; i < n; ++i) {
     t = Sampler::argmax(logits.data(), V);
@@ -383,6 +385,10 @@ int run_bench(int argc, char** argv) {
   out["bandwidth_fraction"] = decode_gbps / bw;
   log("decode: %.2f tokens/s, %.1f MB read per token, %.2f GB/s = %.1f%% of read bandwidth\n", base.tokens_per_s,
       bytes_per_token / 1e6, decode_gbps, 100 * decode_gbps / bw);
+  if (profile::enabled()) {
+    log("  (%.3f ms per decode token)\n", base.seconds_per_token * 1e3);
+    profile::report(stderr, "token", n_tokens);
+  }
 
   nlohmann::json vc;
   const double t1 = time_step(m, prompt, 1, 9);

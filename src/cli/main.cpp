@@ -12,6 +12,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/profile.h"
 #include "core/threadpool.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
@@ -108,6 +109,8 @@ void print_stats(const SpecStats& s, bool speculated) {
   std::fprintf(stderr, "generated %lld tokens: prefill %lld tokens %.3f s, decode %.1f tokens/s, %lld target forwards\n",
                (long long)s.num_generated, (long long)s.prompt_tokens, s.prefill_seconds, s.tokens_per_second(),
                (long long)s.target_forwards);
+  // NEXTN_PROFILE=1: forward time by section, prefill included
+  if (profile::enabled()) profile::report(stderr, "generated token", double(s.num_generated));
   if (!speculated) return;
   std::fprintf(stderr, "speculation: %lld drafts, %lld draft tokens, %lld accepted, mean acceptance length %.3f\n",
                (long long)s.num_drafts, (long long)s.num_draft_tokens, (long long)s.num_accepted_tokens,

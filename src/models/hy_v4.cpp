@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/profile.h"
 #include "core/threadpool.h"
 
 #include <unistd.h>
@@ -156,6 +157,7 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
 
 // streams [S, C, H] -> x [S, H] (weighted by the pre gates); post gates -> post_gates [S, C]
 void HYV4Model::hyper_pre(const HyperConnectionWeights& hc, int64_t S) {
+  const profile::Scope prof(profile::kHyperConnections);
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
   const float eps = static_cast<float>(cfg_.rms_norm_eps), hc_eps = static_cast<float>(cfg_.hc_eps);
   const float mag = static_cast<float>(cfg_.hc_magnitude);
@@ -177,6 +179,7 @@ void HYV4Model::hyper_pre(const HyperConnectionWeights& hc, int64_t S) {
 
 // streams[s, j] += post[s, j] * y[s]
 void HYV4Model::hyper_post(int64_t S) {
+  const profile::Scope prof(profile::kHyperConnections);
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
   for (int64_t s = 0; s < S; ++s) {
     float* X = ws_.streams.data() + s * C * H;
@@ -200,6 +203,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   const float af = static_cast<float>(c.rope.attention_factor);
   const float* xn = ws_.xn.data();
 
+  profile::Sections prof(profile::kProjections);
   // The projections of xn, and then those of the normed q_resid, each in one pass over the pool.
   const bool run_indexer = !forced && a.has_indexer;
   {
@@ -232,6 +236,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     ops::rope_rotate_half(kr, rope, cosv, sinv);
   }
 
+  prof.next(profile::kIndexer);
   // DSA indexer: top-k key positions per query row (ascending), or reuse the previous full layer's.
   const int64_t K = std::max<int64_t>(c.index_topk, 1);
   if (forced) {
@@ -312,6 +317,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     }
   }
 
+  prof.next(profile::kAttention);
   // Sparse MLA over the cached latents, absorbed: q·(W_kb c) = (W_kbᵀ q)·c and out = W_vb (Σ p c), with
   // kv_b_proj used as stored (bf16 / FP8 rows decoded by the kernels, never copied). Per query row the
   // selected latents C [nsel, kvl] and rope keys R [nsel, rope] are gathered once; per head:
@@ -434,6 +440,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       }
     });
   }
+  prof.next(profile::kOutput);
   ops::matmul(pool_, ws_.attn.data(), S, a.o_proj, ws_.y.data());  // [S, H]
 }
 
@@ -451,9 +458,11 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
     ops::matmul(pool_, ws_.ffn_a.data(), rows, d, dst);
   };
   if (!F.sparse) {
+    const profile::Scope prof(profile::kDenseMlp);
     mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, out);
     return;
   }
+  profile::Sections prof(profile::kRouter);
   // Router: sigmoid scores; the correction bias steers selection only; group-limited top-k.
   const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, G = c.n_group, per = E / G;
   ops::matmul(pool_, x, S, F.router, ws_.router.data());  // [S, E]
@@ -513,6 +522,7 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
         }
     if (n > first) ws_.expert_jobs[njobs++] = {static_cast<int32_t>(e), first, n - first};
   }
+  prof.next(profile::kExperts);
   const int threads = pool_ ? pool_->size() : 1;
   const int64_t I = c.moe_intermediate_size;
   auto run_expert = [&](int64_t j, int tid) {
@@ -611,6 +621,7 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
 }
 
 void HYV4Model::lm_head(const float* hidden, int64_t rows, float* logits) {
+  const profile::Scope prof(profile::kLmHead);
   ops::matmul(pool_, hidden, rows, w_.lm_head, logits);
 }
 

@@ -1,0 +1,73 @@
+// Where a forward pass spends its wall time, by section (NEXTN_PROFILE=1 in the environment): a scope
+// adds its duration to its section's total; `nextn bench` and `nextn generate` print the totals at the
+// end. When the variable is unset a scope costs one predictable branch.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+
+namespace nextn::profile {
+
+enum Section : int {
+  kHyperConnections,  // iHC pre/post mixing and norms around the sublayers
+  kProjections,       // attention input projections (q, kv, gate, indexer q/k/weights), norms, RoPE
+  kIndexer,           // DSA indexer scores and top-k selection
+  kAttention,         // sparse MLA over the selected latents (absorbed), incl. kv_b
+  kOutput,            // o_proj
+  kRouter,            // MoE router and token grouping
+  kExperts,           // routed + shared experts, combine
+  kDenseMlp,          // dense MLP layers
+  kLmHead,            // lm_head
+  kSectionCount
+};
+
+bool enabled();
+void add(Section s, double seconds);
+// Prints one line per section (total ms, share, per `per` units of work, e.g. tokens) to f; clears.
+void report(std::FILE* f, const char* unit, double per);
+void clear();
+
+class Scope {
+ public:
+  explicit Scope(Section s) : s_(s), on_(enabled()) {
+    if (on_) t0_ = std::chrono::steady_clock::now();
+  }
+  ~Scope() {
+    if (on_) add(s_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+  }
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+
+ private:
+  Section s_;
+  bool on_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+// A run of consecutive sections: next() closes the current one and opens another.
+class Sections {
+ public:
+  explicit Sections(Section first) : s_(first), on_(enabled()) {
+    if (on_) t0_ = std::chrono::steady_clock::now();
+  }
+  void next(Section s) {
+    if (on_) {
+      const auto t = std::chrono::steady_clock::now();
+      add(s_, std::chrono::duration<double>(t - t0_).count());
+      t0_ = t;
+    }
+    s_ = s;
+  }
+  ~Sections() {
+    if (on_) add(s_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+  }
+  Sections(const Sections&) = delete;
+  Sections& operator=(const Sections&) = delete;
+
+ private:
+  Section s_;
+  bool on_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+}  // namespace nextn::profile
