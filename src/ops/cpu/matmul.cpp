@@ -96,6 +96,11 @@ matmul_kernels::Weight kernel_weight(const Linear& w, int64_t r0 = 0, int64_t n 
 
 constexpr int64_t kRowBlock = 16;  // thread grain: output columns per chunk at least
 
+// Whether a product is worth a hand-off to the pool (~1 us while workers spin, tens of microseconds once
+// they sleep): at least ~1M multiply-adds. (Splitting the hyper-connection mixers' few long f32 rows by
+// bytes instead was measured slower on 16 cores.)
+bool worth_threads(int64_t M, int64_t rows, int64_t K) { return M * rows * K >= (int64_t(1) << 20); }
+
 }  // namespace
 
 Linear Linear::rows(int64_t r0, int64_t n) const {
@@ -163,10 +168,9 @@ void matmul(ThreadPool* pool, const float* x, int64_t M, const Linear& w, float*
   job.y = y;
   job.y_stride = y_stride < 0 ? w.out : y_stride;
   job.w = &kw;
-  // A hand-off to the pool costs tens of microseconds: below ~1M multiply-adds a call runs on the caller alone.
-  // (Which thread computes an output never changes its value: results stay batch invariant.)
-  const int64_t work = M * w.out * w.in;
-  ThreadPool* use = work < (int64_t(1) << 20) ? nullptr : pool;
+  // Small products run on the caller alone (worth_threads). Which thread computes an output never changes
+  // its value: results stay batch invariant.
+  ThreadPool* use = worth_threads(M, w.out, w.in) ? pool : nullptr;
   // Captures one pointer, so std::function stores it inline (no allocation).
   parallel_for(use, w.out, kRowBlock, [j = &job](int64_t n0, int64_t n1, int) {
     matmul_kernels::Job part = *j;
@@ -196,7 +200,7 @@ void matmul_many(ThreadPool* pool, const float* x, int64_t M, const MatmulOut* o
   matmul_kernels::Job base;
   base.M = M;
   aligned_x(base, x, M, K, x_stride < 0 ? K : x_stride);
-  ThreadPool* use = M * total * K < (int64_t(1) << 20) ? nullptr : pool;
+  ThreadPool* use = worth_threads(M, total, K) ? pool : nullptr;
   // Chunk [n0, n1) of the concatenated rows: the piece of every output it overlaps.
   parallel_for(use, total, kRowBlock, [&](int64_t n0, int64_t n1, int) {
     for (int64_t i = 0; i < n_outs; ++i) {

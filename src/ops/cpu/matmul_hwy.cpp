@@ -705,18 +705,50 @@ void DequantRow(const Weight* w, int64_t r, float* out) {
   }
 }
 
-void MatmulTransposed(const float* x, const Weight* w, float* y) {
+// y[k] += Σ_r x[r] · w[r][k], r ascending for every k (the same chains as one row-by-row axpy). y is
+// kept in registers over blocks of kTransBlock vectors while the rows stream past (decoded per block),
+// instead of being read and written once per row.
+constexpr int64_t kTransBlock = 8;
+template <class Dec>
+void TransposedFor(const float* x, const Weight& w, float* y) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t K = w->K;
-  static thread_local Scratch row_buf;
-  float* row = row_buf.get(static_cast<size_t>(K + N));
-  for (int64_t r = 0; r < w->N; ++r) {
-    DequantRow(w, r, row);
-    const VF xv = hn::Set(d, x[r]);
-    int64_t k = 0;
-    for (; k + N <= K; k += N) hn::StoreU(Fma(d, xv, hn::LoadU(d, row + k), hn::LoadU(d, y + k)), d, y + k);
-    for (; k < K; ++k) y[k] = std::fma(x[r], row[k], y[k]);
+  const int64_t K = w.K, Kfull = K - K % N;
+  HWY_ALIGN float buf[kTransBlock * kMaxLanes];
+  auto decode = [&](int64_t r, int64_t k0, int64_t k1) {
+    if (w.fp8_table)
+      DecodeRangeTable(d, w, r, k0, k1, buf);
+    else
+      DecodeRange<Dec>(d, w, r, k0, k1, buf);
+  };
+  for (int64_t k0 = 0; k0 < Kfull; k0 += kTransBlock * N) {
+    const int64_t k1 = std::min(Kfull, k0 + kTransBlock * N), nv = (k1 - k0) / N;
+    VF acc[kTransBlock];
+    for (int64_t j = 0; j < nv; ++j) acc[j] = hn::LoadU(d, y + k0 + j * N);
+    for (int64_t r = 0; r < w.N; ++r) {
+      decode(r, k0, k1);
+      const VF xv = hn::Set(d, x[r]);
+      for (int64_t j = 0; j < nv; ++j) acc[j] = Fma(d, xv, hn::Load(d, buf + j * N), acc[j]);
+    }
+    for (int64_t j = 0; j < nv; ++j) hn::StoreU(acc[j], d, y + k0 + j * N);
+  }
+  if (Kfull < K)
+    for (int64_t r = 0; r < w.N; ++r) {
+      decode(r, Kfull, K);
+      for (int64_t k = Kfull; k < K; ++k) y[k] = std::fma(x[r], buf[k - Kfull], y[k]);
+    }
+}
+
+void MatmulTransposed(const float* x, const Weight* w, float* y) {
+  switch (w->dtype) {
+    case DType::F32:
+      return TransposedFor<DecF32>(x, *w, y);
+    case DType::BF16:
+      return TransposedFor<DecBF16>(x, *w, y);
+    case DType::F16:
+      return TransposedFor<DecF16>(x, *w, y);
+    default:
+      return TransposedFor<DecFP8>(x, *w, y);
   }
 }
 
