@@ -385,10 +385,12 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   const int64_t row_work = nh * ((nope + vd) * kvl + Kmax * (2 * kvl + rope));  // multiply-adds per row
   const int threads = pool_ ? pool_->size() : 1;
   if (threads > 1 && S < 2 * threads && S <= kHeadParallelRows && S * row_work >= min_parallel_work_) {
-    // Gathers: rows x chunks of their selected keys.
+    // Gathers: rows x chunks of their selected keys (on this thread when the copy is small).
     float* gbase = ws_.att_gather.data();  // [S, Kmax, kvl + rope]
-    const int64_t G = std::max<int64_t>(1, threads / S);
-    parallel_for(pool_, S * G, 1, [&](int64_t t0, int64_t t1, int) {
+    int64_t copy = 0;
+    for (int64_t s = 0; s < S; ++s) copy += ws_.topk_count[s] * (kvl + rope);
+    const int64_t G = copy >= (int64_t(1) << 17) ? std::max<int64_t>(1, threads / S) : 1;
+    parallel_for(G > 1 ? pool_ : nullptr, S * G, 1, [&](int64_t t0, int64_t t1, int) {
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t s = t / G, g = t % G, nsel = ws_.topk_count[s];
         float* csel = gbase + s * Kmax * (kvl + rope);
