@@ -30,10 +30,9 @@ ThreadPool::ThreadPool(int n_threads) {
 }
 
 ThreadPool::~ThreadPool() {
+  stop_.store(true, std::memory_order_seq_cst);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-    generation_.fetch_add(1, std::memory_order_release);
   }
   start_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
@@ -53,14 +52,14 @@ std::pair<int64_t, int64_t> ThreadPool::chunk_range(int64_t n, int chunks, int i
   return {begin, end};
 }
 
-void ThreadPool::run_chunk(int index) {
-  const auto [begin, end] = chunk_range(n_, chunks_, index);
+void ThreadPool::run_chunk(const Fn& fn, int64_t n, int chunks, int index) {
+  const auto [begin, end] = chunk_range(n, chunks, index);
   const ThreadPool* saved_pool = tl_pool;
   const int saved_index = tl_index;
   tl_pool = this;
   tl_index = index;
   try {
-    (*fn_)(begin, end, index);
+    fn(begin, end, index);
   } catch (...) {
     std::lock_guard<std::mutex> lock(error_mu_);
     if (!error_) error_ = std::current_exception();
@@ -69,25 +68,43 @@ void ThreadPool::run_chunk(int index) {
   tl_index = saved_index;
 }
 
+uint64_t ThreadPool::wait_for_job(uint64_t seen) {
+  auto ready = [&]() -> uint64_t {
+    const uint64_t s = seq_.load(std::memory_order_seq_cst);
+    return s != seen && (s & 1) == 0 ? s : 0;
+  };
+  for (int spin = 0; spin < kSpinIterations; ++spin) {
+    if (const uint64_t s = ready()) return s;
+    if (stop_.load(std::memory_order_relaxed)) return 0;
+    cpu_relax();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  sleepers_.fetch_add(1, std::memory_order_seq_cst);
+  uint64_t s = 0;
+  while ((s = ready()) == 0 && !stop_.load(std::memory_order_seq_cst)) start_cv_.wait(lock);
+  sleepers_.fetch_sub(1, std::memory_order_relaxed);
+  return stop_.load(std::memory_order_relaxed) ? 0 : s;
+}
+
 void ThreadPool::worker_main(int index) {
   uint64_t seen = 0;
   for (;;) {
-    // Wait for a new generation: spin briefly, then block.
-    for (int spin = 0; generation_.load(std::memory_order_acquire) == seen && spin < kSpinIterations; ++spin)
-      cpu_relax();
+    const Fn* fn;
+    int64_t n;
     int chunks;
-    {
-      // Snapshot the generation together with its job: a worker not needed by job G may wake late, after
-      // the caller has already moved on to job G + 1, and must then see G + 1's chunk count, not G's.
-      std::unique_lock<std::mutex> lock(mu_);
-      start_cv_.wait(lock, [&] { return generation_.load(std::memory_order_relaxed) != seen || stop_; });
-      if (stop_) return;
-      seen = generation_.load(std::memory_order_relaxed);
-      chunks = chunks_;
+    for (;;) {
+      const uint64_t s = wait_for_job(seen);
+      if (s == 0) return;  // stopping
+      fn = fn_.load(std::memory_order_relaxed);
+      n = n_.load(std::memory_order_relaxed);
+      chunks = chunks_.load(std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      seen = s;
+      if (seq_.load(std::memory_order_relaxed) == s) break;  // a consistent snapshot of job s
     }
     if (index >= chunks) continue;  // this job has fewer chunks than threads
-    run_chunk(index);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    run_chunk(*fn, n, chunks, index);
+    if (pending_.fetch_sub(1, std::memory_order_seq_cst) == 1 && caller_sleeping_.load(std::memory_order_seq_cst)) {
       std::lock_guard<std::mutex> lock(mu_);
       done_cv_.notify_one();
     }
@@ -109,22 +126,31 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const Fn& fn) {
   std::lock_guard<std::mutex> call_lock(call_mu_);
   error_ = nullptr;
   pending_.store(chunks - 1, std::memory_order_relaxed);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    n_ = n;
-    chunks_ = chunks;
-    generation_.fetch_add(1, std::memory_order_release);
+  // Publish: odd while writing, even when complete (see seq_).
+  const uint64_t s = seq_.load(std::memory_order_relaxed);
+  seq_.store(s + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  fn_.store(&fn, std::memory_order_relaxed);
+  n_.store(n, std::memory_order_relaxed);
+  chunks_.store(chunks, std::memory_order_relaxed);
+  seq_.store(s + 2, std::memory_order_seq_cst);
+  if (sleepers_.load(std::memory_order_seq_cst) > 0) {
+    { std::lock_guard<std::mutex> lock(mu_); }  // a sleeper is either waiting already or sees seq_
+    start_cv_.notify_all();
   }
-  start_cv_.notify_all();
 
-  run_chunk(0);
+  run_chunk(fn, n, chunks, 0);
 
-  for (int spin = 0; pending_.load(std::memory_order_acquire) != 0 && spin < kSpinIterations; ++spin)
+  int spin = 0;
+  while (pending_.load(std::memory_order_acquire) != 0 && spin < kSpinIterations) {
     cpu_relax();
+    ++spin;
+  }
   if (pending_.load(std::memory_order_acquire) != 0) {
     std::unique_lock<std::mutex> lock(mu_);
-    done_cv_.wait(lock, [&] { return pending_.load(std::memory_order_acquire) == 0; });
+    caller_sleeping_.store(true, std::memory_order_seq_cst);
+    while (pending_.load(std::memory_order_seq_cst) != 0) done_cv_.wait(lock);
+    caller_sleeping_.store(false, std::memory_order_relaxed);
   }
 
   if (error_) {

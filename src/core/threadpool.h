@@ -44,24 +44,32 @@ class ThreadPool {
 
  private:
   void worker_main(int index);
-  void run_chunk(int index);
+  void run_chunk(const Fn& fn, int64_t n, int chunks, int index);
+  // The newest published job's sequence number (even, != seen), or 0 once the pool stops.
+  uint64_t wait_for_job(uint64_t seen);
 
   int n_threads_ = 1;
   std::vector<std::thread> workers_;
 
   std::mutex call_mu_;  // one parallel_for at a time
 
-  std::mutex mu_;
+  // The current job, published like a seqlock: seq_ is odd while the caller writes fn_/n_/chunks_ and
+  // even once they are complete. A worker that reads them between two equal even values of seq_ has a
+  // consistent job; one that started too late for a job (not needed by it) sees the next job instead.
+  alignas(64) std::atomic<uint64_t> seq_{0};
+  std::atomic<const Fn*> fn_{nullptr};
+  std::atomic<int64_t> n_{0};
+  std::atomic<int> chunks_{0};
+  alignas(64) std::atomic<int> pending_{0};  // worker chunks of the current job not yet finished
+
+  // Blocking, after spinning: workers wait on start_cv_, the caller on done_cv_. The counters say whether
+  // anybody sleeps, so that a hand-off to spinning threads takes no lock and no system call.
+  alignas(64) std::mutex mu_;
   std::condition_variable start_cv_;
   std::condition_variable done_cv_;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
-  bool stop_ = false;  // guarded by mu_
-
-  // The current job (written before generation_ is bumped, read by workers after they see the bump).
-  const Fn* fn_ = nullptr;
-  int64_t n_ = 0;
-  int chunks_ = 0;
+  std::atomic<int> sleepers_{0};
+  std::atomic<bool> caller_sleeping_{false};
+  std::atomic<bool> stop_{false};
 
   std::mutex error_mu_;
   std::exception_ptr error_;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <thread>
+#include <chrono>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -695,6 +697,25 @@ TEST(ThreadPool, NestedCallRunsInline) {
     pool.parallel_for(e - b, 1, [&](int64_t b2, int64_t e2, int) { count += e2 - b2; });
   });
   EXPECT_EQ(count.load(), 30);
+}
+
+// Publication and wake-up under stress: more threads than cores, jobs needing 2..8 of them (idle workers
+// wake late into newer jobs), and pauses long enough for the workers to fall asleep between some calls.
+TEST(ThreadPool, OversubscribedWithSleepsAndChangingWidths) {
+  ThreadPool pool(8);
+  std::vector<std::atomic<int64_t>> v(64);
+  int64_t expect = 0;
+  for (int it = 0; it < 4000; ++it) {
+    if (it % 97 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+    const int64_t n = 2 + it % 63, grain = 1 + it % 9;
+    pool.parallel_for(n, grain, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) v[static_cast<size_t>(i)].fetch_add(1, std::memory_order_relaxed);
+    });
+    expect += n;
+  }
+  int64_t total = 0;
+  for (auto& c : v) total += c.load();
+  EXPECT_EQ(total, expect);
 }
 
 TEST(ThreadPool, ManyBackToBackCalls) {
