@@ -295,8 +295,36 @@ void BM_Matmul(benchmark::State& state, DType dtype, int64_t n, int64_t k, bool 
   }
 }
 
+// Cost of one hand-off to the pool: an empty parallel_for over all threads, back to back (workers spinning)
+// or after `gap_us` of idleness on the calling thread (workers may have gone to sleep).
+void BM_ParallelForHandoff(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  const auto gap = std::chrono::microseconds(state.range(1));
+  ThreadPool pool(threads);
+  double total = 0.0;
+  for (auto _ : state) {
+    if (gap.count() > 0) {
+      state.PauseTiming();
+      const auto t0 = std::chrono::steady_clock::now();
+      while (std::chrono::steady_clock::now() - t0 < gap) {
+      }
+      state.ResumeTiming();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    pool.parallel_for(threads, 1, [](int64_t, int64_t, int) {});
+    total += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  }
+  state.counters["us_per_handoff"] = total / static_cast<double>(state.iterations());
+}
+
 void register_all() {
   const std::vector<int> threads = thread_counts();
+  for (int t : threads)
+    if (t > 1)
+      benchmark::RegisterBenchmark("BM_ParallelForHandoff", BM_ParallelForHandoff)
+          ->ArgsProduct({{t}, {0, 20, 100}})
+          ->ArgNames({"threads", "gap_us"})
+          ->Unit(benchmark::kMicrosecond);
   for (int t : threads)
     for (int streams : kStreamCounts)
       benchmark::RegisterBenchmark("BM_ReadBandwidth", BM_ReadBandwidth)
