@@ -96,10 +96,18 @@ matmul_kernels::Weight kernel_weight(const Linear& w, int64_t r0 = 0, int64_t n 
 
 constexpr int64_t kRowBlock = 16;  // thread grain: output columns per chunk at least
 
-// Whether a product is worth a hand-off to the pool (~1 us while workers spin, tens of microseconds once
-// they sleep): at least ~1M multiply-adds. (Splitting the hyper-connection mixers' few long f32 rows by
-// bytes instead was measured slower on 16 cores.)
-bool worth_threads(int64_t M, int64_t rows, int64_t K) { return M * rows * K >= (int64_t(1) << 20); }
+// Whether a product is worth a hand-off to the pool (0.6-4 us): at least ~1M multiply-adds, or a few (<= 64)
+// rows with at least 256 KB of weights (the f32 hyper-connection mixers and routers: memory-bound however
+// few their multiply-adds). Splitting more small products was measured slower on a 2-vCPU VM.
+bool worth_threads(int64_t M, int64_t rows, int64_t K, size_t weight_bytes) {
+  return M * rows * K >= (int64_t(1) << 20) || (rows <= 64 && weight_bytes >= (size_t(256) << 10));
+}
+
+// Thread grain in output columns: kRowBlock, or fewer for long rows (at least 32 KB of weights per chunk).
+int64_t row_grain(int64_t K, DType dtype) {
+  const int64_t row_bytes = std::max<int64_t>(1, K * static_cast<int64_t>(dtype_size(dtype)));
+  return std::clamp<int64_t>(((int64_t(32) << 10) + row_bytes - 1) / row_bytes, 1, kRowBlock);
+}
 
 }  // namespace
 
@@ -170,9 +178,9 @@ void matmul(ThreadPool* pool, const float* x, int64_t M, const Linear& w, float*
   job.w = &kw;
   // Small products run on the caller alone (worth_threads). Which thread computes an output never changes
   // its value: results stay batch invariant.
-  ThreadPool* use = worth_threads(M, w.out, w.in) ? pool : nullptr;
+  ThreadPool* use = worth_threads(M, w.out, w.in, w.weight_bytes()) ? pool : nullptr;
   // Captures one pointer, so std::function stores it inline (no allocation).
-  parallel_for(use, w.out, kRowBlock, [j = &job](int64_t n0, int64_t n1, int) {
+  parallel_for(use, w.out, row_grain(w.in, w.dtype), [j = &job](int64_t n0, int64_t n1, int) {
     matmul_kernels::Job part = *j;
     part.n0 = n0;
     part.n1 = n1;
@@ -200,7 +208,9 @@ void matmul_many(ThreadPool* pool, const float* x, int64_t M, const MatmulOut* o
   matmul_kernels::Job base;
   base.M = M;
   aligned_x(base, x, M, K, x_stride < 0 ? K : x_stride);
-  ThreadPool* use = worth_threads(M, total, K) ? pool : nullptr;
+  size_t bytes = 0;
+  for (int64_t i = 0; i < n_outs; ++i) bytes += outs[i].w->weight_bytes();
+  ThreadPool* use = worth_threads(M, total, K, bytes) ? pool : nullptr;
   // Chunk [n0, n1) of the concatenated rows: the piece of every output it overlaps.
   parallel_for(use, total, kRowBlock, [&](int64_t n0, int64_t n1, int) {
     for (int64_t i = 0; i < n_outs; ++i) {
