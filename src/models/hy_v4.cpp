@@ -142,6 +142,7 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
                                           c.moe_intermediate_size * std::max(1, c.n_shared_experts));
   w.moe_act.assign((S * c.num_experts_per_tok + S) * 2 * I_moe, 0);
   w.shared_out.assign(S * H, 0);
+  w.rope_cs.assign(std::max<int64_t>(c.qk_rope_head_dim, 2), 0);
   w.hidden.assign(S * H, 0);
   w.mtp_in.assign(S * 2 * H, 0);
   w.post_gates.assign(S * C, 0);  // post gates [S, C]
@@ -221,9 +222,8 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     ops::matmul_many(pool_, ws_.q_resid.data(), S, outs, run_indexer ? 2 : 1);
   }
 
-  std::vector<float> cs(2 * half);  // small, per call; TODO(P6): move into the workspace
-  float* cosv = cs.data();
-  float* sinv = cs.data() + half;
+  float* cosv = ws_.rope_cs.data();  // [half] cos, then [half] sin of one position
+  float* sinv = cosv + half;
   for (int64_t s = 0; s < S; ++s) {
     const int64_t pos = pos0 + s, slot = slot0 + s;
     ops::rope_tables(c.rope.inv_freq.data(), half, pos, af, cosv, sinv);

@@ -122,6 +122,7 @@ struct HYV4Workspace {
   std::vector<float> expert_scratch;        // [threads, 2, S, I] gate / up of one expert job
   std::vector<float> moe_act;               // [S*top_k + S, 2, I] gate / up per expert (column-split MoE)
   std::vector<float> shared_out;            // [S, H] shared expert output
+  std::vector<float> rope_cs;               // [rope/2] cos, [rope/2] sin of one position
   std::vector<float> hidden;                // [S, H] final hidden state
   std::vector<float> mtp_in;                // [S, 2H]
   std::vector<float> att_gather;            // [min(S, 16), index_topk, kv_lora + rope] selected keys per row
