@@ -287,6 +287,7 @@ double time_step(HYV4Model& m, const std::vector<int32_t>& prompt, int rows, int
   KVCache cache = m.new_cache(prompt.size() + rows + 1);
   std::vector<float> logits(int64_t(rows) * V);
   m.forward(prompt.data(), prompt.size(), cache, nullptr, nullptr);
+  profile::clear();  // (NEXTN_PROFILE: the steps only)
   std::vector<int32_t> toks(rows);
   std::mt19937 rng(rows);
   std::vector<double> times;
@@ -400,6 +401,14 @@ int run_bench(int argc, char** argv) {
   }
   log("\n");
   out["verify_cost"] = vc;
+  if (profile::enabled()) {  // what grows with the rows of a verification step
+    for (int rows : {1, 4}) {
+      profile::clear();
+      time_step(m, prompt, rows, 9);
+      log("  %d-row step:\n", rows);
+      profile::report(stderr, "step", 10);
+    }
+  }
 
   nlohmann::json specs = nlohmann::json::array();
   if (m.num_mtp_layers() > 0) {
