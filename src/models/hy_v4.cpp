@@ -453,8 +453,8 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
   auto mlp = [&](const Linear& g, const Linear& u, const Linear& d, float limit, const float* in, int64_t rows,
                  float* dst) {
     const int64_t I = g.out;
-    ops::matmul(pool_, in, rows, g, ws_.ffn_a.data());
-    ops::matmul(pool_, in, rows, u, ws_.ffn_b.data());
+    const ops::MatmulOut gu[2] = {{&g, ws_.ffn_a.data()}, {&u, ws_.ffn_b.data()}};
+    ops::matmul_many(pool_, in, rows, gu, 2);
     for (int64_t r = 0; r < rows; ++r)
       ops::swiglu(ws_.ffn_a.data() + r * I, ws_.ffn_b.data() + r * I, I, limit, ws_.ffn_a.data() + r * I);
     ops::matmul(pool_, ws_.ffn_a.data(), rows, d, dst);
@@ -532,8 +532,8 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
     float* a = ws_.expert_scratch.data() + int64_t(tid) * 2 * S * I;  // [rows, I] gate, then [rows, I] up
     float* u = a + S * I;
     const float* in = ws_.gathered.data() + job.first * H;
-    ops::matmul(nullptr, in, job.rows, F.expert_gate[job.expert], a);
-    ops::matmul(nullptr, in, job.rows, F.expert_up[job.expert], u);
+    const ops::MatmulOut gu[2] = {{&F.expert_gate[job.expert], a}, {&F.expert_up[job.expert], u}};
+    ops::matmul_many(nullptr, in, job.rows, gu, 2);
     for (int64_t r = 0; r < job.rows; ++r) ops::swiglu(a + r * I, u + r * I, I, limit, a + r * I);
     ops::matmul(nullptr, a, job.rows, F.expert_down[job.expert], ws_.expert_out.data() + job.first * H);
   };
