@@ -5,6 +5,7 @@
 
 #include <malloc.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -82,6 +83,42 @@ TEST_F(Bundled, GreedyWithAndWithoutSpeculationMatchesTransformers) {
       EXPECT_GT(res.stats.mean_acceptance_length(), 1.2) << "the trained MTP layers should draft well";
     }
   }
+}
+
+// Every threaded path (column-split MoE over FP8 experts sliced inside their 128-row scale blocks,
+// attention over (row, head) pairs, key-split indexer), forced on this FP8 model, gives the default run's
+// bits for the target and for speculative greedy generation.
+TEST_F(Bundled, ThreadedPathsAreBitIdentical) {
+  testing::Reference ref(kRef);
+  auto ids = ref.ids("input_ids");
+  auto greedy = ref.ids("greedy_ids");
+  const int64_t T = ids.size(), V = model_->config().vocab_size, N = std::min<int64_t>(greedy.size(), 6);
+  std::vector<int32_t> seq = ids;
+  seq.insert(seq.end(), greedy.begin(), greedy.begin() + N);
+  KVCache full_cache = model_->new_cache(T + N);
+  std::vector<float> full(int64_t(seq.size()) * V);
+  model_->forward(seq.data(), seq.size(), full_cache, full.data(), nullptr, true);
+
+  ThreadPool pool(4);  // 2 routed + 1 shared expert per token < 4 threads: the column-split MoE
+  HYV4Model m(kModel, &pool);
+  m.set_min_parallel_work(0);
+  KVCache cache = m.new_cache(T + N);
+  std::vector<float> out(T * V);
+  m.forward(ids.data(), T, cache, out.data(), nullptr, true);
+  EXPECT_EQ(0, std::memcmp(out.data(), full.data(), T * V * sizeof(float))) << "prefill";
+  for (int64_t i = 0; i < N;) {
+    const int64_t n = i == 1 ? std::min<int64_t>(4, N - i) : 1;
+    m.forward(&greedy[i], n, cache, out.data(), nullptr, true);
+    for (int64_t r = 0; r < n; ++r)
+      ASSERT_EQ(0, std::memcmp(out.data() + r * V, full.data() + (T + i + r) * V, V * sizeof(float)))
+          << "position " << T + i + r;
+    i += n;
+  }
+  SamplingParams sp;
+  sp.max_tokens = static_cast<int>(greedy.size());
+  SpecOptions so;
+  so.enabled = true;
+  EXPECT_EQ(Generator(m).generate(ids, sp, so).ids, greedy);
 }
 
 // FP8 stays FP8: loading copies no large tensor (heap growth is the small fp32 vectors: norms, HC gates,
