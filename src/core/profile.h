@@ -1,5 +1,5 @@
-// Where a forward pass spends its wall time, by section (NEXTN_PROFILE=1 in the environment): a scope
-// adds its duration to its section's total; `nextn bench` and `nextn generate` print the totals at the
+// Where a forward pass spends its wall time, by section (NEXTN_PROFILE=1 in the environment): a timed
+// span adds its duration to its section's total; `nextn bench` and `nextn generate` print the totals at the
 // end. When the variable is unset a scope costs one predictable branch.
 #pragma once
 #include <chrono>
@@ -27,24 +27,8 @@ void add(Section s, double seconds);
 void report(std::FILE* f, const char* unit, double per);
 void clear();
 
-class Scope {
- public:
-  explicit Scope(Section s) : s_(s), on_(enabled()) {
-    if (on_) t0_ = std::chrono::steady_clock::now();
-  }
-  ~Scope() {
-    if (on_) add(s_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
-  }
-  Scope(const Scope&) = delete;
-  Scope& operator=(const Scope&) = delete;
-
- private:
-  Section s_;
-  bool on_;
-  std::chrono::steady_clock::time_point t0_;
-};
-
-// A run of consecutive sections: next() closes the current one and opens another.
+// Times consecutive sections until destroyed: next() closes the current one and opens another (a single
+// section is just a Sections that never calls next()).
 class Sections {
  public:
   explicit Sections(Section first) : s_(first), on_(enabled()) {

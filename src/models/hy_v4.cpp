@@ -158,7 +158,7 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
 
 // streams [S, C, H] -> x [S, H] (weighted by the pre gates); post gates -> post_gates [S, C]
 void HYV4Model::hyper_pre(const HyperConnectionWeights& hc, int64_t S) {
-  const profile::Scope prof(profile::kHyperConnections);
+  const profile::Sections prof(profile::kHyperConnections);
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
   const float eps = static_cast<float>(cfg_.rms_norm_eps), hc_eps = static_cast<float>(cfg_.hc_eps);
   const float mag = static_cast<float>(cfg_.hc_magnitude);
@@ -180,7 +180,7 @@ void HYV4Model::hyper_pre(const HyperConnectionWeights& hc, int64_t S) {
 
 // streams[s, j] += post[s, j] * y[s]
 void HYV4Model::hyper_post(int64_t S) {
-  const profile::Scope prof(profile::kHyperConnections);
+  const profile::Sections prof(profile::kHyperConnections);
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
   for (int64_t s = 0; s < S; ++s) {
     float* X = ws_.streams.data() + s * C * H;
@@ -460,7 +460,7 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
     ops::matmul(pool_, ws_.ffn_a.data(), rows, d, dst);
   };
   if (!F.sparse) {
-    const profile::Scope prof(profile::kDenseMlp);
+    const profile::Sections prof(profile::kDenseMlp);
     mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, out);
     return;
   }
@@ -623,7 +623,7 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
 }
 
 void HYV4Model::lm_head(const float* hidden, int64_t rows, float* logits) {
-  const profile::Scope prof(profile::kLmHead);
+  const profile::Sections prof(profile::kLmHead);
   ops::matmul(pool_, hidden, rows, w_.lm_head, logits);
 }
 
