@@ -1,6 +1,6 @@
 // Where a forward pass spends its wall time, by section (NEXTN_PROFILE=1 in the environment): a timed
 // span adds its duration to its section's total; `nextn bench` and `nextn generate` print the totals at the
-// end. When the variable is unset a scope costs one predictable branch.
+// end. When the variable is unset a span costs one predictable branch.
 #pragma once
 #include <chrono>
 #include <cstdint>
