@@ -8,6 +8,17 @@
 
 namespace nextn {
 
+// "[a, b, c]": shapes, block sizes and index lists in messages.
+template <class T>
+std::string list_string(const std::vector<T>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
 // A checkpoint tensor as it sits in the mapped file: never copied at load.
 struct TensorView {
   std::string name;
@@ -22,7 +33,7 @@ struct TensorView {
     return n;
   }
   int64_t dim(int i) const { return shape[i < 0 ? shape.size() + i : i]; }
-  std::string shape_str() const;
+  std::string shape_str() const { return list_string(shape); }
 };
 
 }  // namespace nextn

@@ -57,15 +57,6 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return r;
 }
 
-std::string index_list(const std::vector<int>& v) {
-  std::string r = "[";
-  for (size_t i = 0; i < v.size(); ++i) {
-    if (i) r += ", ";
-    r += std::to_string(v[i]);
-  }
-  return r + "]";
-}
-
 }  // namespace
 
 CheckpointInfo inspect_checkpoint(const std::string& dir) {
@@ -225,8 +216,8 @@ std::string checkpoint_info_text(const CheckpointInfo& info) {
       (c.is_sparse_mlp(i) ? sparse : dense).push_back(i);
       (c.has_own_indexer(i) ? full : shared).push_back(i);
     }
-    o << "layers:        dense MLP " << index_list(dense) << ", sparse MLP " << index_list(sparse) << "; full indexer "
-      << index_list(full) << ", shared indexer " << index_list(shared) << "\n";
+    o << "layers:        dense MLP " << list_string(dense) << ", sparse MLP " << list_string(sparse) << "; full indexer "
+      << list_string(full) << ", shared indexer " << list_string(shared) << "\n";
     if (c.quant.present) {
       std::string block;
       for (size_t i = 0; i < c.quant.weight_block_size.size(); ++i) {
@@ -243,7 +234,7 @@ std::string checkpoint_info_text(const CheckpointInfo& info) {
       o << "quantization:  none\n";
     }
     o << "MTP:           num_nextn_predict_layers " << c.num_nextn_predict_layers << "; layers found "
-      << index_list(r.mtp_layers_found) << " named " << r.mtp_naming << "\n";
+      << list_string(r.mtp_layers_found) << " named " << r.mtp_naming << "\n";
     o << "  " << info.quant.draft_resolution << "\n";
     o << "tensor names:  " << (r.name_forms.empty() ? "(plain)" : join(r.name_forms, " + ")) << "; experts "
       << r.expert_layout << "\n";

@@ -84,15 +84,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-std::string shape_string(const std::vector<int64_t>& s) {
-  std::string r = "[";
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (i) r += ", ";
-    r += std::to_string(s[i]);
-  }
-  return r + "]";
-}
-
 // "HEAD<digits>.REST" -> index and REST (false for anything else).
 bool split_indexed(const std::string& name, std::string_view head, int* index, std::string* rest) {
   if (!starts_with(name, head)) return false;
@@ -261,8 +252,8 @@ class Binder {
   // Shape and dtype of a tensor the model reads.
   bool check(const TensorView* t, const std::vector<int64_t>& shape, bool allow_fp8) {
     if (t->shape != shape) {
-      error("tensor '" + t->name + "' in " + store_.file_of(t->name) + ": expected shape " + shape_string(shape) +
-            ", found " + shape_string(t->shape));
+      error("tensor '" + t->name + "' in " + store_.file_of(t->name) + ": expected shape " + list_string(shape) +
+            ", found " + list_string(t->shape));
       return false;
     }
     const bool ok = t->dtype == DType::F32 || t->dtype == DType::BF16 || t->dtype == DType::F16 ||
@@ -569,9 +560,9 @@ class Binder {
     want.push_back(ceil_div(rows, q.block_out));
     want.push_back(ceil_div(cols, q.block_in));
     if (s->shape != want) {
-      error("scale tensor '" + s->name + "' of '" + t->name + "': expected shape " + shape_string(want) + " (block [" +
+      error("scale tensor '" + s->name + "' of '" + t->name + "': expected shape " + list_string(want) + " (block [" +
             std::to_string(q.block_out) + ", " + std::to_string(q.block_in) +
-            "] from quantization_config.weight_block_size), found " + shape_string(s->shape));
+            "] from quantization_config.weight_block_size), found " + list_string(s->shape));
       r.ok = false;
       return r;
     }
@@ -715,8 +706,6 @@ void load_attention(Binder& b, const HYV4Config& c, const std::string& p, bool o
   if (ix.wk.dtype == DType::F8_E4M3 && ix.wk.data && ix.wk.scale) ix.wk = dequantized(ix.wk, ix.wk_dequant);
 }
 
-std::string fmt_block(const std::vector<int64_t>& b) { return shape_string(b); }
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------------
@@ -742,7 +731,7 @@ QuantPlan resolve_quant_plan(const HYV4Config& c, LoadReport& r) {
     }
     if (qc.weight_block_size.size() != 2) {
       r.errors.push_back("config.json: quantization_config.weight_block_size must be [block_out, block_in], found " +
-                         fmt_block(qc.weight_block_size) + " (per-tensor FP8 is not supported)");
+                         list_string(qc.weight_block_size) + " (per-tensor FP8 is not supported)");
       ok = false;
     }
     const std::string act = lower(qc.activation_scheme);
@@ -760,7 +749,7 @@ QuantPlan resolve_quant_plan(const HYV4Config& c, LoadReport& r) {
       bb.block_in = qc.weight_block_size[1];
       bb.ue8m0 = lower(qc.scale_fmt) == "ue8m0";
       bb.ignored = qc.ignored_layers;
-      bb.source = "quantization_config (fp8, block " + fmt_block(qc.weight_block_size) + ")";
+      bb.source = "quantization_config (fp8, block " + list_string(qc.weight_block_size) + ")";
     }
   }
 
@@ -794,7 +783,7 @@ QuantPlan resolve_quant_plan(const HYV4Config& c, LoadReport& r) {
           if (v.is_string()) d.ignored.push_back(v.get<std::string>());
         break;
       }
-      d.source = "mtp_quant_algo FP8 (block " + fmt_block(qc.weight_block_size) + ")";
+      d.source = "mtp_quant_algo FP8 (block " + list_string(qc.weight_block_size) + ")";
     }
     plan.draft_resolution = "mtp_quant_algo FP8: the draft is block-wise FP8 built from quantization_config";
   } else {
