@@ -6,6 +6,7 @@
 // machine (and ISA target), whatever M, the tiling or the thread count. Threads split only the output
 // columns (weight rows), never a reduction.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -48,28 +49,12 @@ void check_supported(const Linear& w, const char* what) {
 // SIMD FP8 decoder pre-multiplies scales by 256, which must stay finite.
 bool has_huge_scale(const matmul_kernels::Weight& k, int64_t r0, int64_t n) {
   const int64_t first = (k.scale_row0 + r0) / k.block_out, last = (k.scale_row0 + r0 + n - 1) / k.block_out;
-  const int64_t i0 = first * k.scale_cols, i1 = (last + 1) * k.scale_cols;
-  unsigned bad = 0;
-  switch (k.scale_dtype) {
-    case DType::F32:
-      for (int64_t i = i0; i < i1; ++i) {
-        uint32_t b;
-        std::memcpy(&b, k.scale + i * 4, 4);
-        bad |= ((b >> 23) & 0xffu) - 247u < 8u;
-      }
-      break;
-    case DType::BF16:
-      for (int64_t i = i0; i < i1; ++i) {
-        uint16_t b;
-        std::memcpy(&b, k.scale + i * 2, 2);
-        bad |= ((b >> 7) & 0xffu) - 247u < 8u;
-      }
-      break;
-    default:  // F8_E8M0: 2^(v - 127)
-      for (int64_t i = i0; i < i1; ++i) bad |= static_cast<unsigned>(k.scale[i]) - 247u < 8u;
-      break;
+  bool bad = false;
+  for (int64_t i = first * k.scale_cols; i < (last + 1) * k.scale_cols; ++i) {
+    const float s = std::fabs(matmul_kernels::load_scale(k, i));
+    bad |= std::isfinite(s) && s >= 0x1p120f;
   }
-  return bad != 0;
+  return bad;
 }
 
 // The kernels' view of a checked weight; FP8 scales are inspected for rows [r0, r0 + n) (all by default).
