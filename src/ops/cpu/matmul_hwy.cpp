@@ -657,17 +657,23 @@ void ColsFor(const Job& job) {
   PanelCols<Dec>(job);
 }
 
-void MatmulCols(const Job* job) {
-  switch (job->w->dtype) {
+// Calls f(Dec{}) with the decoder of weight dtype t (validated by the caller: F32, BF16, F16, F8_E4M3).
+template <class F>
+HWY_INLINE void WithDecoder(DType t, const F& f) {
+  switch (t) {
     case DType::F32:
-      return ColsFor<DecF32>(*job);
+      return f(DecF32{});
     case DType::BF16:
-      return ColsFor<DecBF16>(*job);
+      return f(DecBF16{});
     case DType::F16:
-      return ColsFor<DecF16>(*job);
-    default:  // F8_E4M3 (validated by the caller)
-      return ColsFor<DecFP8>(*job);
+      return f(DecF16{});
+    default:  // F8_E4M3
+      return f(DecFP8{});
   }
+}
+
+void MatmulCols(const Job* job) {
+  WithDecoder(job->w->dtype, [&](auto dec) { ColsFor<decltype(dec)>(*job); });
 }
 
 template <class Dec>
@@ -693,16 +699,7 @@ void DequantFor(const Weight& w, int64_t r, float* out) {
 }
 
 void DequantRow(const Weight* w, int64_t r, float* out) {
-  switch (w->dtype) {
-    case DType::F32:
-      return DequantFor<DecF32>(*w, r, out);
-    case DType::BF16:
-      return DequantFor<DecBF16>(*w, r, out);
-    case DType::F16:
-      return DequantFor<DecF16>(*w, r, out);
-    default:
-      return DequantFor<DecFP8>(*w, r, out);
-  }
+  WithDecoder(w->dtype, [&](auto dec) { DequantFor<decltype(dec)>(*w, r, out); });
 }
 
 // y[k] += Σ_r x[r] · w[r][k], r ascending for every k (the same chains as one row-by-row axpy). y is
@@ -740,16 +737,7 @@ void TransposedFor(const float* x, const Weight& w, float* y) {
 }
 
 void MatmulTransposed(const float* x, const Weight* w, float* y) {
-  switch (w->dtype) {
-    case DType::F32:
-      return TransposedFor<DecF32>(x, *w, y);
-    case DType::BF16:
-      return TransposedFor<DecBF16>(x, *w, y);
-    case DType::F16:
-      return TransposedFor<DecF16>(x, *w, y);
-    default:
-      return TransposedFor<DecFP8>(x, *w, y);
-  }
+  WithDecoder(w->dtype, [&](auto dec) { TransposedFor<decltype(dec)>(x, *w, y); });
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
