@@ -432,17 +432,10 @@ class ForceTarget {
   ForceTarget& operator=(const ForceTarget&) = delete;
 };
 
-struct KernelCase {
-  const char* name;
-  DType dtype;
-  DType scale_dtype;
-  int64_t out, in, block;
-};
-
 // K = 300 and 1100 are not multiples of any vector width (16, 8 lanes); 200 rows / 300 columns leave
 // partial FP8 scale blocks on both axes; block 100 is not a multiple of 16 (the scalar-table FP8 route);
 // 600 x 1100 is large enough to be split across threads even for one row.
-const KernelCase kKernelCases[] = {
+const Case kKernelCases[] = {
     {"f32", DType::F32, DType::F32, 72, 300, 128},
     {"f32_k1100", DType::F32, DType::F32, 33, 1100, 128},
     {"bf16", DType::BF16, DType::F32, 72, 300, 128},
@@ -467,7 +460,7 @@ TEST(MatmulKernels, EveryTargetMatchesDoubleReference) {
   ASSERT_FALSE(targets.empty());
   for (int64_t target : targets) {
     ForceTarget force(target);
-    for (const KernelCase& c : kKernelCases) {
+    for (const Case& c : kKernelCases) {
       for (bool with_bias : {false, true}) {
         auto t = make_weight(c.dtype, c.out, c.in, 4321, with_bias, c.scale_dtype, c.block);
         for (int64_t M : kKernelMs) {
@@ -489,7 +482,7 @@ TEST(MatmulKernels, EveryTargetBatchAndThreadInvariant) {
   for (int64_t target : kernel_targets()) {
     ForceTarget force(target);
     const char* tname = hwy::TargetName(target);
-    for (const KernelCase& c : kKernelCases) {
+    for (const Case& c : kKernelCases) {
       auto t = make_weight(c.dtype, c.out, c.in, 987, true, c.scale_dtype, c.block);
       const int64_t N = c.out, K = c.in, Mmax = 33;
       const auto x = random_vec(static_cast<size_t>(Mmax * K), 2024);
@@ -520,7 +513,7 @@ TEST(MatmulKernels, EveryTargetBatchAndThreadInvariant) {
 TEST(MatmulKernels, EveryTargetDequantRowExact) {
   for (int64_t target : kernel_targets()) {
     ForceTarget force(target);
-    for (const KernelCase& c : kKernelCases) {
+    for (const Case& c : kKernelCases) {
       auto t = make_weight(c.dtype, c.out, c.in, 55, false, c.scale_dtype, c.block);
       std::vector<float> row(static_cast<size_t>(c.in));
       for (int64_t r : {int64_t{0}, c.out / 2, c.out - 1}) {
@@ -536,7 +529,7 @@ TEST(MatmulKernels, EveryTargetDequantRowExact) {
 TEST(MatmulKernels, EveryTargetTransposedMatchesReference) {
   for (int64_t target : kernel_targets()) {
     ForceTarget force(target);
-    for (const KernelCase& c : kKernelCases) {
+    for (const Case& c : kKernelCases) {
       auto t = make_weight(c.dtype, c.out, c.in, 808, false, c.scale_dtype, c.block);
       const auto x = random_vec(static_cast<size_t>(c.out), 809);
       auto y = random_vec(static_cast<size_t>(c.in), 810);
