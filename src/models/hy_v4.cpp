@@ -298,10 +298,10 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       parallel_for(pool_, S * G, 1, [&](int64_t t0, int64_t t1, int tid) {
         float* heads = ws_.idx_heads.data() + tid * hstride;
         for (int64_t t = t0; t < t1; ++t) {
-          const int64_t s = t / G, g = t % G, n = slot0 + s + 1;
-          const auto [j0, j1] = ThreadPool::chunk_range(n, static_cast<int>(std::min<int64_t>(G, n)),
-                                                        static_cast<int>(std::min<int64_t>(g, n - 1)));
-          if (g < std::min<int64_t>(G, n)) score_keys(s, j0, j1, heads);
+          const int64_t s = t / G, g = t % G, n = slot0 + s + 1, parts = std::min<int64_t>(G, n);
+          if (g >= parts) continue;  // fewer keys than chunks
+          const auto [j0, j1] = ThreadPool::chunk_range(n, static_cast<int>(parts), static_cast<int>(g));
+          score_keys(s, j0, j1, heads);
         }
       });
       for (int64_t s = 0; s < S; ++s) select(s);
@@ -418,7 +418,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       }
     });
   } else {
-    ThreadPool* apool = S * row_work >= (int64_t(1) << 21) ? pool_ : nullptr;
+    ThreadPool* apool = S * row_work >= 2 * min_parallel_work_ ? pool_ : nullptr;
     parallel_for(apool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
       float* q_lat = ws_.att_scratch.data() + tid * sz.floats();  // [nh, kvl]
       float* csel = q_lat + nh * kvl;                              // [nsel, kvl] gathered latents
@@ -450,15 +450,18 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
 void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) {
   const HYV4Config& c = cfg_;
   const int64_t H = c.hidden_size;
-  auto mlp = [&](const Linear& g, const Linear& u, const Linear& d, float limit, const float* in, int64_t rows,
-                 float* dst) {
+  // SwiGLU MLP of `rows` rows: gate/up into a / b ([rows, I] each), then down into dst.
+  auto swiglu_mlp = [&](ThreadPool* pool, const Linear& g, const Linear& u, const Linear& d, float limit,
+                        const float* in, int64_t rows, float* a, float* b, float* dst) {
     const int64_t I = g.out;
-    const ops::MatmulOut gu[2] = {{&g, ws_.ffn_a.data()}, {&u, ws_.ffn_b.data()}};
-    ops::matmul_many(pool_, in, rows, gu, 2);
-    for (int64_t r = 0; r < rows; ++r)
-      ops::swiglu(ws_.ffn_a.data() + r * I, ws_.ffn_b.data() + r * I, I, limit, ws_.ffn_a.data() + r * I);
-    ops::matmul(pool_, ws_.ffn_a.data(), rows, d, dst);
+    const ops::MatmulOut gu[2] = {{&g, a}, {&u, b}};
+    ops::matmul_many(pool, in, rows, gu, 2);
+    for (int64_t r = 0; r < rows; ++r) ops::swiglu(a + r * I, b + r * I, I, limit, a + r * I);
+    ops::matmul(pool, a, rows, d, dst);
   };
+  // ... on all threads, with the workspace's buffers
+  auto mlp = [&](const Linear& g, const Linear& u, const Linear& d, float limit, const float* in, int64_t rows,
+                 float* dst) { swiglu_mlp(pool_, g, u, d, limit, in, rows, ws_.ffn_a.data(), ws_.ffn_b.data(), dst); };
   if (!F.sparse) {
     const profile::Sections prof(profile::kDenseMlp);
     mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, out);
@@ -530,12 +533,8 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
   auto run_expert = [&](int64_t j, int tid) {
     const ExpertJob& job = ws_.expert_jobs[j];
     float* a = ws_.expert_scratch.data() + int64_t(tid) * 2 * S * I;  // [rows, I] gate, then [rows, I] up
-    float* u = a + S * I;
-    const float* in = ws_.gathered.data() + job.first * H;
-    const ops::MatmulOut gu[2] = {{&F.expert_gate[job.expert], a}, {&F.expert_up[job.expert], u}};
-    ops::matmul_many(nullptr, in, job.rows, gu, 2);
-    for (int64_t r = 0; r < job.rows; ++r) ops::swiglu(a + r * I, u + r * I, I, limit, a + r * I);
-    ops::matmul(nullptr, a, job.rows, F.expert_down[job.expert], ws_.expert_out.data() + job.first * H);
+    swiglu_mlp(nullptr, F.expert_gate[job.expert], F.expert_up[job.expert], F.expert_down[job.expert], limit,
+               ws_.gathered.data() + job.first * H, job.rows, a, a + S * I, ws_.expert_out.data() + job.first * H);
   };
   // Tiny experts (the bundled model's) cost less than a hand-off: below min_parallel_work_ multiply-adds in
   // all, they run on the calling thread, as matmuls of that size do.
@@ -588,8 +587,9 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
           [&](const Part& q, int64_t c0, int64_t c1) {
             float* g = q.act;
             float* u = q.act + q.rows * q.I;
-            ops::matmul(nullptr, q.in, q.rows, q.g->rows(c0, c1 - c0), g + c0, H, q.I);
-            ops::matmul(nullptr, q.in, q.rows, q.u->rows(c0, c1 - c0), u + c0, H, q.I);
+            const Linear gs = q.g->rows(c0, c1 - c0), us = q.u->rows(c0, c1 - c0);
+            const ops::MatmulOut gu[2] = {{&gs, g + c0, q.I}, {&us, u + c0, q.I}};
+            ops::matmul_many(nullptr, q.in, q.rows, gu, 2);
             for (int64_t r = 0; r < q.rows; ++r)
               ops::swiglu(g + r * q.I + c0, u + r * q.I + c0, c1 - c0, q.limit, g + r * q.I + c0);
           });
