@@ -150,66 +150,72 @@ void aligned_x(matmul_kernels::Job& job, const float* x, int64_t M, int64_t K, i
   }
 }
 
+namespace {
+
+// y_i = x · w_iᵀ (+ bias) for outputs that share x: their rows are split over the threads as one
+// concatenated matrix. `what` names the entry point in errors.
+void multiply(ThreadPool* pool, const float* x, int64_t M, const MatmulOut* outs, int64_t n_outs, int64_t x_stride,
+              const char* what) {
+  constexpr int64_t kMaxOuts = 16;
+  if (n_outs > kMaxOuts) throw Error(std::string(what) + ": more than 16 outputs");
+  // Everything the chunks read, behind one pointer: std::function then stores the lambda inline (no
+  // allocation per call).
+  struct Call {
+    matmul_kernels::Job base;
+    matmul_kernels::Weight kws[kMaxOuts];
+    int64_t first[kMaxOuts + 1] = {0};  // rows of the concatenation before output i
+    const MatmulOut* outs;
+    int64_t n_outs;
+  } call;
+  call.outs = outs;
+  call.n_outs = n_outs;
+  const int64_t K = outs[0].w->in;
+  size_t bytes = 0;
+  for (int64_t i = 0; i < n_outs; ++i) {
+    const Linear& w = *outs[i].w;
+    if (w.in != K) throw Error(std::string(what) + ": weights of different input widths");
+    check_supported(w, what);
+    call.kws[i] = kernel_weight(w);
+    call.first[i + 1] = call.first[i] + w.out;
+    bytes += w.weight_bytes();
+  }
+  const int64_t total = call.first[n_outs];
+  if (total <= 0) return;
+  call.base.M = M;
+  aligned_x(call.base, x, M, K, x_stride < 0 ? K : x_stride);
+  // Small products run on the caller alone (worth_threads). Which thread computes an output never changes
+  // its value: results stay batch invariant.
+  ThreadPool* use = worth_threads(M, total, K, bytes) ? pool : nullptr;
+  // Chunk [n0, n1) of the concatenated rows: the piece of every output it overlaps.
+  parallel_for(use, total, row_grain(K, outs[0].w->dtype), [c = &call](int64_t n0, int64_t n1, int) {
+    for (int64_t i = 0; i < c->n_outs; ++i) {
+      const int64_t a = std::max(n0, c->first[i]), b = std::min(n1, c->first[i + 1]);
+      if (a >= b) continue;
+      const MatmulOut& o = c->outs[i];
+      matmul_kernels::Job part = c->base;
+      part.w = &c->kws[i];
+      part.y = o.y;
+      part.y_stride = o.y_stride < 0 ? o.w->out : o.y_stride;
+      part.n0 = a - c->first[i];
+      part.n1 = b - c->first[i];
+      matmul_kernels::matmul_cols(part);
+    }
+  });
+}
+
+}  // namespace
+
 void matmul(ThreadPool* pool, const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride,
             int64_t y_stride) {
   if (M <= 0 || w.out <= 0) return;
-  check_supported(w, "matmul");
-  const matmul_kernels::Weight kw = kernel_weight(w);
-  matmul_kernels::Job job;
-  job.M = M;
-  aligned_x(job, x, M, w.in, x_stride < 0 ? w.in : x_stride);
-  job.y = y;
-  job.y_stride = y_stride < 0 ? w.out : y_stride;
-  job.w = &kw;
-  // Small products run on the caller alone (worth_threads). Which thread computes an output never changes
-  // its value: results stay batch invariant.
-  ThreadPool* use = worth_threads(M, w.out, w.in, w.weight_bytes()) ? pool : nullptr;
-  // Captures one pointer, so std::function stores it inline (no allocation).
-  parallel_for(use, w.out, row_grain(w.in, w.dtype), [j = &job](int64_t n0, int64_t n1, int) {
-    matmul_kernels::Job part = *j;
-    part.n0 = n0;
-    part.n1 = n1;
-    matmul_kernels::matmul_cols(part);
-  });
+  const MatmulOut out{&w, y, y_stride};
+  multiply(pool, x, M, &out, 1, x_stride, "matmul");
 }
 
 void matmul_many(ThreadPool* pool, const float* x, int64_t M, const MatmulOut* outs, int64_t n_outs,
                  int64_t x_stride) {
   if (M <= 0 || n_outs <= 0) return;
-  constexpr int64_t kMaxOuts = 16;
-  if (n_outs > kMaxOuts) throw Error("matmul_many: more than 16 outputs");
-  const int64_t K = outs[0].w->in;
-  matmul_kernels::Weight kws[kMaxOuts];
-  int64_t first[kMaxOuts + 1] = {0};  // rows of the concatenation before output i
-  for (int64_t i = 0; i < n_outs; ++i) {
-    const Linear& w = *outs[i].w;
-    if (w.in != K) throw Error("matmul_many: weights of different input widths");
-    check_supported(w, "matmul_many");
-    kws[i] = kernel_weight(w);
-    first[i + 1] = first[i] + w.out;
-  }
-  const int64_t total = first[n_outs];
-  if (total <= 0) return;
-  matmul_kernels::Job base;
-  base.M = M;
-  aligned_x(base, x, M, K, x_stride < 0 ? K : x_stride);
-  size_t bytes = 0;
-  for (int64_t i = 0; i < n_outs; ++i) bytes += outs[i].w->weight_bytes();
-  ThreadPool* use = worth_threads(M, total, K, bytes) ? pool : nullptr;
-  // Chunk [n0, n1) of the concatenated rows: the piece of every output it overlaps.
-  parallel_for(use, total, kRowBlock, [&](int64_t n0, int64_t n1, int) {
-    for (int64_t i = 0; i < n_outs; ++i) {
-      const int64_t a = std::max(n0, first[i]), b = std::min(n1, first[i + 1]);
-      if (a >= b) continue;
-      matmul_kernels::Job part = base;
-      part.w = &kws[i];
-      part.y = outs[i].y;
-      part.y_stride = outs[i].y_stride < 0 ? outs[i].w->out : outs[i].y_stride;
-      part.n0 = a - first[i];
-      part.n1 = b - first[i];
-      matmul_kernels::matmul_cols(part);
-    }
-  });
+  multiply(pool, x, M, outs, n_outs, x_stride, "matmul_many");
 }
 
 void matmul_transposed(const float* x, const Linear& w, float* y) {
