@@ -392,10 +392,11 @@ int run_bench(int argc, char** argv) {
   }
 
   nlohmann::json vc;
-  const double t1 = time_step(m, prompt, 1, 9);
+  constexpr int kStepReps = 9;  // timed steps per size (after one untimed)
+  const double t1 = time_step(m, prompt, 1, kStepReps);
   log("verify cost (time of a k+1-token step / 1-token step):");
   for (int rows = 1; rows <= 8; ++rows) {
-    const double t = rows == 1 ? t1 : time_step(m, prompt, rows, 9);
+    const double t = rows == 1 ? t1 : time_step(m, prompt, rows, kStepReps);
     vc[std::to_string(rows)] = t / t1;
     log(" %d:%.2f", rows, t / t1);
   }
@@ -404,9 +405,9 @@ int run_bench(int argc, char** argv) {
   if (profile::enabled()) {  // what grows with the rows of a verification step
     for (int rows : {1, 4}) {
       profile::clear();
-      time_step(m, prompt, rows, 9);
+      time_step(m, prompt, rows, kStepReps);
       log("  %d-row step:\n", rows);
-      profile::report(stderr, "step", 10);
+      profile::report(stderr, "step", kStepReps + 1);  // every step is profiled, the untimed one too
     }
   }
 
