@@ -19,7 +19,8 @@ constexpr int64_t kHeadParallelRows = 16;
 // Per-thread attention buffers for one query row (see HYV4Model::attention).
 struct AttentionScratch {
   int64_t nh, kvl, rope, vd, kmax;
-  int64_t floats() const { return nh * kvl + kmax * kvl + kmax * rope + 2 * nh * kmax + nh * kvl + vd; }
+  int64_t kr() const { return kvl + rope; }  // a key: latent, then rotated rope part
+  int64_t floats() const { return nh * kr() + kmax * kr() + nh * kmax + nh * kvl + vd; }
 };
 
 HYV4Model::~HYV4Model() = default;
@@ -151,7 +152,6 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   // gathered keys of the (few) rows of a head-parallel attention call
   w.att_gather.assign(std::min<int64_t>(S, kHeadParallelRows) * sz.kmax * (sz.kvl + sz.rope), 0);
   w.att_scratch.assign(threads * sz.floats(), 0);  // per thread, one query row at a time
-  w.idx_heads.assign(threads * c.index_n_heads * max_seq, 0);
   w.idx_scratch.assign(S * max_seq, 0);
   w.idx_tmp.assign(S * max_seq, 0);
 }
@@ -264,25 +264,11 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       for (int64_t h = 0; h < nih; ++h) iw[h] = iw[h] * wscale_a * wscale_b;
     }
     const int64_t max_seq = ws_max_seq_;
-    // Per query row: head scores [nih, n] = iq [nih, ihd] · K_cacheᵀ (one matmul), then Σ_h w_h·relu(.).
-    const int64_t hstride = nih * max_seq;
-    // Scores of keys [j0, j1) for row s: one matmul over the heads, then the weighted ReLU sum (ascending h).
-    auto score_keys = [&](int64_t s, int64_t j0, int64_t j1, float* heads) {
-      float* score = ws_.idx_scratch.data() + s * max_seq;
-      const float* iw = ws_.iw.data() + s * nih;
-      const int64_t w = j1 - j0;
-      Linear keys;
-      keys.dtype = DType::F32;
-      keys.out = w;
-      keys.in = ihd;
-      keys.row_stride = ihd;
-      keys.data = lc.index_k.data() + j0 * ihd;
-      ops::matmul(nullptr, ws_.iq.data() + s * nih * ihd, nih, keys, heads);  // [nih, w]
-      std::fill(score + j0, score + j1, 0.0f);
-      for (int64_t h = 0; h < nih; ++h) {
-        const float* hr = heads + h * w;
-        for (int64_t t = 0; t < w; ++t) score[j0 + t] += iw[h] * std::max(hr[t], 0.0f);
-      }
+    // Scores of keys [j0, j1) for row s: Σ_h w_h·relu(q_h·k_j), every key on its own (any split of the
+    // keys gives the same values).
+    auto score_keys = [&](int64_t s, int64_t j0, int64_t j1) {
+      ops::indexer_scores(ws_.iq.data() + s * nih * ihd, ws_.iw.data() + s * nih, nih, ihd,
+                          lc.index_k.data() + j0 * ihd, j1 - j0, ws_.idx_scratch.data() + s * max_seq + j0);
     };
     auto select = [&](int64_t s) {
       const int64_t n = slot0 + s + 1;
@@ -295,22 +281,20 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     if (threads > 1 && S < threads && work >= min_parallel_work_) {
       // Few rows (decode, verification): each row's keys in chunks over the threads, then the selections.
       const int64_t G = (threads + S - 1) / S;
-      parallel_for(pool_, S * G, 1, [&](int64_t t0, int64_t t1, int tid) {
-        float* heads = ws_.idx_heads.data() + tid * hstride;
+      parallel_for(pool_, S * G, 1, [&](int64_t t0, int64_t t1, int) {
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t s = t / G, g = t % G, n = slot0 + s + 1, parts = std::min<int64_t>(G, n);
           if (g >= parts) continue;  // fewer keys than chunks
           const auto [j0, j1] = ThreadPool::chunk_range(n, static_cast<int>(parts), static_cast<int>(g));
-          score_keys(s, j0, j1, heads);
+          score_keys(s, j0, j1);
         }
       });
       for (int64_t s = 0; s < S; ++s) select(s);
     } else {
       ThreadPool* ipool = work >= 2 * min_parallel_work_ ? pool_ : nullptr;
-      parallel_for(ipool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
-        float* heads = ws_.idx_heads.data() + tid * hstride;
+      parallel_for(ipool, S, 1, [&](int64_t s0, int64_t s1, int) {
         for (int64_t s = s0; s < s1; ++s) {
-          score_keys(s, 0, slot0 + s + 1, heads);
+          score_keys(s, 0, slot0 + s + 1);
           select(s);
         }
       });
@@ -320,9 +304,9 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   prof.next(profile::kAttention);
   // Sparse MLA over the cached latents, absorbed: q·(W_kb c) = (W_kbᵀ q)·c and out = W_vb (Σ p c), with
   // kv_b_proj used as stored (bf16 / FP8 rows decoded by the kernels, never copied). Per query row the
-  // selected latents C [nsel, kvl] and rope keys R [nsel, rope] are gathered once; per head:
-  //   q_lat [kvl] = W_kb[h]ᵀ q_nope;  scores [nsel] = q_lat·Cᵀ + q_rope·Rᵀ;  p = softmax with the sink;
-  //   o_lat [kvl] = Σ_j p_j C[j] (ascending j);  out [vd] = W_vb[h] o_lat, times the sigmoid gate.
+  // selected keys [nsel, kvl + rope] (latent, then rope part) are gathered once; per head:
+  //   q_cat [kvl + rope] = [W_kb[h]ᵀ q_nope, q_rope];  scores [nsel] = q_cat·keysᵀ;  p = softmax with the
+  //   sink;  o_lat [kvl] = Σ_j p_j C[j] (ascending j);  out [vd] = W_vb[h] o_lat, times the sigmoid gate.
   // Few rows (decode, verification): the gathers, then (row, head) pairs spread over the threads. Many rows
   // (prefill): rows over the threads, the scores of all heads of a row as one matmul. Each head is computed
   // by the same kernels in the same order either way (the matmuls are batch invariant).
@@ -330,115 +314,80 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   const float scale = static_cast<float>(c.attn_scale);
   const int64_t Kmax = std::min<int64_t>(K, ws_max_seq_);
   const AttentionScratch sz{nh, kvl, rope, vd, Kmax};
-  auto gather = [&](int64_t s, int64_t j0, int64_t j1, float* csel, float* rsel) {
+  const int64_t kr = sz.kr();
+  auto gather = [&](int64_t s, int64_t j0, int64_t j1, float* keys) {  // keys [nsel, kr]
     const int32_t* sel = ws_.topk.data() + s * K;
     for (int64_t j = j0; j < j1; ++j) {
       const float* cl = lc.latent.data() + int64_t(sel[j]) * kvl;
-      std::copy(cl, cl + kvl, csel + j * kvl);
-      const float* kr = lc.k_rot.data() + int64_t(sel[j]) * rope;
-      std::copy(kr, kr + rope, rsel + j * rope);
+      std::copy(cl, cl + kvl, keys + j * kr);
+      const float* kro = lc.k_rot.data() + int64_t(sel[j]) * rope;
+      std::copy(kro, kro + rope, keys + j * kr + kvl);
     }
   };
-  auto q_latent = [&](int64_t s, int64_t h, float* ql) {  // ql [kvl]
-    std::fill(ql, ql + kvl, 0.0f);
-    ops::matmul_transposed(ws_.q.data() + s * nh * qkd + h * qkd, kvb.rows(h * (nope + vd), nope), ql);
+  auto q_cat = [&](int64_t s, int64_t h, float* qc) {  // qc [kr]
+    const float* qh = ws_.q.data() + s * nh * qkd + h * qkd;
+    std::fill(qc, qc + kvl, 0.0f);
+    ops::matmul_transposed(qh, kvb.rows(h * (nope + vd), nope), qc);
+    std::copy(qh + nope, qh + qkd, qc + kvl);
   };
-  auto keys_of = [&](const float* csel, const float* rsel, int64_t nsel, Linear& cm, Linear& rm) {
-    cm = Linear{};
-    cm.dtype = DType::F32;
-    cm.out = nsel;
-    cm.in = kvl;
-    cm.row_stride = kvl;
-    cm.data = csel;
-    rm = cm;
-    rm.in = rope;
-    rm.row_stride = rope;
-    rm.data = rsel;
+  auto keys_of = [&](const float* keys, int64_t nsel) {
+    Linear km;
+    km.dtype = DType::F32;
+    km.out = nsel;
+    km.in = kr;
+    km.row_stride = kr;
+    km.data = keys;
+    return km;
   };
-  // From the two score parts of head h (p [nsel] nope part, pr [nsel] rope part) to its gated output.
-  auto head_tail = [&](int64_t s, int64_t h, float* p, const float* pr, const float* csel, int64_t nsel, float* o,
-                       float* out) {
-    float mx = a.sinks[h];
-    for (int64_t j = 0; j < nsel; ++j) {
-      p[j] = (p[j] + pr[j]) * scale;
-      mx = std::max(mx, p[j]);
-    }
-    float denom = std::exp(a.sinks[h] - mx);  // the sink takes part in the softmax, then is dropped
-    for (int64_t j = 0; j < nsel; ++j) {
-      p[j] = std::exp(p[j] - mx);
-      denom += p[j];
-    }
-    const float inv = 1.0f / denom;
-    for (int64_t j = 0; j < nsel; ++j) p[j] *= inv;
-    std::fill(o, o + kvl, 0.0f);
-    for (int64_t j = 0; j < nsel; ++j) {
-      const float pj = p[j];
-      const float* cj = csel + j * kvl;
-      for (int64_t i = 0; i < kvl; ++i) o[i] += pj * cj[i];
-    }
+  // From the scores of head h (p [nsel]) to its gated output.
+  auto head_tail = [&](int64_t s, int64_t h, float* p, const float* keys, int64_t nsel, float* o, float* out) {
+    ops::softmax_with_sink(p, nsel, scale, a.sinks[h]);  // the sink takes part in the softmax, then is dropped
+    ops::weighted_row_sum(p, keys, nsel, kvl, kr, o);
     ops::matmul(nullptr, o, 1, kvb.rows(h * (nope + vd) + nope, vd), out);
-    const float* g = ws_.gate.data() + s * nh * vd + h * vd;
-    float* dst = ws_.attn.data() + s * nh * vd + h * vd;
-    for (int64_t i = 0; i < vd; ++i) dst[i] = out[i] * ops::sigmoid(g[i]);
+    ops::mul_sigmoid(out, ws_.gate.data() + s * nh * vd + h * vd, vd, ws_.attn.data() + s * nh * vd + h * vd);
   };
 
   const int64_t row_work = nh * ((nope + vd) * kvl + Kmax * (2 * kvl + rope));  // multiply-adds per row
   const int threads = pool_ ? pool_->size() : 1;
   if (threads > 1 && S < 2 * threads && S <= kHeadParallelRows && S * row_work >= min_parallel_work_) {
     // Gathers: rows x chunks of their selected keys (on this thread when the copy is small).
-    float* gbase = ws_.att_gather.data();  // [S, Kmax, kvl + rope]
+    float* gbase = ws_.att_gather.data();  // [S, Kmax, kr]
     int64_t copy = 0;
-    for (int64_t s = 0; s < S; ++s) copy += ws_.topk_count[s] * (kvl + rope);
+    for (int64_t s = 0; s < S; ++s) copy += ws_.topk_count[s] * kr;
     const int64_t G = copy >= (int64_t(1) << 17) ? std::max<int64_t>(1, threads / S) : 1;
     parallel_for(G > 1 ? pool_ : nullptr, S * G, 1, [&](int64_t t0, int64_t t1, int) {
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t s = t / G, g = t % G, nsel = ws_.topk_count[s];
-        float* csel = gbase + s * Kmax * (kvl + rope);
-        gather(s, nsel * g / G, nsel * (g + 1) / G, csel, csel + Kmax * kvl);
+        gather(s, nsel * g / G, nsel * (g + 1) / G, gbase + s * Kmax * kr);
       }
     });
     parallel_for(pool_, S * nh, 1, [&](int64_t t0, int64_t t1, int tid) {
-      float* ql = ws_.att_scratch.data() + tid * sz.floats();  // [kvl]
-      float* sc = ql + kvl;                                     // [nsel]
-      float* sc2 = sc + Kmax;                                   // [nsel]
-      float* o = sc2 + Kmax;                                    // [kvl]
+      float* qc = ws_.att_scratch.data() + tid * sz.floats();  // [kr]
+      float* sc = qc + kr;                                      // [nsel]
+      float* o = sc + Kmax;                                     // [kvl]
       float* out = o + kvl;                                     // [vd]
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t s = t / nh, h = t % nh, nsel = ws_.topk_count[s];
-        const float* csel = gbase + s * Kmax * (kvl + rope);
-        const float* rsel = csel + Kmax * kvl;
-        q_latent(s, h, ql);
-        Linear cm, rm;
-        keys_of(csel, rsel, nsel, cm, rm);
-        if (nsel > 0) {
-          ops::matmul(nullptr, ql, 1, cm, sc);
-          ops::matmul(nullptr, ws_.q.data() + s * nh * qkd + h * qkd + nope, 1, rm, sc2);
-        }
-        head_tail(s, h, sc, sc2, csel, nsel, o, out);
+        const float* keys = gbase + s * Kmax * kr;
+        q_cat(s, h, qc);
+        if (nsel > 0) ops::matmul(nullptr, qc, 1, keys_of(keys, nsel), sc);
+        head_tail(s, h, sc, keys, nsel, o, out);
       }
     });
   } else {
     ThreadPool* apool = S * row_work >= 2 * min_parallel_work_ ? pool_ : nullptr;
     parallel_for(apool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
-      float* q_lat = ws_.att_scratch.data() + tid * sz.floats();  // [nh, kvl]
-      float* csel = q_lat + nh * kvl;                              // [nsel, kvl] gathered latents
-      float* rsel = csel + Kmax * kvl;                             // [nsel, rope] gathered rope keys
-      float* sc = rsel + Kmax * rope;                              // [nh, nsel] scores -> probabilities
-      float* sc2 = sc + nh * Kmax;                                 // [nh, nsel] rope part
-      float* o_lat = sc2 + nh * Kmax;                              // [nh, kvl]
-      float* out = o_lat + nh * kvl;                               // [vd]
+      float* qc = ws_.att_scratch.data() + tid * sz.floats();  // [nh, kr]
+      float* keys = qc + nh * kr;                               // [nsel, kr] gathered keys
+      float* sc = keys + Kmax * kr;                             // [nh, nsel] scores -> probabilities
+      float* o_lat = sc + nh * Kmax;                            // [nh, kvl]
+      float* out = o_lat + nh * kvl;                            // [vd]
       for (int64_t s = s0; s < s1; ++s) {
         const int64_t nsel = ws_.topk_count[s];
-        for (int64_t h = 0; h < nh; ++h) q_latent(s, h, q_lat + h * kvl);
-        gather(s, 0, nsel, csel, rsel);
-        if (nsel > 0) {
-          Linear cm, rm;
-          keys_of(csel, rsel, nsel, cm, rm);
-          ops::matmul(nullptr, q_lat, nh, cm, sc, kvl, nsel);
-          ops::matmul(nullptr, ws_.q.data() + s * nh * qkd + nope, nh, rm, sc2, qkd, nsel);
-        }
-        for (int64_t h = 0; h < nh; ++h)
-          head_tail(s, h, sc + h * nsel, sc2 + h * nsel, csel, nsel, o_lat + h * kvl, out);
+        for (int64_t h = 0; h < nh; ++h) q_cat(s, h, qc + h * kr);
+        gather(s, 0, nsel, keys);
+        if (nsel > 0) ops::matmul(nullptr, qc, nh, keys_of(keys, nsel), sc, kr, nsel);
+        for (int64_t h = 0; h < nh; ++h) head_tail(s, h, sc + h * nsel, keys, nsel, o_lat + h * kvl, out);
       }
     });
   }

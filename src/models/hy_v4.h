@@ -129,7 +129,6 @@ struct HYV4Workspace {
   // per-thread attention scratch
   std::vector<float> att_scratch;           // [threads, heads-independent scratch]
   std::vector<float> idx_scratch;           // [S, max_seq] index scores
-  std::vector<float> idx_heads;             // [threads, n_ih, max_seq] per-head indexer scores
   std::vector<int32_t> idx_tmp;             // [threads, max_seq]
 };
 

@@ -81,6 +81,16 @@ void rope_tables(const float* inv_freq, int64_t half, int64_t position, float at
                  float* sin);
 // out[i] = silu(min(gate[i], limit)) * clamp(up[i], -limit, limit); no clamp when limit <= 0.
 void swiglu(const float* gate, const float* up, int64_t n, float limit, float* out);
+// out[i] = x[i] * sigmoid(g[i]).
+void mul_sigmoid(const float* x, const float* g, int64_t n, float* out);
+// DSA indexer scores: out[j] = Σ_h w[h] · relu(q[h] · keys[j]) for q [heads, dim], keys [n, dim].
+void indexer_scores(const float* q, const float* w, int64_t heads, int64_t dim, const float* keys, int64_t n,
+                    float* out);
+// In place: x[j] <- exp(scale·x[j] - m) / (exp(sink - m) + Σ_i exp(scale·x[i] - m)), m the largest of sink
+// and scale·x (an attention sink: a logit in the normalization with no value).
+void softmax_with_sink(float* x, int64_t n, float scale, float sink);
+// out[i] = Σ_j p[j] · rows[j * stride + i] for i < dim, j ascending.
+void weighted_row_sum(const float* p, const float* rows, int64_t n, int64_t dim, int64_t stride, float* out);
 inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 float dot(const float* a, const float* b, int64_t n);
 // Indices of the k largest values of x[0..n) (ties: lower index first), written ascending.

@@ -49,6 +49,7 @@
 #include <vector>
 
 #include "ops/cpu/matmul_kernels.h"
+#include "ops/cpu/reduce-inl.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
@@ -112,64 +113,7 @@ HWY_INLINE VF Fma(DF d, VF a, VF b, VF c) {
 #endif
 }
 
-// out[i] = the sum of the lanes of acc[i], i < n, by one fixed tree per target whatever n and whatever the
-// other accumulators (they only share shuffles, never additions), so a dot product's value does not depend
-// on the tile it was computed in. Several accumulators are reduced together by transposing them, which
-// costs about 3 instructions per accumulator instead of ~8 for one-at-a-time reductions: small-K products
-// (attention scores, the indexer, small experts) spend most of their time here otherwise.
-//   AVX-512: lane j + lane j+8, then + (j+4 + j+12), then within each 4-lane block (l0 + l2) + (l1 + l3).
-//   AVX2:    lane j + lane j+4, then (l0 + l2) + (l1 + l3).
-//   others:  the target's SumOfLanes.
-HWY_INLINE void ReduceMany(const VF* acc, int n, float* out) {
-#if HWY_TARGET <= HWY_AVX3
-  const __m512 z = _mm512_setzero_ps();
-  for (int g0 = 0; g0 < n; g0 += 16) {
-    const int m = std::min(16, n - g0);
-    __m512 t[4];  // t[q] block k: accumulator 4q + k folded to 4 lanes
-    for (int q = 0; q < 4; ++q) {
-      if (4 * q >= m) {
-        t[q] = z;
-        continue;
-      }
-      __m512 v[4];
-      for (int i = 0; i < 4; ++i) v[i] = 4 * q + i < m ? acc[g0 + 4 * q + i].raw : z;
-      // [a.B0+a.B2, a.B1+a.B3, b.B0+b.B2, b.B1+b.B3] for the pairs (a, b) = (v0, v1), (v2, v3)
-      const __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
-      const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
-      t[q] = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
-    }
-    const __m512 u01 = _mm512_add_ps(_mm512_unpacklo_ps(t[0], t[1]), _mm512_unpackhi_ps(t[0], t[1]));
-    const __m512 u23 = _mm512_add_ps(_mm512_unpacklo_ps(t[2], t[3]), _mm512_unpackhi_ps(t[2], t[3]));
-    const __m512d a = _mm512_castps_pd(u01), b = _mm512_castps_pd(u23);
-    const __m512 sums = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                                      _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    alignas(64) float lanes[16];  // block k, lane j: accumulator 4j + k
-    _mm512_store_ps(lanes, sums);
-    for (int i = 0; i < m; ++i) out[g0 + i] = lanes[4 * (i % 4) + i / 4];
-  }
-#elif HWY_TARGET == HWY_AVX2
-  const __m256 z = _mm256_setzero_ps();
-  for (int g0 = 0; g0 < n; g0 += 8) {
-    const int m = std::min(8, n - g0);
-    __m256 t[4];  // t[p] block k: accumulator 2p + k folded to 4 lanes
-    for (int p = 0; p < 4; ++p) {
-      const __m256 a = 2 * p < m ? acc[g0 + 2 * p].raw : z, b = 2 * p + 1 < m ? acc[g0 + 2 * p + 1].raw : z;
-      t[p] = 2 * p < m ? _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31)) : z;
-    }
-    const __m256 u01 = _mm256_add_ps(_mm256_unpacklo_ps(t[0], t[1]), _mm256_unpackhi_ps(t[0], t[1]));
-    const __m256 u23 = _mm256_add_ps(_mm256_unpacklo_ps(t[2], t[3]), _mm256_unpackhi_ps(t[2], t[3]));
-    const __m256d a = _mm256_castps_pd(u01), b = _mm256_castps_pd(u23);
-    const __m256 sums = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
-                                      _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
-    alignas(32) float lanes[8];  // block k, lane j: accumulator 2j + k
-    _mm256_store_ps(lanes, sums);
-    for (int i = 0; i < m; ++i) out[g0 + i] = lanes[4 * (i % 2) + i / 2];
-  }
-#else
-  const DF d;
-  for (int i = 0; i < n; ++i) out[i] = hn::GetLane(hn::SumOfLanes(d, acc[i]));
-#endif
-}
+using nextn::simd::HWY_NAMESPACE::ReduceMany;  // ops/cpu/reduce-inl.h
 
 // ---- weight decoders: Lanes(d) consecutive elements at p -> fp32 -------------------------------------
 

@@ -16,6 +16,7 @@
 #include "core/threadpool.h"
 #include "hwy/targets.h"
 #include "ops/cpu/matmul_kernels.h"
+#include "ops/cpu/target_testing.h"
 #include "ops/ops.h"
 
 namespace nextn {
@@ -411,26 +412,6 @@ TEST(Matmul, UnsupportedDtypeThrows) {
 // time. Each target supported by this CPU is forced in turn; for each, every weight dtype and shape is
 // compared against the double-precision reference, and every row must be bit-identical whatever the number
 // of rows in the call and the thread count (targets differ from each other, never from themselves).
-
-// The targets compiled into the kernels that this CPU can run, best first.
-std::vector<int64_t> kernel_targets() {
-  std::vector<int64_t> out;
-  for (int64_t bits = hwy::SupportedTargets() & matmul_kernels::compiled_targets(); bits != 0; bits &= bits - 1)
-    out.push_back(bits & -bits);
-  return out;
-}
-
-// Forces one target for the scope (and checks the kernels really dispatch to it).
-class ForceTarget {
- public:
-  explicit ForceTarget(int64_t target) {
-    hwy::SetSupportedTargetsForTest(target);
-    EXPECT_STREQ(matmul_kernels::active_target_name(), hwy::TargetName(target));
-  }
-  ~ForceTarget() { hwy::SetSupportedTargetsForTest(0); }
-  ForceTarget(const ForceTarget&) = delete;
-  ForceTarget& operator=(const ForceTarget&) = delete;
-};
 
 // K = 300 and 1100 are not multiples of any vector width (16, 8 lanes); 200 rows / 300 columns leave
 // partial FP8 scale blocks on both axes; block 100 is not a multiple of 16 (the scalar-table FP8 route);

@@ -72,17 +72,6 @@ void rope_rotate_half(float* x, int64_t dim, const float* cos, const float* sin)
   }
 }
 
-void swiglu(const float* gate, const float* up, int64_t n, float limit, float* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    float g = gate[i], u = up[i];
-    if (limit > 0) {
-      g = std::min(g, limit);
-      u = std::clamp(u, -limit, limit);
-    }
-    out[i] = g / (1.0f + std::exp(-g)) * u;
-  }
-}
-
 int64_t topk_ascending(const float* x, int64_t n, int64_t k, int32_t* out, int32_t* scratch) {
   if (k >= n) {
     std::iota(out, out + n, 0);

@@ -1,0 +1,237 @@
+// SIMD kernels of the per-row work around the matmuls: the DSA indexer's key scores, the attention softmax
+// (with its sink) and value sum, and the exp-based activations. One Highway source for every x86 target,
+// chosen at run time like the matmul kernels.
+//
+// Numerics: each output element is computed by the same instructions in the same order whatever the
+// number of rows, keys or threads of the call (keys are independent; chunks of keys give the same
+// values), so results stay batch invariant. exp is Highway's (max error 1 ulp).
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "ops/cpu/nn_hwy.cpp"
+#ifndef HWY_COMPILE_ALL_ATTAINABLE
+#define HWY_COMPILE_ALL_ATTAINABLE
+#endif
+#ifndef HWY_DISABLED_TARGETS
+#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)
+#endif
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+// clang-format off
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "hwy/contrib/math/math-inl.h"
+#include "ops/ops.h"
+#include "ops/cpu/reduce-inl.h"
+// clang-format on
+
+HWY_BEFORE_NAMESPACE();
+namespace nextn::nn_kernels {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using nextn::simd::HWY_NAMESPACE::ReduceMany;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+constexpr int64_t kMaxLanes = 16;
+
+HWY_INLINE VF Fma(VF a, VF b, VF c) {
+#if HWY_TARGET == HWY_SCALAR
+  const DF d;
+  return hn::Set(d, std::fma(hn::GetLane(a), hn::GetLane(b), hn::GetLane(c)));
+#else
+  return hn::MulAdd(a, b, c);
+#endif
+}
+
+// The last n < Lanes elements of p as a vector, the other lanes `fill`.
+HWY_INLINE VF LoadTail(DF d, const float* p, int64_t n, float fill) {
+  HWY_ALIGN float buf[kMaxLanes];
+  for (int64_t i = 0; i < kMaxLanes; ++i) buf[i] = i < n ? p[i] : fill;
+  return hn::Load(d, buf);
+}
+HWY_INLINE void StoreTail(DF d, VF v, int64_t n, float* p) {
+  HWY_ALIGN float buf[kMaxLanes];
+  hn::Store(v, d, buf);
+  std::copy(buf, buf + n, p);
+}
+
+// out[j] = Σ_h w[h] · relu(q[h] · keys[j]) for j < n. Heads go across the lanes (q transposed once, padded
+// with zero heads of weight 0), keys 8 at a time: per key, dim broadcast multiply-adds per head vector, then
+// one lane reduction shared by the 8 keys.
+constexpr int kKeyGroup = 8;
+void IndexerScores(const float* q, const float* w, int64_t heads, int64_t dim, const float* keys, int64_t n,
+                   float* out) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t hv = (heads + N - 1) / N, width = hv * N;
+  static thread_local std::vector<float> scratch;  // grow-only
+  if (scratch.size() < static_cast<size_t>((dim + 1) * width + kMaxLanes))
+    scratch.resize(static_cast<size_t>((dim + 1) * width + kMaxLanes));
+  float* qt = scratch.data();  // [dim, width]: qt[k * width + h] = q[h, k]
+  float* wp = qt + dim * width;  // [width]
+  for (int64_t k = 0; k < dim; ++k)
+    for (int64_t h = 0; h < width; ++h) qt[k * width + h] = h < heads ? q[h * dim + k] : 0.0f;
+  for (int64_t h = 0; h < width; ++h) wp[h] = h < heads ? w[h] : 0.0f;
+  const VF zero = hn::Zero(d);
+  for (int64_t j0 = 0; j0 < n; j0 += kKeyGroup) {
+    const int g = static_cast<int>(std::min<int64_t>(kKeyGroup, n - j0));
+    const float* kr[kKeyGroup];
+    for (int t = 0; t < kKeyGroup; ++t) kr[t] = keys + (j0 + std::min(t, g - 1)) * dim;  // short group: repeat
+    VF sum[kKeyGroup];
+    for (int64_t v = 0; v < hv; ++v) {
+      VF acc[kKeyGroup];
+      for (int t = 0; t < kKeyGroup; ++t) acc[t] = zero;
+      for (int64_t k = 0; k < dim; ++k) {
+        const VF qv = hn::LoadU(d, qt + k * width + v * N);
+        for (int t = 0; t < kKeyGroup; ++t) acc[t] = Fma(hn::Set(d, kr[t][k]), qv, acc[t]);
+      }
+      const VF wv = hn::LoadU(d, wp + v * N);
+      for (int t = 0; t < kKeyGroup; ++t) {
+        const VF r = hn::Mul(hn::Max(acc[t], zero), wv);
+        sum[t] = v == 0 ? r : hn::Add(sum[t], r);
+      }
+    }
+    ReduceMany(sum, g, out + j0);
+  }
+}
+
+// x[j] <- exp(scale · x[j] - m) / (exp(sink - m) + Σ_i exp(scale · x[i] - m)), m = max(sink, scale · x).
+void SoftmaxWithSink(float* x, int64_t n, float scale, float sink) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), nf = n - n % N;
+  const VF vs = hn::Set(d, scale);
+  VF vmax = hn::Set(d, sink);
+  for (int64_t j = 0; j < nf; j += N) {
+    const VF v = hn::Mul(hn::LoadU(d, x + j), vs);
+    hn::StoreU(v, d, x + j);
+    vmax = hn::Max(vmax, v);
+  }
+  const float lowest = -std::numeric_limits<float>::infinity();
+  if (nf < n) {
+    const VF v = hn::Mul(LoadTail(d, x + nf, n - nf, lowest), vs);
+    StoreTail(d, v, n - nf, x + nf);
+    vmax = hn::Max(vmax, v);
+  }
+  const VF m = hn::Set(d, hn::GetLane(hn::MaxOfLanes(d, vmax)));
+  VF vsum = hn::Zero(d);
+  for (int64_t j = 0; j < nf; j += N) {
+    const VF e = hn::Exp(d, hn::Sub(hn::LoadU(d, x + j), m));
+    hn::StoreU(e, d, x + j);
+    vsum = hn::Add(vsum, e);
+  }
+  if (nf < n) {  // padding lanes are -inf: exp gives 0
+    const VF e = hn::Exp(d, hn::Sub(LoadTail(d, x + nf, n - nf, lowest), m));
+    StoreTail(d, e, n - nf, x + nf);
+    vsum = hn::Add(vsum, e);
+  }
+  float total;
+  ReduceMany(&vsum, 1, &total);
+  total += hn::GetLane(hn::Exp(d, hn::Sub(hn::Set(d, sink), m)));
+  const VF inv = hn::Set(d, 1.0f / total);
+  for (int64_t j = 0; j < nf; j += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + j), inv), d, x + j);
+  for (int64_t j = nf; j < n; ++j) x[j] *= hn::GetLane(inv);
+}
+
+// out[i] = Σ_j p[j] · rows[j · stride + i] for i < dim, j ascending (one fused multiply-add per term).
+constexpr int64_t kSumBlock = 8;  // vectors of out kept in registers while the rows stream past
+void WeightedRowSum(const float* p, const float* rows, int64_t n, int64_t dim, int64_t stride, float* out) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), dfull = dim - dim % N;
+  for (int64_t i0 = 0; i0 < dfull; i0 += kSumBlock * N) {
+    const int64_t nv = std::min(kSumBlock, (dfull - i0) / N);
+    VF acc[kSumBlock];
+    for (int64_t b = 0; b < nv; ++b) acc[b] = hn::Zero(d);
+    for (int64_t j = 0; j < n; ++j) {
+      const VF pj = hn::Set(d, p[j]);
+      const float* r = rows + j * stride + i0;
+      for (int64_t b = 0; b < nv; ++b) acc[b] = Fma(pj, hn::LoadU(d, r + b * N), acc[b]);
+    }
+    for (int64_t b = 0; b < nv; ++b) hn::StoreU(acc[b], d, out + i0 + b * N);
+  }
+  for (int64_t i = dfull; i < dim; ++i) {
+    float acc = 0.0f;
+    for (int64_t j = 0; j < n; ++j) acc = std::fma(p[j], rows[j * stride + i], acc);
+    out[i] = acc;
+  }
+}
+
+HWY_INLINE VF Sigmoid(DF d, VF x) {
+  const VF one = hn::Set(d, 1.0f);
+  return hn::Div(one, hn::Add(one, hn::Exp(d, hn::Neg(x))));
+}
+
+// out[i] = silu(min(gate[i], limit)) · clamp(up[i], -limit, limit) (no clamp when limit <= 0).
+void Swiglu(const float* gate, const float* up, int64_t n, float limit, float* out) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const bool clamp = limit > 0;
+  const VF hi = hn::Set(d, limit), lo = hn::Set(d, -limit);
+  auto one = [&](VF g, VF u) {
+    if (clamp) {
+      g = hn::Min(g, hi);
+      u = hn::Min(hn::Max(u, lo), hi);
+    }
+    return hn::Mul(hn::Mul(g, Sigmoid(d, g)), u);
+  };
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(one(hn::LoadU(d, gate + i), hn::LoadU(d, up + i)), d, out + i);
+  if (i < n) StoreTail(d, one(LoadTail(d, gate + i, n - i, 0.0f), LoadTail(d, up + i, n - i, 0.0f)), n - i, out + i);
+}
+
+// out[i] = x[i] · sigmoid(g[i]).
+void MulSigmoid(const float* x, const float* g, int64_t n, float* out) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(hn::Mul(hn::LoadU(d, x + i), Sigmoid(d, hn::LoadU(d, g + i))), d, out + i);
+  if (i < n)
+    StoreTail(d, hn::Mul(LoadTail(d, x + i, n - i, 0.0f), Sigmoid(d, LoadTail(d, g + i, n - i, 0.0f))), n - i,
+              out + i);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace nextn::nn_kernels
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace nextn::nn_kernels {
+
+HWY_EXPORT(IndexerScores);
+HWY_EXPORT(SoftmaxWithSink);
+HWY_EXPORT(WeightedRowSum);
+HWY_EXPORT(Swiglu);
+HWY_EXPORT(MulSigmoid);
+
+}  // namespace nextn::nn_kernels
+
+namespace nextn::ops {
+
+void indexer_scores(const float* q, const float* w, int64_t heads, int64_t dim, const float* keys, int64_t n,
+                    float* out) {
+  using namespace nn_kernels;
+  if (n > 0 && heads > 0) HWY_DYNAMIC_DISPATCH(IndexerScores)(q, w, heads, dim, keys, n, out);
+}
+void softmax_with_sink(float* x, int64_t n, float scale, float sink) {
+  using namespace nn_kernels;
+  HWY_DYNAMIC_DISPATCH(SoftmaxWithSink)(x, n, scale, sink);
+}
+void weighted_row_sum(const float* p, const float* rows, int64_t n, int64_t dim, int64_t stride, float* out) {
+  using namespace nn_kernels;
+  HWY_DYNAMIC_DISPATCH(WeightedRowSum)(p, rows, n, dim, stride, out);
+}
+void swiglu(const float* gate, const float* up, int64_t n, float limit, float* out) {
+  using namespace nn_kernels;
+  HWY_DYNAMIC_DISPATCH(Swiglu)(gate, up, n, limit, out);
+}
+void mul_sigmoid(const float* x, const float* g, int64_t n, float* out) {
+  using namespace nn_kernels;
+  HWY_DYNAMIC_DISPATCH(MulSigmoid)(x, g, n, out);
+}
+
+}  // namespace nextn::ops
+#endif  // HWY_ONCE

@@ -1,0 +1,136 @@
+// The per-row SIMD kernels (nn_hwy.cpp) on every target this CPU runs, against double-precision
+// references, and their invariances: a key's indexer score does not depend on which keys share the call.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "hwy/targets.h"
+#include "ops/cpu/target_testing.h"
+#include "ops/ops.h"
+
+namespace nextn {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float sd = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// |got - want| <= tol · max(1, |want|) element-wise.
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, double tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i)
+    ASSERT_LE(std::abs(got[i] - want[i]), tol * std::max(1.0, std::abs(want[i]))) << what << " at " << i;
+}
+
+std::string name(int64_t target) { return hwy::TargetName(target); }
+
+// Head counts and dims that are and are not multiples of the vector widths; key counts with short groups.
+TEST(NnKernels, IndexerScoresMatchReferenceOnEveryTarget) {
+  struct Shape { int64_t heads, dim, n; };
+  for (const Shape sh : {Shape{16, 32, 37}, Shape{64, 128, 9}, Shape{5, 20, 1}, Shape{17, 7, 130}}) {
+    const std::vector<float> q = randn(sh.heads * sh.dim, 1), keys = randn(sh.n * sh.dim, 2), w = randn(sh.heads, 3);
+    std::vector<double> want(sh.n);
+    for (int64_t j = 0; j < sh.n; ++j)
+      for (int64_t h = 0; h < sh.heads; ++h) {
+        double dot = 0;
+        for (int64_t k = 0; k < sh.dim; ++k) dot += double(q[h * sh.dim + k]) * keys[j * sh.dim + k];
+        want[j] += w[h] * std::max(dot, 0.0);
+      }
+    for (int64_t target : kernel_targets()) {
+      ForceTarget force(target);
+      const std::string what = name(target) + " heads " + std::to_string(sh.heads) + " dim " + std::to_string(sh.dim);
+      std::vector<float> all(sh.n);
+      ops::indexer_scores(q.data(), w.data(), sh.heads, sh.dim, keys.data(), sh.n, all.data());
+      expect_close(all, want, 1e-4, what);
+      // Any split of the keys gives the same bits (the attention splits them over threads).
+      for (int64_t cut : {int64_t(1), int64_t(3), sh.n / 2}) {
+        if (cut <= 0 || cut >= sh.n) continue;
+        std::vector<float> parts(sh.n);
+        ops::indexer_scores(q.data(), w.data(), sh.heads, sh.dim, keys.data(), cut, parts.data());
+        ops::indexer_scores(q.data(), w.data(), sh.heads, sh.dim, keys.data() + cut * sh.dim, sh.n - cut,
+                            parts.data() + cut);
+        for (int64_t j = 0; j < sh.n; ++j)
+          ASSERT_EQ(parts[j], all[j]) << what << " cut " << cut << " key " << j << std::hexfloat << " " << parts[j] << " " << all[j];
+      }
+    }
+  }
+}
+
+TEST(NnKernels, SoftmaxWithSinkMatchesReferenceOnEveryTarget) {
+  for (int64_t n : {int64_t(1), int64_t(16), int64_t(37), int64_t(128)}) {
+    for (float sink : {-3.0f, 0.5f, 40.0f}) {
+      const std::vector<float> x = randn(n, 7 + uint32_t(n), 4.0f);
+      const float scale = 0.125f;
+      double m = sink;
+      for (float v : x) m = std::max(m, double(v) * scale);
+      double z = std::exp(sink - m);
+      for (float v : x) z += std::exp(double(v) * scale - m);
+      std::vector<double> want(n);
+      for (int64_t j = 0; j < n; ++j) want[j] = std::exp(double(x[j]) * scale - m) / z;
+      for (int64_t target : kernel_targets()) {
+        ForceTarget force(target);
+        std::vector<float> got = x;
+        ops::softmax_with_sink(got.data(), n, scale, sink);
+        expect_close(got, want, 1e-5, name(target) + " n " + std::to_string(n) + " sink " + std::to_string(sink));
+      }
+    }
+  }
+}
+
+TEST(NnKernels, WeightedRowSumMatchesReferenceOnEveryTarget) {
+  for (int64_t dim : {int64_t(64), int64_t(512), int64_t(19)}) {
+    const int64_t n = 45, stride = dim + 16;
+    const std::vector<float> p = randn(n, 11), rows = randn(n * stride, 12);
+    std::vector<double> want(dim);
+    for (int64_t i = 0; i < dim; ++i)
+      for (int64_t j = 0; j < n; ++j) want[i] += double(p[j]) * rows[j * stride + i];
+    for (int64_t target : kernel_targets()) {
+      ForceTarget force(target);
+      std::vector<float> got(dim);
+      ops::weighted_row_sum(p.data(), rows.data(), n, dim, stride, got.data());
+      expect_close(got, want, 1e-5, name(target) + " dim " + std::to_string(dim));
+    }
+  }
+}
+
+TEST(NnKernels, ActivationsMatchReferenceOnEveryTarget) {
+  const int64_t n = 45;  // a tail on every target
+  const std::vector<float> g = randn(n, 21, 6.0f), u = randn(n, 22, 6.0f);
+  for (float limit : {0.0f, 4.0f}) {
+    std::vector<double> want(n);
+    for (int64_t i = 0; i < n; ++i) {
+      double gi = g[i], ui = u[i];
+      if (limit > 0) {
+        gi = std::min<double>(gi, limit);
+        ui = std::clamp<double>(ui, -limit, limit);
+      }
+      want[i] = gi / (1 + std::exp(-gi)) * ui;
+    }
+    for (int64_t target : kernel_targets()) {
+      ForceTarget force(target);
+      std::vector<float> got(n);
+      ops::swiglu(g.data(), u.data(), n, limit, got.data());
+      expect_close(got, want, 1e-5, name(target) + " swiglu limit " + std::to_string(limit));
+    }
+  }
+  std::vector<double> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = u[i] / (1 + std::exp(-double(g[i])));
+  for (int64_t target : kernel_targets()) {
+    ForceTarget force(target);
+    std::vector<float> got(n);
+    ops::mul_sigmoid(u.data(), g.data(), n, got.data());
+    expect_close(got, want, 1e-5, name(target) + " mul_sigmoid");
+  }
+}
+
+}  // namespace
+}  // namespace nextn
