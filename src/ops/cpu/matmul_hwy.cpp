@@ -427,9 +427,10 @@ void FusedCols(const Job& job, const float* xt) {
       }
     }
   };
+  const int64_t pf_end = std::max(job.n1, job.prefetch_end);
   int64_t n = job.n0;
   for (; n + R <= job.n1; n += R)
-    group(n, n + 2 * R <= job.n1 ? R * stride : 0, std::integral_constant<int, R>());
+    group(n, n + 2 * R <= pf_end ? R * stride : 0, std::integral_constant<int, R>());
   for (; n < job.n1; ++n) group(n, 0, std::integral_constant<int, 1>());
 }
 
@@ -610,6 +611,7 @@ void Fp8PrescaledCols(const Job& job) {
       sub.y = job.y + m0 * job.y_stride;
       sub.n0 = n;
       sub.n1 = ne;
+      sub.prefetch_end = std::max(job.n1, job.prefetch_end);
       ColsFor<DecFP8Raw>(sub);
       n = ne;
     }

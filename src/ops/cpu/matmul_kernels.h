@@ -34,6 +34,9 @@ struct Job {
   int64_t y_stride = 0;
   const Weight* w = nullptr;
   int64_t n0 = 0, n1 = 0;
+  // Rows below this may be prefetched (0: n1). A job cut into pieces (FP8 scale-block rows) lets each piece
+  // prefetch into the next, so the weight stream does not stall at every piece boundary.
+  int64_t prefetch_end = 0;
 };
 
 void matmul_cols(const Job& job);
