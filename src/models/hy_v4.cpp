@@ -77,8 +77,7 @@ KVCache HYV4Model::new_cache(int64_t capacity) const {
     LayerCache& lc = layers[i];
     lc.kv_lora = cfg_.kv_lora_rank;
     lc.rope = cfg_.qk_rope_head_dim;
-    lc.latent.assign(capacity * lc.kv_lora, 0.0f);
-    lc.k_rot.assign(capacity * lc.rope, 0.0f);
+    lc.keys.assign(capacity * lc.key_width(), 0.0f);
     if (w_.layers[i].attn.has_indexer) {
       lc.index_dim = cfg_.index_head_dim;
       lc.index_k.assign(capacity * lc.index_dim, 0.0f);
@@ -93,8 +92,7 @@ KVCache HYV4Model::new_draft_cache(int64_t capacity) const {
     lc.kv_lora = cfg_.kv_lora_rank;
     lc.rope = cfg_.qk_rope_head_dim;
     lc.index_dim = cfg_.index_head_dim;
-    lc.latent.assign(capacity * lc.kv_lora, 0.0f);
-    lc.k_rot.assign(capacity * lc.rope, 0.0f);
+    lc.keys.assign(capacity * lc.key_width(), 0.0f);
     lc.index_k.assign(capacity * lc.index_dim, 0.0f);
   }
   return KVCache(capacity, std::move(layers));
@@ -230,8 +228,9 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     float* q = ws_.q.data() + s * nh * qkd;
     for (int64_t h = 0; h < nh; ++h) ops::rope_rotate_half(q + h * qkd + nope, rope, cosv, sinv);
     const float* kva = ws_.kv_a.data() + s * (kvl + rope);
-    ops::rms_norm(kva, 1, kvl, a.kv_a_norm.data(), eps, lc.latent.data() + slot * kvl);
-    float* kr = lc.k_rot.data() + slot * rope;
+    float* key = lc.keys.data() + slot * (kvl + rope);
+    ops::rms_norm(kva, 1, kvl, a.kv_a_norm.data(), eps, key);
+    float* kr = key + kvl;
     std::copy(kva + kvl, kva + kvl + rope, kr);
     ops::rope_rotate_half(kr, rope, cosv, sinv);
   }
@@ -304,7 +303,8 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   prof.next(profile::kAttention);
   // Sparse MLA over the cached latents, absorbed: q·(W_kb c) = (W_kbᵀ q)·c and out = W_vb (Σ p c), with
   // kv_b_proj used as stored (bf16 / FP8 rows decoded by the kernels, never copied). Per query row the
-  // selected keys [nsel, kvl + rope] (latent, then rope part) are gathered once; per head:
+  // selected keys [nsel, kvl + rope] (latent, then rope part) are gathered once, unless they are the
+  // cache's first nsel rows (context <= index_topk); per head:
   //   q_cat [kvl + rope] = [W_kb[h]ᵀ q_nope, q_rope];  scores [nsel] = q_cat·keysᵀ;  p = softmax with the
   //   sink;  o_lat [kvl] = Σ_j p_j C[j] (ascending j);  out [vd] = W_vb[h] o_lat, times the sigmoid gate.
   // Few rows (decode, verification): the gathers, then (row, head) pairs spread over the threads. Many rows
@@ -315,13 +315,17 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   const int64_t Kmax = std::min<int64_t>(K, ws_max_seq_);
   const AttentionScratch sz{nh, kvl, rope, vd, Kmax};
   const int64_t kr = sz.kr();
-  auto gather = [&](int64_t s, int64_t j0, int64_t j1, float* keys) {  // keys [nsel, kr]
+  // Row s's selected keys: the cache rows themselves when they are the first nsel positions in order (the
+  // context is not longer than index_topk), else gathered into `buf` [nsel, kr].
+  auto contiguous = [&](int64_t s) {
+    const int64_t nsel = ws_.topk_count[s];
+    return nsel == 0 || ws_.topk[s * K + nsel - 1] == nsel - 1;  // ascending and distinct: 0, 1, ..., nsel-1
+  };
+  auto gather = [&](int64_t s, int64_t j0, int64_t j1, float* buf) {
     const int32_t* sel = ws_.topk.data() + s * K;
     for (int64_t j = j0; j < j1; ++j) {
-      const float* cl = lc.latent.data() + int64_t(sel[j]) * kvl;
-      std::copy(cl, cl + kvl, keys + j * kr);
-      const float* kro = lc.k_rot.data() + int64_t(sel[j]) * rope;
-      std::copy(kro, kro + rope, keys + j * kr + kvl);
+      const float* src = lc.keys.data() + int64_t(sel[j]) * kr;
+      std::copy(src, src + kr, buf + j * kr);
     }
   };
   auto q_cat = [&](int64_t s, int64_t h, float* qc) {  // qc [kr]
@@ -353,12 +357,12 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     // Gathers: rows x chunks of their selected keys (on this thread when the copy is small).
     float* gbase = ws_.att_gather.data();  // [S, Kmax, kr]
     int64_t copy = 0;
-    for (int64_t s = 0; s < S; ++s) copy += ws_.topk_count[s] * kr;
+    for (int64_t s = 0; s < S; ++s) copy += contiguous(s) ? 0 : ws_.topk_count[s] * kr;
     const int64_t G = copy >= (int64_t(1) << 17) ? std::max<int64_t>(1, threads / S) : 1;
     parallel_for(G > 1 ? pool_ : nullptr, S * G, 1, [&](int64_t t0, int64_t t1, int) {
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t s = t / G, g = t % G, nsel = ws_.topk_count[s];
-        gather(s, nsel * g / G, nsel * (g + 1) / G, gbase + s * Kmax * kr);
+        if (!contiguous(s)) gather(s, nsel * g / G, nsel * (g + 1) / G, gbase + s * Kmax * kr);
       }
     });
     parallel_for(pool_, S * nh, 1, [&](int64_t t0, int64_t t1, int tid) {
@@ -368,7 +372,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       float* out = o + kvl;                                     // [vd]
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t s = t / nh, h = t % nh, nsel = ws_.topk_count[s];
-        const float* keys = gbase + s * Kmax * kr;
+        const float* keys = contiguous(s) ? lc.keys.data() : gbase + s * Kmax * kr;
         q_cat(s, h, qc);
         if (nsel > 0) ops::matmul(nullptr, qc, 1, keys_of(keys, nsel), sc);
         head_tail(s, h, sc, keys, nsel, o, out);
@@ -378,14 +382,18 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     ThreadPool* apool = S * row_work >= 2 * min_parallel_work_ ? pool_ : nullptr;
     parallel_for(apool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
       float* qc = ws_.att_scratch.data() + tid * sz.floats();  // [nh, kr]
-      float* keys = qc + nh * kr;                               // [nsel, kr] gathered keys
-      float* sc = keys + Kmax * kr;                             // [nh, nsel] scores -> probabilities
+      float* gathered = qc + nh * kr;                           // [nsel, kr] selected keys
+      float* sc = gathered + Kmax * kr;                         // [nh, nsel] scores -> probabilities
       float* o_lat = sc + nh * Kmax;                            // [nh, kvl]
       float* out = o_lat + nh * kvl;                            // [vd]
       for (int64_t s = s0; s < s1; ++s) {
         const int64_t nsel = ws_.topk_count[s];
         for (int64_t h = 0; h < nh; ++h) q_cat(s, h, qc + h * kr);
-        gather(s, 0, nsel, keys);
+        const float* keys = lc.keys.data();
+        if (!contiguous(s)) {
+          gather(s, 0, nsel, gathered);
+          keys = gathered;
+        }
         if (nsel > 0) ops::matmul(nullptr, qc, nh, keys_of(keys, nsel), sc, kr, nsel);
         for (int64_t h = 0; h < nh; ++h) head_tail(s, h, sc + h * nsel, keys, nsel, o_lat + h * kvl, out);
       }

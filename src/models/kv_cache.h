@@ -15,8 +15,10 @@ namespace nextn {
 
 struct LayerCache {
   int64_t kv_lora = 0, rope = 0, index_dim = 0;
-  std::vector<float> latent;   // [capacity, kv_lora]
-  std::vector<float> k_rot;    // [capacity, rope]
+  // [capacity, kv_lora + rope]: a position's latent, then its rotated shared key, side by side so that
+  // attention reads (or gathers) one contiguous key row per position.
+  std::vector<float> keys;
+  int64_t key_width() const { return kv_lora + rope; }
   std::vector<float> index_k;  // [capacity, index_dim]; empty for layers that share another's top-k
 };
 
