@@ -5,6 +5,7 @@
 
 #include <random>
 
+#include "core/error.h"
 #include "core/threadpool.h"
 #include "spec/generator.h"
 #include "test_util.h"
@@ -63,6 +64,41 @@ TEST_P(SpecExactness, GreedySpeculativeEqualsPlainGreedy) {
     }
   }
   EXPECT_GT(rounds, 0);
+}
+
+// k tuned by measured speed (the CLI's greedy default): the output stays the target's, and every k in
+// 0..K is used while measuring (the seam makes k = 1 look fastest afterwards).
+TEST_P(SpecExactness, TunedKEqualsPlainGreedy) {
+  const auto& c = model_->config();
+  auto prompts = make_prompts(4, c.vocab_size, c.index_topk, 13);
+  const int N = std::max<int>(2 * c.index_topk + 4, 96);  // long enough to measure, then to choose
+  for (const auto& prompt : prompts) {
+    const auto ref = plain(prompt, N);
+    SamplingParams sp;
+    sp.max_tokens = N;
+    SpecOptions so;
+    so.num_speculative_tokens = 3;
+    so.tune_k = true;
+    so.round_seconds_for_tests = [](int k, int emitted) { return (k == 1 ? 0.5 : 1.0) * emitted; };
+    auto got = Generator(*model_).generate(prompt, sp, so);
+    ASSERT_EQ(got.ids, ref.ids) << "prompt length " << prompt.size();
+    ASSERT_EQ(got.stats.rounds_at_k.size(), 4u);
+    for (int k = 0; k <= 3; ++k) EXPECT_GE(got.stats.rounds_at_k[k], 1) << "k " << k;
+    int64_t total = 0;
+    for (int64_t r : got.stats.rounds_at_k) total += r;
+    EXPECT_GT(got.stats.rounds_at_k[1], total / 2);
+  }
+  // Sampling keeps k fixed: no tuning.
+  SamplingParams sp;
+  sp.max_tokens = 8;
+  sp.temperature = 1.0f;
+  sp.seed = 5;
+  SpecOptions so;
+  so.tune_k = true;
+  EXPECT_TRUE(Generator(*model_).generate(prompts[0], sp, so).stats.rounds_at_k.empty());
+  SpecOptions both = so;
+  both.adaptive = true;
+  EXPECT_THROW(Generator(*model_).generate(prompts[0], sp, both), Error);
 }
 
 // Drafts forced to the right answer (from the plain run) except at chosen positions: exercises full

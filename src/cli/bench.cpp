@@ -455,6 +455,17 @@ int run_bench(int argc, char** argv) {
       log("  k=%d: %.2f tokens/s (%.2fx), mean acceptance length %.2f\n", k, tps, tps / base_tps,
           r.stats.mean_acceptance_length());
     }
+    // What `nextn generate` does by default for greedy decoding: k tuned by measured speed.
+    SpecOptions so;
+    so.num_speculative_tokens = 4;
+    so.tune_k = true;
+    auto r = gen.generate(prompt, sp, so);
+    const double tps = r.stats.tokens_per_second();
+    out["speculative_tuned"] = {{"k_max", 4}, {"tokens_per_s", tps}, {"speedup", tps / base_tps},
+                                {"rounds_at_k", r.stats.rounds_at_k}};
+    log("  tuned k (0..4): %.2f tokens/s (%.2fx), steps per k:", tps, tps / base_tps);
+    for (size_t k = 0; k < r.stats.rounds_at_k.size(); ++k) log(" %zu:%lld", k, (long long)r.stats.rounds_at_k[k]);
+    log("\n");
   }
   out["speculative"] = specs;
   if (a.has("oracle-acceptance") && m.num_mtp_layers() > 0) {

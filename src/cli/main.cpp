@@ -53,6 +53,10 @@ sampled output is distributed exactly as the target's.
   --json                    print {"ids": [...], "text": "...", "stats": {...}} on stdout
   --speculative-tokens K    draft K tokens per step, 1..8 (default: generation_config.json's
                             num_speculative_tokens, else 3)
+  --speculative-tokens auto greedy: each step drafts the k in 0..K (K as above) that has been fastest
+                            on this machine so far, measured as it runs (the output is the same for
+                            every k). This is the default for greedy decoding without K or --adaptive;
+                            sampling keeps k = K fixed, so that --seed reproduces its output.
   --no-speculate            plain decoding
   --no-draft-probs          verify as if the draft were one-hot (exact, lower acceptance; for comparison)
   --temperature T           0 = greedy (default 0)
@@ -102,7 +106,8 @@ nlohmann::json stats_json(const SpecStats& s) {
           {"prompt_tokens", s.prompt_tokens},
           {"target_forwards", s.target_forwards},
           {"prefill_seconds", s.prefill_seconds},
-          {"decode_seconds", s.decode_seconds}};
+          {"decode_seconds", s.decode_seconds},
+          {"rounds_at_k", s.rounds_at_k}};
 }
 
 void print_stats(const SpecStats& s, bool speculated) {
@@ -118,6 +123,11 @@ void print_stats(const SpecStats& s, bool speculated) {
   std::fprintf(stderr, "per-position acceptance:");
   for (double a : s.per_position_acceptance()) std::fprintf(stderr, " %.3f", a);
   std::fprintf(stderr, "\n");
+  if (!s.rounds_at_k.empty()) {
+    std::fprintf(stderr, "steps per k (k tuned by measured speed; 0 = plain):");
+    for (size_t k = 0; k < s.rounds_at_k.size(); ++k) std::fprintf(stderr, " %zu:%lld", k, (long long)s.rounds_at_k[k]);
+    std::fprintf(stderr, "\n");
+  }
 }
 
 std::string default_model() {
@@ -178,8 +188,9 @@ int run_generate(int argc, char** argv) {
   }
   SpecOptions so;
   so.enabled = !a.has("no-speculate");
-  so.num_speculative_tokens = static_cast<int>(a.get_int("speculative-tokens", 3));
-  const bool k_given = a.has("speculative-tokens");
+  const bool k_auto = a.has("speculative-tokens") && a.get("speculative-tokens") == "auto";
+  const bool k_given = a.has("speculative-tokens") && !k_auto;
+  so.num_speculative_tokens = k_given ? static_cast<int>(a.get_int("speculative-tokens", 3)) : 3;
   so.use_draft_probs = !a.has("no-draft-probs");
   if (a.has("relaxed-acceptance")) {
     const std::string v = a.get("relaxed-acceptance");
@@ -194,9 +205,11 @@ int run_generate(int argc, char** argv) {
     }
   }
   if (a.has("adaptive")) {
+    if (k_auto) throw UsageError("--speculative-tokens auto and --adaptive are alternatives: give one");
     so.adaptive = true;
     so.adaptive_threshold = static_cast<float>(a.get_double("adaptive", 0.3));
   }
+  so.tune_k = !k_given && !so.adaptive;  // applies to greedy decoding only
   try {
     so.validate();
   } catch (const Error& e) {

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "spec/k_tuner.h"
 
 namespace nextn {
 
@@ -15,6 +16,7 @@ void SpecOptions::validate() const {
     throw Error("speculative: relaxed acceptance needs top_n >= 1 and delta >= 0");
   if (adaptive && (adaptive_window < 1 || adaptive_probe_interval < 1 || !(adaptive_threshold >= 0.0f)))
     throw Error("speculative: adaptive needs window >= 1, probe interval >= 1, threshold >= 0");
+  if (adaptive && tune_k) throw Error("speculative: choose either adaptive k or tuned k, not both");
 }
 
 double SpecStats::mean_acceptance_length() const {
@@ -160,6 +162,9 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
   }
   auto t_decode = Clock::now();
 
+  // Tuned k (greedy): KTuner picks each round's k from measured speed.
+  const bool tuned = speculate && spec.tune_k && params.greedy();
+  KTuner tuner(k_max);
   // Adaptive k state.
   int k_cur = k_max;
   std::vector<std::pair<int, int>> window;  // (drafted, accepted) of recent rounds
@@ -167,7 +172,10 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
 
   while (!stop) {
     const int64_t m = int64_t(seq.size()) - 1;  // seq[m] is the newest token; the target has seen [0, m)
-    int k = k_cur;
+    const auto t_round = Clock::now();
+    const int64_t emitted_before = int64_t(res.ids.size());
+    const int k_chosen = tuned ? tuner.next() : k_cur;
+    int k = k_chosen;
     if (speculate && spec.adaptive && k_cur == 0 && ++since_probe >= spec.adaptive_probe_interval) {
       k = 1;  // probe
       since_probe = 0;
@@ -358,6 +366,13 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
     pending_rows = kept;
     if (!stop && int64_t(seq.size()) != m + kept + 1) throw Error("internal: sequence and cache out of step");
 
+    if (tuned) {
+      const int emitted = static_cast<int>(int64_t(res.ids.size()) - emitted_before);
+      tuner.record(k_chosen,
+                   spec.round_seconds_for_tests ? spec.round_seconds_for_tests(k_chosen, emitted)
+                                                : seconds_since(t_round),
+                   emitted);
+    }
     if (speculate && spec.adaptive && drafted > 0) {
       window.emplace_back(drafted, accepted);
       if (int(window.size()) > spec.adaptive_window) window.erase(window.begin());
@@ -375,6 +390,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
     }
   }
   st.decode_seconds = seconds_since(t_decode);
+  if (tuned) st.rounds_at_k = tuner.rounds();
   if (res.finish_reason.empty()) res.finish_reason = "length";
   return res;
 }

@@ -34,6 +34,12 @@ struct SpecOptions {
   float adaptive_threshold = 0.3f;
   int adaptive_window = 8;
   int adaptive_probe_interval = 16;
+  // Greedy only: k for each round is chosen among 0..num_speculative_tokens by the measured time per
+  // emitted token (KTuner); greedy output is the same for every k. Ignored when sampling, where k stays
+  // fixed so that a seed reproduces the output. Not combined with `adaptive`.
+  bool tune_k = false;
+  // Test seam: replaces a tuned round's measured duration: (k, tokens emitted) -> seconds.
+  std::function<double(int k, int emitted)> round_seconds_for_tests;
 
   // Test seam: replaces the draft token for absolute position `pos` (q becomes one-hot at the result).
   // Lets tests drive exact, partial and zero acceptance through the real verify / rollback path.
@@ -58,6 +64,7 @@ struct SpecStats {
   int64_t prompt_tokens = 0;
   int64_t target_forwards = 0, draft_forwards = 0;
   double prefill_seconds = 0, decode_seconds = 0;
+  std::vector<int64_t> rounds_at_k;  // tuned k: rounds run with each k (k = 0: plain steps); else empty
 
   double mean_acceptance_length() const;  // 1 + accepted / drafts
   std::vector<double> per_position_acceptance() const;

@@ -1,0 +1,65 @@
+#include "spec/k_tuner.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace nextn {
+
+namespace {
+constexpr double kDecay = 0.8;  // per round measured at that k: the last ~5 rounds dominate
+}
+
+KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval)
+    : k_max_(k_max), probe_rounds_(probe_rounds), reprobe_interval_(reprobe_interval) {
+  if (k_max < 0 || probe_rounds < 1 || reprobe_interval < 1)
+    throw Error("KTuner: needs k_max >= 0, probe_rounds >= 1, reprobe_interval >= 1");
+  seconds_.assign(k_max + 1, 0.0);
+  tokens_.assign(k_max + 1, 0.0);
+  rounds_.assign(k_max + 1, 0);
+}
+
+double KTuner::seconds_per_token(int k) const {
+  return k >= 0 && k <= k_max_ && tokens_[k] > 0 ? seconds_[k] / tokens_[k] : 0.0;
+}
+
+int KTuner::best() const {
+  int b = -1;
+  for (int k = 0; k <= k_max_; ++k)
+    if (tokens_[k] > 0 && (b < 0 || seconds_per_token(k) < seconds_per_token(b))) b = k;
+  return b < 0 ? k_max_ : b;
+}
+
+int KTuner::next() {
+  if (probe_left_ > 0) return probe_k_;
+  // First measure every k once, largest first.
+  for (int k = k_max_; k >= 0; --k)
+    if (rounds_[k] == 0) {
+      probe_k_ = k;
+      probe_left_ = probe_rounds_;
+      return k;
+    }
+  const int b = best();
+  if (++since_probe_ >= reprobe_interval_) {
+    since_probe_ = 0;
+    reprobe_up_ = !reprobe_up_;
+    int n = reprobe_up_ ? b + 1 : b - 1;
+    if (n < 0 || n > k_max_) n = reprobe_up_ ? b - 1 : b + 1;
+    if (n >= 0 && n <= k_max_) {
+      probe_k_ = n;
+      probe_left_ = probe_rounds_;
+      return n;
+    }
+  }
+  return b;
+}
+
+void KTuner::record(int k, double seconds, int emitted) {
+  if (k < 0 || k > k_max_ || emitted <= 0 || !(seconds >= 0)) return;
+  seconds_[k] = seconds_[k] * kDecay + seconds;
+  tokens_[k] = tokens_[k] * kDecay + emitted;
+  ++rounds_[k];
+  if (probe_left_ > 0 && k == probe_k_) --probe_left_;
+}
+
+}  // namespace nextn

@@ -1,0 +1,36 @@
+// Picks the number of draft tokens k for each round of greedy speculative decoding from measured speed.
+//
+// Greedy output does not depend on k (every round emits the target's own tokens), so k is free to follow
+// whatever is fastest on this machine, model and context: speculation pays only when a (k+1)-row verify
+// plus k draft steps costs less than the tokens it yields, which varies with the hardware (bandwidth-
+// versus compute-bound), the context length and the text. Each candidate k in 0..k_max (0 = plain
+// decoding) is tried for a few rounds, then the one with the lowest time per emitted token runs, and a
+// neighbour of it is re-measured every `reprobe_interval` rounds so that the choice follows the context
+// as it grows. Time per token is kept as a decaying ratio of sums (seconds / tokens), which weighs rounds
+// by their tokens instead of averaging per-round ratios.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace nextn {
+
+class KTuner {
+ public:
+  explicit KTuner(int k_max, int probe_rounds = 3, int reprobe_interval = 32);
+
+  int next();                                   // k for the coming round
+  void record(int k, double seconds, int emitted);  // what the round at k cost and yielded
+  int best() const;                             // the k with the lowest time per token so far
+  double seconds_per_token(int k) const;        // 0 when k was never measured
+  const std::vector<int64_t>& rounds() const { return rounds_; }  // rounds run at each k
+
+ private:
+  int k_max_, probe_rounds_, reprobe_interval_;
+  std::vector<double> seconds_, tokens_;  // decaying sums per k
+  std::vector<int64_t> rounds_;
+  int probe_k_ = -1, probe_left_ = 0;  // a k being (re)measured, and its rounds to go
+  int64_t since_probe_ = 0;
+  bool reprobe_up_ = false;  // alternates the neighbour re-measured
+};
+
+}  // namespace nextn
