@@ -66,8 +66,8 @@ TEST_P(SpecExactness, GreedySpeculativeEqualsPlainGreedy) {
   EXPECT_GT(rounds, 0);
 }
 
-// k tuned by measured speed (the CLI's greedy default): the output stays the target's, and every k in
-// 0..K is used while measuring (the seam makes k = 1 look fastest afterwards).
+// k tuned by measured speed (the CLI's greedy default): the output stays the target's whatever k each step
+// uses. The seam makes k = 1 the fastest: the tuner climbs 0 -> 1 -> 2, stops (2 is slower), runs k = 1.
 TEST_P(SpecExactness, TunedKEqualsPlainGreedy) {
   const auto& c = model_->config();
   auto prompts = make_prompts(4, c.vocab_size, c.index_topk, 13);
@@ -83,7 +83,7 @@ TEST_P(SpecExactness, TunedKEqualsPlainGreedy) {
     auto got = Generator(*model_).generate(prompt, sp, so);
     ASSERT_EQ(got.ids, ref.ids) << "prompt length " << prompt.size();
     ASSERT_EQ(got.stats.rounds_at_k.size(), 4u);
-    for (int k = 0; k <= 3; ++k) EXPECT_GE(got.stats.rounds_at_k[k], 1) << "k " << k;
+    for (int k = 0; k <= 2; ++k) EXPECT_GE(got.stats.rounds_at_k[k], 1) << "k " << k;
     int64_t total = 0;
     for (int64_t r : got.stats.rounds_at_k) total += r;
     EXPECT_GT(got.stats.rounds_at_k[1], total / 2);

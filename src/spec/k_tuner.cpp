@@ -32,13 +32,19 @@ int KTuner::best() const {
 
 int KTuner::next() {
   if (probe_left_ > 0) return probe_k_;
-  // First measure every k once, largest first.
-  for (int k = k_max_; k >= 0; --k)
-    if (rounds_[k] == 0) {
-      probe_k_ = k;
+  // First climb from k = 0 while each larger k is faster than the one below it: time per token is
+  // usually unimodal in k, and where drafts are rarely accepted this never measures the costly large k
+  // (they remain reachable later as neighbours of the best).
+  if (!climbed_) {
+    int top = -1;
+    while (top < k_max_ && rounds_[top + 1] > 0) ++top;
+    if (top < 0 || (top < k_max_ && (top == 0 || seconds_per_token(top) < seconds_per_token(top - 1)))) {
+      probe_k_ = top + 1;
       probe_left_ = probe_rounds_;
-      return k;
+      return probe_k_;
     }
+    climbed_ = true;
+  }
   const int b = best();
   if (++since_probe_ >= reprobe_interval_) {
     since_probe_ = 0;

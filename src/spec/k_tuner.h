@@ -4,9 +4,9 @@
 // whatever is fastest on this machine, model and context: speculation pays only when a (k+1)-row verify
 // plus k draft steps costs less than the tokens it yields, which varies with the hardware (bandwidth-
 // versus compute-bound), the context length and the text. Each candidate k in 0..k_max (0 = plain
-// decoding) is tried for a few rounds, then the one with the lowest time per emitted token runs, and a
-// neighbour of it is re-measured every `reprobe_interval` rounds so that the choice follows the context
-// as it grows. Time per token is kept as a decaying ratio of sums (seconds / tokens), which weighs rounds
+// decoding) is tried for a few rounds, climbing from k = 0 while a larger k is faster, then the k with the
+// lowest time per emitted token runs, and a neighbour of it is re-measured every `reprobe_interval`
+// rounds so that the choice follows the context as it grows. Time per token is kept as a decaying ratio of sums (seconds / tokens), which weighs rounds
 // by their tokens instead of averaging per-round ratios.
 #pragma once
 #include <cstdint>
@@ -29,6 +29,7 @@ class KTuner {
   std::vector<double> seconds_, tokens_;  // decaying sums per k
   std::vector<int64_t> rounds_;
   int probe_k_ = -1, probe_left_ = 0;  // a k being (re)measured, and its rounds to go
+  bool climbed_ = false;               // the first climb from k = 0 is over
   int64_t since_probe_ = 0;
   bool reprobe_up_ = false;  // alternates the neighbour re-measured
 };

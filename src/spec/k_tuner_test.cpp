@@ -22,15 +22,28 @@ std::vector<int64_t> drive(KTuner& t, int rounds, const std::function<double(int
   return t.rounds();
 }
 
-TEST(KTuner, MeasuresEveryKThenRunsTheFastest) {
+TEST(KTuner, ClimbsToTheFastestAndStaysThere) {
   KTuner t(4, 3, 32);
   std::mt19937 noise(1);
   std::uniform_real_distribution<double> jitter(0.95, 1.05);
   const double per_token[] = {1.0, 0.8, 0.6, 0.7, 0.9};  // k = 2 is fastest
   const auto rounds = drive(t, 400, [&](int k, int64_t) { return per_token[k] * jitter(noise); }, 2);
-  for (int k = 0; k <= 4; ++k) EXPECT_GE(rounds[k], 3) << "k " << k << " was never measured";
+  for (int k = 0; k <= 3; ++k) EXPECT_GE(rounds[k], 3) << "k " << k << " was never measured";
+  EXPECT_EQ(rounds[4], 0);  // the climb stopped at k = 3, slower than k = 2; 4 is no neighbour of 2
   EXPECT_EQ(t.best(), 2);
   EXPECT_GT(rounds[2], 300);  // probes of the neighbours aside
+}
+
+TEST(KTuner, SpendsLittleOnDraftsThatAreNeverAccepted) {
+  KTuner t(4, 3, 32);
+  // Every draft rejected: a round at k emits one token and costs 1 + 0.4 k.
+  for (int r = 0; r < 200; ++r) {
+    const int k = t.next();
+    t.record(k, 1.0 + 0.4 * k, 1);
+  }
+  EXPECT_EQ(t.best(), 0);
+  EXPECT_EQ(t.rounds()[2] + t.rounds()[3] + t.rounds()[4], 0);
+  EXPECT_LE(t.rounds()[1], 3 + 3 * (200 / 32 + 1));  // the climb's probe, then a re-measure per interval
 }
 
 TEST(KTuner, FollowsACostThatChangesWithTheContext) {
