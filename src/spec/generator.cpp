@@ -106,16 +106,21 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
   }
 
   // Buffers, sized once: the decode loop does not allocate (beyond the result vectors).
+  // Rounds with k = 0 (tuned or adaptive k) leave the MTP layers' catch-up for later, up to kDeferRows
+  // positions, so that it runs as one batched draft forward when drafting resumes (a layer's outputs do
+  // not depend on how many rows share its forward, so the drafts are the same).
+  constexpr int64_t kDeferRows = 64;
   const int64_t rows_max = std::max<int64_t>(n, k_max + 1);
-  std::vector<float> logits(rows_max * V), hidden(rows_max * H);
-  std::vector<float> pending_h(rows_max * H);  // target hidden of positions [c0, m-1] not yet seen by layer 0
+  const int64_t catch_max = std::max(rows_max, kDeferRows);  // rows of one catch-up
+  std::vector<float> logits(rows_max * V), hidden(catch_max * H);
+  std::vector<float> pending_h(catch_max * H);  // target hidden of positions [c0, m-1] not yet seen by layer 0
   int64_t pending_rows = 0;
-  std::vector<std::vector<float>> g(nL, std::vector<float>((rows_max + 1) * H));  // layer outputs this round
+  std::vector<std::vector<float>> g(nL, std::vector<float>((catch_max + 1) * H));  // layer outputs this round
   std::vector<int64_t> g_start(nL, 0), g_rows(nL, 0);
   std::vector<std::vector<float>> g_last(nL, std::vector<float>(H));  // layer j's last canonical output
   std::vector<int64_t> canon(nL, 0);
   std::vector<bool> stale(nL, false);
-  std::vector<int32_t> tokens_buf(rows_max + 1), topk0, forced_slots;
+  std::vector<int32_t> tokens_buf(catch_max + 1), topk0, forced_slots;
   std::vector<float> step_h(H), draft_logits(V), q((k_max + 1) * V), p(V), resid(V);
   std::vector<int32_t> drafts(k_max + 1);
   std::vector<int32_t> seq = prompt;
@@ -152,8 +157,10 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
   auto t0 = Clock::now();
   model_.forward(prompt.data(), n, target, logits.data(), hidden.data(), /*all_logits=*/false);
   ++st.target_forwards;
-  std::copy(hidden.begin(), hidden.begin() + n * H, pending_h.begin());
-  pending_rows = n;
+  if (speculate) {
+    std::copy(hidden.begin(), hidden.begin() + n * H, pending_h.begin());
+    pending_rows = n;
+  }
   {
     target_dist(logits.data(), p.data());
     const int32_t t = params.greedy() ? Sampler::argmax(p.data(), V) : sampler.sample(p.data());
@@ -185,7 +192,8 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
     if (k < 0) k = 0;
 
     // ---- Draft: catch every MTP layer up on the verified positions, then k draft steps.
-    if (speculate) {
+    const bool defer = k == 0 && pending_rows < kDeferRows;
+    if (speculate && !defer) {
       // Layer 0: positions [c0, m-1]; row q gets token seq[q+1] and the target hidden at q.
       const int64_t c0 = dcache[0].base_position() + dcache[0].length();
       const int64_t rows0 = m - c0;
@@ -362,8 +370,11 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
     // Keep the target cache for positions m..m+accepted; their hidden states feed the next draft round.
     const int64_t kept = std::min<int64_t>(accepted + 1, rows);
     target.truncate(m + kept);
-    std::copy(hidden.begin(), hidden.begin() + kept * H, pending_h.begin());
-    pending_rows = kept;
+    if (speculate) {
+      if (pending_rows + kept > catch_max) throw Error("internal: draft catch-up backlog overflow");
+      std::copy(hidden.begin(), hidden.begin() + kept * H, pending_h.begin() + pending_rows * H);
+      pending_rows += kept;
+    }
     if (!stop && int64_t(seq.size()) != m + kept + 1) throw Error("internal: sequence and cache out of step");
 
     if (tuned) {

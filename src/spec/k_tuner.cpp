@@ -11,7 +11,7 @@ constexpr double kDecay = 0.8;  // per round measured at that k: the last ~5 rou
 }
 
 KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval)
-    : k_max_(k_max), probe_rounds_(probe_rounds), reprobe_interval_(reprobe_interval) {
+    : k_max_(k_max), probe_rounds_(probe_rounds), reprobe_interval_(reprobe_interval), interval_(reprobe_interval) {
   if (k_max < 0 || probe_rounds < 1 || reprobe_interval < 1)
     throw Error("KTuner: needs k_max >= 0, probe_rounds >= 1, reprobe_interval >= 1");
   seconds_.assign(k_max + 1, 0.0);
@@ -46,7 +46,7 @@ int KTuner::next() {
     climbed_ = true;
   }
   const int b = best();
-  if (++since_probe_ >= reprobe_interval_) {
+  if (++since_probe_ >= interval_) {
     since_probe_ = 0;
     reprobe_up_ = !reprobe_up_;
     int n = reprobe_up_ ? b + 1 : b - 1;
@@ -54,6 +54,7 @@ int KTuner::next() {
     if (n >= 0 && n <= k_max_) {
       probe_k_ = n;
       probe_left_ = probe_rounds_;
+      best_before_probe_ = b;
       return n;
     }
   }
@@ -65,7 +66,11 @@ void KTuner::record(int k, double seconds, int emitted) {
   seconds_[k] = seconds_[k] * kDecay + seconds;
   tokens_[k] = tokens_[k] * kDecay + emitted;
   ++rounds_[k];
-  if (probe_left_ > 0 && k == probe_k_) --probe_left_;
+  if (probe_left_ > 0 && k == probe_k_ && --probe_left_ == 0 && best_before_probe_ >= 0) {
+    // A re-measure that changed nothing: wait twice as long for the next (up to 8x); else back to 1x.
+    interval_ = best() == best_before_probe_ ? std::min(2 * interval_, 8 * reprobe_interval_) : reprobe_interval_;
+    best_before_probe_ = -1;
+  }
 }
 
 }  // namespace nextn

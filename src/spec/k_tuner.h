@@ -6,7 +6,8 @@
 // versus compute-bound), the context length and the text. Each candidate k in 0..k_max (0 = plain
 // decoding) is tried for a few rounds, climbing from k = 0 while a larger k is faster, then the k with the
 // lowest time per emitted token runs, and a neighbour of it is re-measured every `reprobe_interval`
-// rounds so that the choice follows the context as it grows. Time per token is kept as a decaying ratio of sums (seconds / tokens), which weighs rounds
+// rounds (twice as long after each re-measure that changed nothing, up to 8x) so that the choice follows
+// the context as it grows. Time per token is kept as a decaying ratio of sums (seconds / tokens), which weighs rounds
 // by their tokens instead of averaging per-round ratios.
 #pragma once
 #include <cstdint>
@@ -28,7 +29,9 @@ class KTuner {
   int k_max_, probe_rounds_, reprobe_interval_;
   std::vector<double> seconds_, tokens_;  // decaying sums per k
   std::vector<int64_t> rounds_;
+  int interval_;                       // rounds between re-measures: doubles while they change nothing
   int probe_k_ = -1, probe_left_ = 0;  // a k being (re)measured, and its rounds to go
+  int best_before_probe_ = -1;         // the best k when the current re-measure began
   bool climbed_ = false;               // the first climb from k = 0 is over
   int64_t since_probe_ = 0;
   bool reprobe_up_ = false;  // alternates the neighbour re-measured
