@@ -20,7 +20,7 @@ constexpr int64_t kHeadParallelRows = 16;
 struct AttentionScratch {
   int64_t nh, kvl, rope, vd, kmax;
   int64_t kr() const { return kvl + rope; }  // a key: latent, then rotated rope part
-  int64_t floats() const { return nh * kr() + kmax * kr() + nh * kmax + nh * kvl + vd; }
+  int64_t floats() const { return kmax * kr() + nh * kmax; }  // gathered keys, then scores of all heads
 };
 
 HYV4Model::~HYV4Model() = default;
@@ -150,6 +150,9 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   // gathered keys of the (few) rows of a head-parallel attention call
   w.att_gather.assign(std::min<int64_t>(S, kHeadParallelRows) * sz.kmax * (sz.kvl + sz.rope), 0);
   w.att_scratch.assign(threads * sz.floats(), 0);  // per thread, one query row at a time
+  w.att_q.assign(S * nh * sz.kr(), 0);
+  w.att_o.assign(S * nh * sz.kvl, 0);
+  w.att_v.assign(S * nh * sz.vd, 0);
   w.idx_scratch.assign(S * max_seq, 0);
   w.idx_tmp.assign(S * max_seq, 0);
 }
@@ -302,19 +305,24 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
 
   prof.next(profile::kAttention);
   // Sparse MLA over the cached latents, absorbed: q·(W_kb c) = (W_kbᵀ q)·c and out = W_vb (Σ p c), with
-  // kv_b_proj used as stored (bf16 / FP8 rows decoded by the kernels, never copied). Per query row the
-  // selected keys [nsel, kvl + rope] (latent, then rope part) are gathered once, unless they are the
-  // cache's first nsel rows (context <= index_topk); per head:
-  //   q_cat [kvl + rope] = [W_kb[h]ᵀ q_nope, q_rope];  scores [nsel] = q_cat·keysᵀ;  p = softmax with the
-  //   sink;  o_lat [kvl] = Σ_j p_j C[j] (ascending j);  out [vd] = W_vb[h] o_lat, times the sigmoid gate.
-  // Few rows (decode, verification): the gathers, then (row, head) pairs spread over the threads. Many rows
-  // (prefill): rows over the threads, the scores of all heads of a row as one matmul. Each head is computed
-  // by the same kernels in the same order either way (the matmuls are batch invariant).
+  // kv_b_proj used as stored (bf16 / FP8 rows decoded by the kernels, never copied). Three phases:
+  //   1. per head, all rows at once (W_kb[h] decoded once per 4 rows):
+  //        q_cat [S, nh, kvl + rope] = [W_kb[h]ᵀ q_nope, q_rope];
+  //   2. per row: its selected keys [nsel, kvl + rope] (latent, then rope part; the cache rows themselves
+  //      when they are its first nsel positions, i.e. context <= index_topk, else gathered), then per head
+  //        scores [nsel] = q_cat·keysᵀ;  p = softmax with the sink;  o_lat [kvl] = Σ_j p_j C[j] (ascending j);
+  //   3. per head, all rows at once: out [S, vd] = o_lat · W_vb[h]ᵀ, times the sigmoid gate.
+  // Threads take heads in phases 1 and 3; in phase 2 (row, head) pairs when rows are few (decode,
+  // verification), whole rows otherwise (prefill, the scores of all heads of a row as one matmul). Every
+  // value is computed by the same kernels in the same order either way (they are batch invariant).
   const Linear& kvb = a.kv_b_proj;
   const float scale = static_cast<float>(c.attn_scale);
   const int64_t Kmax = std::min<int64_t>(K, ws_max_seq_);
   const AttentionScratch sz{nh, kvl, rope, vd, Kmax};
   const int64_t kr = sz.kr();
+  float* qcat = ws_.att_q.data();  // [S, nh, kr]
+  float* olat = ws_.att_o.data();  // [S, nh, kvl]
+  float* vout = ws_.att_v.data();  // [S, nh, vd]
   // Row s's selected keys: the cache rows themselves when they are the first nsel positions in order (the
   // context is not longer than index_topk), else gathered into `buf` [nsel, kr].
   auto contiguous = [&](int64_t s) {
@@ -328,12 +336,6 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       std::copy(src, src + kr, buf + j * kr);
     }
   };
-  auto q_cat = [&](int64_t s, int64_t h, float* qc) {  // qc [kr]
-    const float* qh = ws_.q.data() + s * nh * qkd + h * qkd;
-    std::fill(qc, qc + kvl, 0.0f);
-    ops::matmul_transposed(qh, kvb.rows(h * (nope + vd), nope), qc);
-    std::copy(qh + nope, qh + qkd, qc + kvl);
-  };
   auto keys_of = [&](const float* keys, int64_t nsel) {
     Linear km;
     km.dtype = DType::F32;
@@ -343,16 +345,34 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     km.data = keys;
     return km;
   };
-  // From the scores of head h (p [nsel]) to its gated output.
-  auto head_tail = [&](int64_t s, int64_t h, float* p, const float* keys, int64_t nsel, float* o, float* out) {
+  auto absorb = [&](int64_t h) {  // phase 1 for head h
+    for (int64_t s = 0; s < S; ++s) {
+      float* qc = qcat + (s * nh + h) * kr;
+      const float* qh = ws_.q.data() + s * nh * qkd + h * qkd;
+      std::fill(qc, qc + kvl, 0.0f);
+      std::copy(qh + nope, qh + qkd, qc + kvl);
+    }
+    ops::matmul_transposed(ws_.q.data() + h * qkd, S, nh * qkd, kvb.rows(h * (nope + vd), nope), qcat + h * kr,
+                           nh * kr);
+  };
+  auto probs_to_latent = [&](int64_t s, int64_t h, float* p, const float* keys, int64_t nsel) {  // phase 2 tail
     ops::softmax_with_sink(p, nsel, scale, a.sinks[h]);  // the sink takes part in the softmax, then is dropped
-    ops::weighted_row_sum(p, keys, nsel, kvl, kr, o);
-    ops::matmul(nullptr, o, 1, kvb.rows(h * (nope + vd) + nope, vd), out);
-    ops::mul_sigmoid(out, ws_.gate.data() + s * nh * vd + h * vd, vd, ws_.attn.data() + s * nh * vd + h * vd);
+    ops::weighted_row_sum(p, keys, nsel, kvl, kr, olat + (s * nh + h) * kvl);
+  };
+  auto output = [&](int64_t h) {  // phase 3 for head h
+    ops::matmul(nullptr, olat + h * kvl, S, kvb.rows(h * (nope + vd) + nope, vd), vout + h * vd, nh * kvl, nh * vd);
+    for (int64_t s = 0; s < S; ++s) {
+      const int64_t o = (s * nh + h) * vd;
+      ops::mul_sigmoid(vout + o, ws_.gate.data() + o, vd, ws_.attn.data() + o);
+    }
   };
 
   const int64_t row_work = nh * ((nope + vd) * kvl + Kmax * (2 * kvl + rope));  // multiply-adds per row
   const int threads = pool_ ? pool_->size() : 1;
+  ThreadPool* hpool = threads > 1 && S * row_work >= min_parallel_work_ ? pool_ : nullptr;
+  parallel_for(hpool, nh, 1, [&](int64_t h0, int64_t h1, int) {
+    for (int64_t h = h0; h < h1; ++h) absorb(h);
+  });
   if (threads > 1 && S < 2 * threads && S <= kHeadParallelRows && S * row_work >= min_parallel_work_) {
     // Gathers: rows x chunks of their selected keys (on this thread when the copy is small).
     float* gbase = ws_.att_gather.data();  // [S, Kmax, kr]
@@ -366,39 +386,34 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       }
     });
     parallel_for(pool_, S * nh, 1, [&](int64_t t0, int64_t t1, int tid) {
-      float* qc = ws_.att_scratch.data() + tid * sz.floats();  // [kr]
-      float* sc = qc + kr;                                      // [nsel]
-      float* o = sc + Kmax;                                     // [kvl]
-      float* out = o + kvl;                                     // [vd]
+      float* sc = ws_.att_scratch.data() + tid * sz.floats();  // [nsel]
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t s = t / nh, h = t % nh, nsel = ws_.topk_count[s];
         const float* keys = contiguous(s) ? lc.keys.data() : gbase + s * Kmax * kr;
-        q_cat(s, h, qc);
-        if (nsel > 0) ops::matmul(nullptr, qc, 1, keys_of(keys, nsel), sc);
-        head_tail(s, h, sc, keys, nsel, o, out);
+        if (nsel > 0) ops::matmul(nullptr, qcat + (s * nh + h) * kr, 1, keys_of(keys, nsel), sc);
+        probs_to_latent(s, h, sc, keys, nsel);
       }
     });
   } else {
     ThreadPool* apool = S * row_work >= 2 * min_parallel_work_ ? pool_ : nullptr;
     parallel_for(apool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
-      float* qc = ws_.att_scratch.data() + tid * sz.floats();  // [nh, kr]
-      float* gathered = qc + nh * kr;                           // [nsel, kr] selected keys
-      float* sc = gathered + Kmax * kr;                         // [nh, nsel] scores -> probabilities
-      float* o_lat = sc + nh * Kmax;                            // [nh, kvl]
-      float* out = o_lat + nh * kvl;                            // [vd]
+      float* gathered = ws_.att_scratch.data() + tid * sz.floats();  // [nsel, kr] selected keys
+      float* sc = gathered + Kmax * kr;                                // [nh, nsel] scores -> probabilities
       for (int64_t s = s0; s < s1; ++s) {
         const int64_t nsel = ws_.topk_count[s];
-        for (int64_t h = 0; h < nh; ++h) q_cat(s, h, qc + h * kr);
         const float* keys = lc.keys.data();
         if (!contiguous(s)) {
           gather(s, 0, nsel, gathered);
           keys = gathered;
         }
-        if (nsel > 0) ops::matmul(nullptr, qc, nh, keys_of(keys, nsel), sc, kr, nsel);
-        for (int64_t h = 0; h < nh; ++h) head_tail(s, h, sc + h * nsel, keys, nsel, o_lat + h * kvl, out);
+        if (nsel > 0) ops::matmul(nullptr, qcat + s * nh * kr, nh, keys_of(keys, nsel), sc, kr, nsel);
+        for (int64_t h = 0; h < nh; ++h) probs_to_latent(s, h, sc + h * nsel, keys, nsel);
       }
     });
   }
+  parallel_for(hpool, nh, 1, [&](int64_t h0, int64_t h1, int) {
+    for (int64_t h = h0; h < h1; ++h) output(h);
+  });
   prof.next(profile::kOutput);
   ops::matmul(pool_, ws_.attn.data(), S, a.o_proj, ws_.y.data());  // [S, H]
 }

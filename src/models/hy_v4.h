@@ -127,7 +127,10 @@ struct HYV4Workspace {
   std::vector<float> mtp_in;                // [S, 2H]
   std::vector<float> att_gather;            // [min(S, 16), index_topk, kv_lora + rope] selected keys per row
   // per-thread attention scratch
-  std::vector<float> att_scratch;           // [threads, heads-independent scratch]
+  std::vector<float> att_scratch;           // [threads, gathered keys + scores of one query row]
+  std::vector<float> att_q;                 // [S, heads, kv_lora + rope] absorbed queries and rope parts
+  std::vector<float> att_o;                 // [S, heads, kv_lora] attention-weighted latents
+  std::vector<float> att_v;                 // [S, heads, v_head_dim] head outputs before the gate
   std::vector<float> idx_scratch;           // [S, max_seq] index scores
   std::vector<int32_t> idx_tmp;             // [threads, max_seq]
 };

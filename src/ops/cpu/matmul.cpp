@@ -218,10 +218,12 @@ void matmul_many(ThreadPool* pool, const float* x, int64_t M, const MatmulOut* o
   multiply(pool, x, M, outs, n_outs, x_stride, "matmul_many");
 }
 
-void matmul_transposed(const float* x, const Linear& w, float* y) {
-  if (w.out <= 0 || w.in <= 0) return;
+void matmul_transposed(const float* x, const Linear& w, float* y) { matmul_transposed(x, 1, w.out, w, y, w.in); }
+
+void matmul_transposed(const float* x, int64_t M, int64_t x_stride, const Linear& w, float* y, int64_t y_stride) {
+  if (M <= 0 || w.out <= 0 || w.in <= 0) return;
   check_supported(w, "matmul_transposed");
-  matmul_kernels::matmul_transposed(x, kernel_weight(w), y);
+  matmul_kernels::matmul_transposed(x, M, x_stride, kernel_weight(w), y, y_stride);
 }
 
 void dequant_row(const Linear& w, int64_t r, float* out) {

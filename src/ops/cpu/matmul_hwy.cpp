@@ -698,12 +698,15 @@ void DequantRow(const Weight* w, int64_t r, float* out) {
   WithDecoder(w->dtype, [&](auto dec) { DequantFor<decltype(dec)>(*w, r, out); });
 }
 
-// y[k] += Σ_r x[r] · w[r][k], r ascending for every k (the same chains as one row-by-row axpy). y is
-// kept in registers over blocks of kTransBlock vectors while the rows stream past (decoded per block),
-// instead of being read and written once per row.
-constexpr int64_t kTransBlock = 8;
+// y[m][k] += Σ_r x[m][r] · w[r][k], r ascending for every (m, k): the same chain of fused multiply-adds
+// whatever M (one row-by-row axpy per element). y is kept in registers over blocks of vectors while the
+// rows stream past (decoded per block, once for up to kTransRows rows of x), instead of being read and
+// written once per weight row.
+constexpr int64_t kTransBlock = 8;  // vectors of y per block, one x row
+constexpr int64_t kTransRows = 4;   // x rows per block with several rows
+constexpr int64_t kTransRowBlock = 4;  // vectors of y per block then (kTransRows x kTransRowBlock accumulators)
 template <class Dec>
-void TransposedFor(const float* x, const Weight& w, float* y) {
+void TransposedFor(const float* x, int64_t M, int64_t x_stride, const Weight& w, float* y, int64_t y_stride) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t K = w.K, Kfull = K - K % N;
@@ -714,26 +717,47 @@ void TransposedFor(const float* x, const Weight& w, float* y) {
     else
       DecodeRange<Dec>(d, w, r, k0, k1, buf);
   };
-  for (int64_t k0 = 0; k0 < Kfull; k0 += kTransBlock * N) {
-    const int64_t k1 = std::min(Kfull, k0 + kTransBlock * N), nv = (k1 - k0) / N;
-    VF acc[kTransBlock];
-    for (int64_t j = 0; j < nv; ++j) acc[j] = hn::LoadU(d, y + k0 + j * N);
+  // Rows [m0, m0 + MC) of x over vectors [k0, k0 + nv·N) of y.
+  auto block = [&](auto mc_tag, int64_t m0, int64_t k0, int64_t nv) {
+    constexpr int64_t MC = decltype(mc_tag)::value;
+    constexpr int64_t NV = MC == 1 ? kTransBlock : kTransRowBlock;
+    VF acc[MC][NV];
+    for (int64_t m = 0; m < MC; ++m)
+      for (int64_t j = 0; j < nv; ++j) acc[m][j] = hn::LoadU(d, y + (m0 + m) * y_stride + k0 + j * N);
     for (int64_t r = 0; r < w.N; ++r) {
-      decode(r, k0, k1);
-      const VF xv = hn::Set(d, x[r]);
-      for (int64_t j = 0; j < nv; ++j) acc[j] = Fma(d, xv, hn::Load(d, buf + j * N), acc[j]);
+      decode(r, k0, k0 + nv * N);
+      for (int64_t m = 0; m < MC; ++m) {
+        const VF xv = hn::Set(d, x[(m0 + m) * x_stride + r]);
+        for (int64_t j = 0; j < nv; ++j) acc[m][j] = Fma(d, xv, hn::Load(d, buf + j * N), acc[m][j]);
+      }
     }
-    for (int64_t j = 0; j < nv; ++j) hn::StoreU(acc[j], d, y + k0 + j * N);
+    for (int64_t m = 0; m < MC; ++m)
+      for (int64_t j = 0; j < nv; ++j) hn::StoreU(acc[m][j], d, y + (m0 + m) * y_stride + k0 + j * N);
+  };
+  const int64_t step = (M == 1 ? kTransBlock : kTransRowBlock) * N;
+  for (int64_t k0 = 0; k0 < Kfull; k0 += step) {
+    const int64_t nv = std::min(step, Kfull - k0) / N;
+    if (M == 1) {
+      block(std::integral_constant<int64_t, 1>(), 0, k0, nv);
+      continue;
+    }
+    int64_t m0 = 0;
+    for (; m0 + kTransRows <= M; m0 += kTransRows) block(std::integral_constant<int64_t, kTransRows>(), m0, k0, nv);
+    for (; m0 < M; ++m0) block(std::integral_constant<int64_t, 1>(), m0, k0, std::min(nv, kTransBlock));
   }
   if (Kfull < K)
     for (int64_t r = 0; r < w.N; ++r) {
       decode(r, Kfull, K);
-      for (int64_t k = Kfull; k < K; ++k) y[k] = std::fma(x[r], buf[k - Kfull], y[k]);
+      for (int64_t m = 0; m < M; ++m) {
+        float* yr = y + m * y_stride;
+        const float xr = x[m * x_stride + r];
+        for (int64_t k = Kfull; k < K; ++k) yr[k] = std::fma(xr, buf[k - Kfull], yr[k]);
+      }
     }
 }
 
-void MatmulTransposed(const float* x, const Weight* w, float* y) {
-  WithDecoder(w->dtype, [&](auto dec) { TransposedFor<decltype(dec)>(x, *w, y); });
+void MatmulTransposed(const float* x, int64_t M, int64_t x_stride, const Weight* w, float* y, int64_t y_stride) {
+  WithDecoder(w->dtype, [&](auto dec) { TransposedFor<decltype(dec)>(x, M, x_stride, *w, y, y_stride); });
 }
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
@@ -752,8 +776,8 @@ HWY_EXPORT(TargetName);
 
 void matmul_cols(const Job& job) { HWY_DYNAMIC_DISPATCH(MatmulCols)(&job); }
 void dequant_row(const Weight& w, int64_t r, float* out) { HWY_DYNAMIC_DISPATCH(DequantRow)(&w, r, out); }
-void matmul_transposed(const float* x, const Weight& w, float* y) {
-  HWY_DYNAMIC_DISPATCH(MatmulTransposed)(x, &w, y);
+void matmul_transposed(const float* x, int64_t M, int64_t x_stride, const Weight& w, float* y, int64_t y_stride) {
+  HWY_DYNAMIC_DISPATCH(MatmulTransposed)(x, M, x_stride, &w, y, y_stride);
 }
 const char* active_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 int64_t compiled_targets() { return HWY_TARGETS; }

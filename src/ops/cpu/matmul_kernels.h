@@ -42,8 +42,8 @@ struct Job {
 void matmul_cols(const Job& job);
 // out[K] = row r of w in fp32 (the exact values the matmul multiplies by).
 void dequant_row(const Weight& w, int64_t r, float* out);
-// y[K] += Σ_r x[r] · w[r, :].
-void matmul_transposed(const float* x, const Weight& w, float* y);
+// y[m, K] += Σ_r x[m, r] · w[r, :] for m < M (rows of x and y at the given strides).
+void matmul_transposed(const float* x, int64_t M, int64_t x_stride, const Weight& w, float* y, int64_t y_stride);
 
 // The Highway target the kernels dispatch to now (e.g. "AVX3", "AVX2", "SCALAR") and the mask of targets
 // compiled into them (HWY_TARGETS of matmul_hwy.cpp), for tests and benchmarks.

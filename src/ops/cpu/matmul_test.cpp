@@ -523,6 +523,27 @@ TEST(MatmulKernels, EveryTargetTransposedMatchesReference) {
   }
 }
 
+// Several rows in one transposed call: each row bit-identical to its own one-row call (the attention
+// absorbs all rows of a head at once), for row counts around the 4-row blocks.
+TEST(MatmulKernels, EveryTargetTransposedRowsEqualOneRowCalls) {
+  for (int64_t target : kernel_targets()) {
+    ForceTarget force(target);
+    for (const Case& c : kKernelCases) {
+      auto t = make_weight(c.dtype, c.out, c.in, 811, false, c.scale_dtype, c.block);
+      for (int64_t M : {2, 4, 5, 9}) {
+        const int64_t xs = c.out + 3, ys = c.in + 5;  // strided rows
+        const auto x = random_vec(static_cast<size_t>(M * xs), 812);
+        const auto y0 = random_vec(static_cast<size_t>(M * ys), 813);
+        std::vector<float> many = y0, one = y0;
+        ops::matmul_transposed(x.data(), M, xs, t->lin, many.data(), ys);
+        for (int64_t m = 0; m < M; ++m) ops::matmul_transposed(x.data() + m * xs, t->lin, one.data() + m * ys);
+        ASSERT_EQ(0, std::memcmp(many.data(), one.data(), many.size() * sizeof(float)))
+            << hwy::TargetName(target) << " " << c.name << " M=" << M;
+      }
+    }
+  }
+}
+
 // FP8 scales >= 2^120 (the SIMD decoder would overflow pre-multiplying them by 256) take the scalar-table
 // route: still exact, still batch invariant.
 TEST(MatmulKernels, HugeFp8ScalesExact) {
