@@ -193,6 +193,10 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
 
     // ---- Draft: catch every MTP layer up on the verified positions, then k draft steps.
     const bool defer = k == 0 && pending_rows < kDeferRows;
+    // A catch-up longer than one round's own rows (the prompt, or positions deferred by k = 0 rounds) is
+    // a one-off; the tuner does not charge it to this round's k.
+    double backlog_seconds = 0;
+    const auto t_catch = Clock::now();
     if (speculate && !defer) {
       // Layer 0: positions [c0, m-1]; row q gets token seq[q+1] and the target hidden at q.
       const int64_t c0 = dcache[0].base_position() + dcache[0].length();
@@ -246,6 +250,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
         g_rows[j] = rows;
         canon[j] = dcache[j].length();
       }
+      if (pending_rows > k_max + 1) backlog_seconds = seconds_since(t_catch);
       pending_rows = 0;
       // Layer outputs at position m-1 are canonical; remember them for the next round's chain.
       // (Done after all layers ran: layer j+1 above read layer j's previous last output.)
@@ -381,7 +386,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
       const int emitted = static_cast<int>(int64_t(res.ids.size()) - emitted_before);
       tuner.record(k_chosen,
                    spec.round_seconds_for_tests ? spec.round_seconds_for_tests(k_chosen, emitted)
-                                                : seconds_since(t_round),
+                                                : seconds_since(t_round) - backlog_seconds,
                    emitted);
     }
     if (speculate && spec.adaptive && drafted > 0) {
