@@ -460,14 +460,16 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
         }
         gscore[g] = b1 + (per > 1 ? b2 : 0.0f);
       }
-      int32_t keep[256], tmp[256];
+      int32_t keep[256];
+      float tmp[256];
       const int64_t nk = ops::topk_ascending(gscore, G, c.topk_group, keep, tmp);
       bool kept[256] = {};
       for (int64_t i = 0; i < nk; ++i) kept[keep[i]] = true;
       for (int64_t e = 0; e < E; ++e)
         if (!kept[e / per]) choice[e] = -INFINITY;
     }
-    int32_t idx[1024], tmp[1024];
+    int32_t idx[1024];
+    float tmp[1024];
     ops::topk_ascending(choice, E, k, idx, tmp);
     float* w = ws_.expert_w.data() + s * k;
     int32_t* ids = ws_.expert_ids.data() + s * k;

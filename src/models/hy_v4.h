@@ -132,7 +132,7 @@ struct HYV4Workspace {
   std::vector<float> att_o;                 // [S, heads, kv_lora] attention-weighted latents
   std::vector<float> att_v;                 // [S, heads, v_head_dim] head outputs before the gate
   std::vector<float> idx_scratch;           // [S, max_seq] index scores
-  std::vector<int32_t> idx_tmp;             // [threads, max_seq]
+  std::vector<float> idx_tmp;               // [S, max_seq] top-k selection scratch
 };
 
 // Attention over a fixed set of cache slots instead of the indexer's choice (draft steps >= 1).

@@ -97,7 +97,7 @@ void weighted_row_sum(const float* p, const float* rows, int64_t n, int64_t dim,
 inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 float dot(const float* a, const float* b, int64_t n);
 // Indices of the k largest values of x[0..n) (ties: lower index first), written ascending.
-// Returns the count min(k, n). scratch must hold n ints.
-int64_t topk_ascending(const float* x, int64_t n, int64_t k, int32_t* out, int32_t* scratch);
+// Returns the count min(k, n). scratch must hold n floats.
+int64_t topk_ascending(const float* x, int64_t n, int64_t k, int32_t* out, float* scratch);
 
 }  // namespace nextn::ops

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -129,6 +130,34 @@ TEST(NnKernels, ActivationsMatchReferenceOnEveryTarget) {
     std::vector<float> got(n);
     ops::mul_sigmoid(u.data(), g.data(), n, got.data());
     expect_close(got, want, 1e-5, name(target) + " mul_sigmoid");
+  }
+}
+
+// The k largest of x (ties: lower index first), ascending: against a stable sort, with many ties, -inf
+// entries (the router's group masking) and k at and around n.
+TEST(NnKernels, TopkAscendingMatchesStableSort) {
+  std::mt19937 rng(31);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 300);
+    std::vector<float> x(n);
+    for (float& v : x) {
+      const uint32_t r = rng() % 10;
+      v = r == 0 ? -INFINITY : static_cast<float>(static_cast<int>(rng() % 7) - 3);  // few distinct values
+    }
+    for (int64_t k : {int64_t(1), n / 2, n - 1, n, n + 3}) {
+      if (k < 1) continue;
+      std::vector<int32_t> order(n);
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+      const int64_t want_n = std::min(k, n);
+      std::vector<int32_t> want(order.begin(), order.begin() + want_n);
+      std::sort(want.begin(), want.end());
+      std::vector<int32_t> got(n);
+      std::vector<float> scratch(n);
+      ASSERT_EQ(ops::topk_ascending(x.data(), n, k, got.data(), scratch.data()), want_n);
+      got.resize(want_n);
+      ASSERT_EQ(got, want) << "n " << n << " k " << k;
+    }
   }
 }
 
