@@ -20,7 +20,7 @@ constexpr int64_t kHeadParallelRows = 16;
 struct AttentionScratch {
   int64_t nh, kvl, rope, vd, kmax;
   int64_t kr() const { return kvl + rope; }  // a key: latent, then rotated rope part
-  int64_t floats() const { return kmax * kr() + nh * kmax; }  // gathered keys, then scores of all heads
+  int64_t floats() const { return nh * kmax; }  // scores of all heads of one query row
 };
 
 HYV4Model::~HYV4Model() = default;
@@ -147,8 +147,6 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   w.post_gates.assign(S * C, 0);  // post gates [S, C]
   const AttentionScratch sz{nh, c.kv_lora_rank, c.qk_rope_head_dim, c.v_head_dim,
                             std::min<int64_t>(std::max<int64_t>(c.index_topk, 1), max_seq)};
-  // gathered keys of the (few) rows of a head-parallel attention call
-  w.att_gather.assign(std::min<int64_t>(S, kHeadParallelRows) * sz.kmax * (sz.kvl + sz.rope), 0);
   w.att_scratch.assign(threads * sz.floats(), 0);  // per thread, one query row at a time
   w.att_q.assign(S * nh * sz.kr(), 0);
   w.att_o.assign(S * nh * sz.kvl, 0);
@@ -308,8 +306,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   // kv_b_proj used as stored (bf16 / FP8 rows decoded by the kernels, never copied). Three phases:
   //   1. per head, all rows at once (W_kb[h] decoded once per 4 rows):
   //        q_cat [S, nh, kvl + rope] = [W_kb[h]ᵀ q_nope, q_rope];
-  //   2. per row: its selected keys [nsel, kvl + rope] (latent, then rope part; the cache rows themselves
-  //      when they are its first nsel positions, i.e. context <= index_topk, else gathered), then per head
+  //   2. per row, over its selected cache rows [kvl + rope] (latent, then rope part; read in place), per head
   //        scores [nsel] = q_cat·keysᵀ;  p = softmax with the sink;  o_lat [kvl] = Σ_j p_j C[j] (ascending j);
   //   3. per head, all rows at once: out [S, vd] = o_lat · W_vb[h]ᵀ, times the sigmoid gate.
   // Threads take heads in phases 1 and 3; in phase 2 (row, head) pairs when rows are few (decode,
@@ -323,27 +320,11 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   float* qcat = ws_.att_q.data();  // [S, nh, kr]
   float* olat = ws_.att_o.data();  // [S, nh, kvl]
   float* vout = ws_.att_v.data();  // [S, nh, vd]
-  // Row s's selected keys: the cache rows themselves when they are the first nsel positions in order (the
-  // context is not longer than index_topk), else gathered into `buf` [nsel, kr].
-  auto contiguous = [&](int64_t s) {
+  // Row s's selected cache slots (ascending), or null when they are 0, 1, ..., nsel-1 (context <= index_topk).
+  auto selection = [&](int64_t s) -> const int32_t* {
     const int64_t nsel = ws_.topk_count[s];
-    return nsel == 0 || ws_.topk[s * K + nsel - 1] == nsel - 1;  // ascending and distinct: 0, 1, ..., nsel-1
-  };
-  auto gather = [&](int64_t s, int64_t j0, int64_t j1, float* buf) {
     const int32_t* sel = ws_.topk.data() + s * K;
-    for (int64_t j = j0; j < j1; ++j) {
-      const float* src = lc.keys.data() + int64_t(sel[j]) * kr;
-      std::copy(src, src + kr, buf + j * kr);
-    }
-  };
-  auto keys_of = [&](const float* keys, int64_t nsel) {
-    Linear km;
-    km.dtype = DType::F32;
-    km.out = nsel;
-    km.in = kr;
-    km.row_stride = kr;
-    km.data = keys;
-    return km;
+    return nsel == 0 || sel[nsel - 1] == nsel - 1 ? nullptr : sel;  // ascending and distinct
   };
   auto absorb = [&](int64_t h) {  // phase 1 for head h
     for (int64_t s = 0; s < S; ++s) {
@@ -355,9 +336,9 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     ops::matmul_transposed(ws_.q.data() + h * qkd, S, nh * qkd, kvb.rows(h * (nope + vd), nope), qcat + h * kr,
                            nh * kr);
   };
-  auto probs_to_latent = [&](int64_t s, int64_t h, float* p, const float* keys, int64_t nsel) {  // phase 2 tail
+  auto probs_to_latent = [&](int64_t s, int64_t h, float* p, const int32_t* sel, int64_t nsel) {  // phase 2 tail
     ops::softmax_with_sink(p, nsel, scale, a.sinks[h]);  // the sink takes part in the softmax, then is dropped
-    ops::weighted_row_sum(p, keys, nsel, kvl, kr, olat + (s * nh + h) * kvl);
+    ops::weighted_row_sum(p, lc.keys.data(), nsel, kvl, kr, olat + (s * nh + h) * kvl, sel);
   };
   auto output = [&](int64_t h) {  // phase 3 for head h
     ops::matmul(nullptr, olat + h * kvl, S, kvb.rows(h * (nope + vd) + nope, vd), vout + h * vd, nh * kvl, nh * vd);
@@ -374,40 +355,24 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     for (int64_t h = h0; h < h1; ++h) absorb(h);
   });
   if (threads > 1 && S < 2 * threads && S <= kHeadParallelRows && S * row_work >= min_parallel_work_) {
-    // Gathers: rows x chunks of their selected keys (on this thread when the copy is small).
-    float* gbase = ws_.att_gather.data();  // [S, Kmax, kr]
-    int64_t copy = 0;
-    for (int64_t s = 0; s < S; ++s) copy += contiguous(s) ? 0 : ws_.topk_count[s] * kr;
-    const int64_t G = copy >= (int64_t(1) << 17) ? std::max<int64_t>(1, threads / S) : 1;
-    parallel_for(G > 1 ? pool_ : nullptr, S * G, 1, [&](int64_t t0, int64_t t1, int) {
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t s = t / G, g = t % G, nsel = ws_.topk_count[s];
-        if (!contiguous(s)) gather(s, nsel * g / G, nsel * (g + 1) / G, gbase + s * Kmax * kr);
-      }
-    });
     parallel_for(pool_, S * nh, 1, [&](int64_t t0, int64_t t1, int tid) {
       float* sc = ws_.att_scratch.data() + tid * sz.floats();  // [nsel]
       for (int64_t t = t0; t < t1; ++t) {
         const int64_t s = t / nh, h = t % nh, nsel = ws_.topk_count[s];
-        const float* keys = contiguous(s) ? lc.keys.data() : gbase + s * Kmax * kr;
-        if (nsel > 0) ops::matmul(nullptr, qcat + (s * nh + h) * kr, 1, keys_of(keys, nsel), sc);
-        probs_to_latent(s, h, sc, keys, nsel);
+        const int32_t* sel = selection(s);
+        ops::gathered_dots(qcat + (s * nh + h) * kr, 1, kr, lc.keys.data(), kr, sel, nsel, kr, sc, nsel);
+        probs_to_latent(s, h, sc, sel, nsel);
       }
     });
   } else {
     ThreadPool* apool = S * row_work >= 2 * min_parallel_work_ ? pool_ : nullptr;
     parallel_for(apool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
-      float* gathered = ws_.att_scratch.data() + tid * sz.floats();  // [nsel, kr] selected keys
-      float* sc = gathered + Kmax * kr;                                // [nh, nsel] scores -> probabilities
+      float* sc = ws_.att_scratch.data() + tid * sz.floats();  // [nh, nsel] scores -> probabilities
       for (int64_t s = s0; s < s1; ++s) {
         const int64_t nsel = ws_.topk_count[s];
-        const float* keys = lc.keys.data();
-        if (!contiguous(s)) {
-          gather(s, 0, nsel, gathered);
-          keys = gathered;
-        }
-        if (nsel > 0) ops::matmul(nullptr, qcat + s * nh * kr, nh, keys_of(keys, nsel), sc, kr, nsel);
-        for (int64_t h = 0; h < nh; ++h) probs_to_latent(s, h, sc + h * nsel, keys, nsel);
+        const int32_t* sel = selection(s);
+        ops::gathered_dots(qcat + s * nh * kr, nh, kr, lc.keys.data(), kr, sel, nsel, kr, sc, nsel);
+        for (int64_t h = 0; h < nh; ++h) probs_to_latent(s, h, sc + h * nsel, sel, nsel);
       }
     });
   }

@@ -125,9 +125,8 @@ struct HYV4Workspace {
   std::vector<float> rope_cs;               // [rope/2] cos, [rope/2] sin of one position
   std::vector<float> hidden;                // [S, H] final hidden state
   std::vector<float> mtp_in;                // [S, 2H]
-  std::vector<float> att_gather;            // [min(S, 16), index_topk, kv_lora + rope] selected keys per row
   // per-thread attention scratch
-  std::vector<float> att_scratch;           // [threads, gathered keys + scores of one query row]
+  std::vector<float> att_scratch;           // [threads, heads, index_topk] scores of one query row
   std::vector<float> att_q;                 // [S, heads, kv_lora + rope] absorbed queries and rope parts
   std::vector<float> att_o;                 // [S, heads, kv_lora] attention-weighted latents
   std::vector<float> att_v;                 // [S, heads, v_head_dim] head outputs before the gate

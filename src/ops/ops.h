@@ -92,8 +92,14 @@ void indexer_scores(const float* q, const float* w, int64_t heads, int64_t dim, 
 // In place: x[j] <- exp(scale·x[j] - m) / (exp(sink - m) + Σ_i exp(scale·x[i] - m)), m the largest of sink
 // and scale·x (an attention sink: a logit in the normalization with no value).
 void softmax_with_sink(float* x, int64_t n, float scale, float sink);
-// out[i] = Σ_j p[j] · rows[j * stride + i] for i < dim, j ascending.
-void weighted_row_sum(const float* p, const float* rows, int64_t n, int64_t dim, int64_t stride, float* out);
+// out[i] = Σ_j p[j] · row(j)[i] for i < dim, j ascending; row(j) = rows + (idx ? idx[j] : j) * stride.
+void weighted_row_sum(const float* p, const float* rows, int64_t n, int64_t dim, int64_t stride, float* out,
+                      const int32_t* idx = nullptr);
+// out[h * out_stride + j] = q[h * q_stride, +dim) · row(j)[0, dim) for h < heads, j < n, with row(j) = rows +
+// (idx ? idx[j] : j) * row_stride: attention scores over selected cache rows without gathering them. The
+// values are those of ops::matmul(q, heads, rows gathered as an f32 weight).
+void gathered_dots(const float* q, int64_t heads, int64_t q_stride, const float* rows, int64_t row_stride,
+                   const int32_t* idx, int64_t n, int64_t dim, float* out, int64_t out_stride);
 inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 float dot(const float* a, const float* b, int64_t n);
 // Indices of the k largest values of x[0..n) (ties: lower index first), written ascending.

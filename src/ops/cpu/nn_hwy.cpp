@@ -132,9 +132,58 @@ void SoftmaxWithSink(float* x, int64_t n, float scale, float sink) {
   for (int64_t j = nf; j < n; ++j) x[j] *= hn::GetLane(inv);
 }
 
-// out[i] = Σ_j p[j] · rows[j · stride + i] for i < dim, j ascending (one fused multiply-add per term).
+// out[h · out_stride + j] = q_h · row(j) over dim, row(j) = rows + (idx ? idx[j] : j) · row_stride, for h < heads,
+// j < n: tiles of 4 heads x 4 rows (16 accumulators), lane l summing k ≡ l (mod Lanes) in ascending k, the
+// dim tail as one zero-padded vector, the lanes by ReduceMany — the chain ops::matmul uses, so the values
+// are those of a matmul over the gathered rows.
+constexpr int kDotTile = 4;
+void GatheredDots(const float* q, int64_t heads, int64_t q_stride, const float* rows, int64_t row_stride,
+                  const int32_t* idx, int64_t n, int64_t dim, float* out, int64_t out_stride) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), dfull = dim - dim % N;
+  for (int64_t h0 = 0; h0 < heads; h0 += kDotTile) {
+    const int64_t hc = std::min<int64_t>(kDotTile, heads - h0);
+    const float* qr[kDotTile];
+    for (int a = 0; a < kDotTile; ++a) qr[a] = q + (h0 + std::min<int64_t>(a, hc - 1)) * q_stride;
+    for (int64_t j0 = 0; j0 < n; j0 += kDotTile) {
+      const int64_t jc = std::min<int64_t>(kDotTile, n - j0);
+      const float* kr[kDotTile];
+      for (int b = 0; b < kDotTile; ++b) {
+        const int64_t j = j0 + std::min<int64_t>(b, jc - 1);
+        kr[b] = rows + (idx ? int64_t(idx[j]) : j) * row_stride;
+      }
+      VF acc[kDotTile][kDotTile];
+      for (int a = 0; a < kDotTile; ++a)
+        for (int b = 0; b < kDotTile; ++b) acc[a][b] = hn::Zero(d);
+      for (int64_t k = 0; k < dfull; k += N) {
+        VF kv[kDotTile];
+        for (int b = 0; b < kDotTile; ++b) kv[b] = hn::LoadU(d, kr[b] + k);
+        for (int a = 0; a < kDotTile; ++a) {
+          const VF qv = hn::LoadU(d, qr[a] + k);
+          for (int b = 0; b < kDotTile; ++b) acc[a][b] = Fma(qv, kv[b], acc[a][b]);
+        }
+      }
+      if (dfull < dim) {
+        VF kv[kDotTile];
+        for (int b = 0; b < kDotTile; ++b) kv[b] = LoadTail(d, kr[b] + dfull, dim - dfull, 0.0f);
+        for (int a = 0; a < kDotTile; ++a) {
+          const VF qv = LoadTail(d, qr[a] + dfull, dim - dfull, 0.0f);
+          for (int b = 0; b < kDotTile; ++b) acc[a][b] = Fma(qv, kv[b], acc[a][b]);
+        }
+      }
+      float res[kDotTile * kDotTile];
+      ReduceMany(&acc[0][0], kDotTile * kDotTile, res);
+      for (int64_t a = 0; a < hc; ++a)
+        for (int64_t b = 0; b < jc; ++b) out[(h0 + a) * out_stride + j0 + b] = res[a * kDotTile + b];
+    }
+  }
+}
+
+// out[i] = Σ_j p[j] · row(j)[i] for i < dim, j ascending (one fused multiply-add per term), row(j) =
+// rows + (idx ? idx[j] : j) · stride.
 constexpr int64_t kSumBlock = 8;  // vectors of out kept in registers while the rows stream past
-void WeightedRowSum(const float* p, const float* rows, int64_t n, int64_t dim, int64_t stride, float* out) {
+void WeightedRowSum(const float* p, const float* rows, const int32_t* idx, int64_t n, int64_t dim, int64_t stride,
+                    float* out) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d)), dfull = dim - dim % N;
   for (int64_t i0 = 0; i0 < dfull; i0 += kSumBlock * N) {
@@ -143,14 +192,14 @@ void WeightedRowSum(const float* p, const float* rows, int64_t n, int64_t dim, i
     for (int64_t b = 0; b < nv; ++b) acc[b] = hn::Zero(d);
     for (int64_t j = 0; j < n; ++j) {
       const VF pj = hn::Set(d, p[j]);
-      const float* r = rows + j * stride + i0;
+      const float* r = rows + (idx ? int64_t(idx[j]) : j) * stride + i0;
       for (int64_t b = 0; b < nv; ++b) acc[b] = Fma(pj, hn::LoadU(d, r + b * N), acc[b]);
     }
     for (int64_t b = 0; b < nv; ++b) hn::StoreU(acc[b], d, out + i0 + b * N);
   }
   for (int64_t i = dfull; i < dim; ++i) {
     float acc = 0.0f;
-    for (int64_t j = 0; j < n; ++j) acc = std::fma(p[j], rows[j * stride + i], acc);
+    for (int64_t j = 0; j < n; ++j) acc = std::fma(p[j], rows[(idx ? int64_t(idx[j]) : j) * stride + i], acc);
     out[i] = acc;
   }
 }
@@ -199,6 +248,7 @@ namespace nextn::nn_kernels {
 HWY_EXPORT(IndexerScores);
 HWY_EXPORT(SoftmaxWithSink);
 HWY_EXPORT(WeightedRowSum);
+HWY_EXPORT(GatheredDots);
 HWY_EXPORT(Swiglu);
 HWY_EXPORT(MulSigmoid);
 
@@ -215,9 +265,15 @@ void softmax_with_sink(float* x, int64_t n, float scale, float sink) {
   using namespace nn_kernels;
   HWY_DYNAMIC_DISPATCH(SoftmaxWithSink)(x, n, scale, sink);
 }
-void weighted_row_sum(const float* p, const float* rows, int64_t n, int64_t dim, int64_t stride, float* out) {
+void weighted_row_sum(const float* p, const float* rows, int64_t n, int64_t dim, int64_t stride, float* out,
+                      const int32_t* idx) {
   using namespace nn_kernels;
-  HWY_DYNAMIC_DISPATCH(WeightedRowSum)(p, rows, n, dim, stride, out);
+  HWY_DYNAMIC_DISPATCH(WeightedRowSum)(p, rows, idx, n, dim, stride, out);
+}
+void gathered_dots(const float* q, int64_t heads, int64_t q_stride, const float* rows, int64_t row_stride,
+                   const int32_t* idx, int64_t n, int64_t dim, float* out, int64_t out_stride) {
+  using namespace nn_kernels;
+  if (heads > 0 && n > 0) HWY_DYNAMIC_DISPATCH(GatheredDots)(q, heads, q_stride, rows, row_stride, idx, n, dim, out, out_stride);
 }
 void swiglu(const float* gate, const float* up, int64_t n, float limit, float* out) {
   using namespace nn_kernels;

@@ -133,6 +133,39 @@ TEST(NnKernels, ActivationsMatchReferenceOnEveryTarget) {
   }
 }
 
+// Scores over selected rows read in place: bit-identical to ops::matmul over the same rows gathered (the
+// attention used to gather them), and the indexed value sum to the plain one over gathered rows.
+TEST(NnKernels, GatheredDotsEqualMatmulOverGatheredRows) {
+  for (int64_t dim : {int64_t(80), int64_t(64), int64_t(19), int64_t(576)}) {
+    const int64_t stride = dim + 7, total = 50, n = 23;
+    const std::vector<float> rows = randn(total * stride, 41), q = randn(9 * dim, 42), p = randn(n, 43);
+    std::vector<int32_t> idx(n);
+    for (int64_t j = 0; j < n; ++j) idx[j] = static_cast<int32_t>((j * 17 + 3) % total);
+    std::vector<float> gathered(n * dim);
+    for (int64_t j = 0; j < n; ++j) std::copy_n(rows.data() + idx[j] * stride, dim, gathered.data() + j * dim);
+    Linear w;
+    w.dtype = DType::F32;
+    w.out = n;
+    w.in = dim;
+    w.row_stride = dim;
+    w.data = gathered.data();
+    for (int64_t target : kernel_targets()) {
+      ForceTarget force(target);
+      for (int64_t heads : {int64_t(1), int64_t(4), int64_t(9)}) {
+        std::vector<float> want(heads * n), got(heads * n);
+        ops::matmul(nullptr, q.data(), heads, w, want.data());
+        ops::gathered_dots(q.data(), heads, dim, rows.data(), stride, idx.data(), n, dim, got.data(), n);
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+            << name(target) << " dim " << dim << " heads " << heads;
+      }
+      std::vector<float> want(dim), got(dim);
+      ops::weighted_row_sum(p.data(), gathered.data(), n, dim, dim, want.data());
+      ops::weighted_row_sum(p.data(), rows.data(), n, dim, stride, got.data(), idx.data());
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << name(target) << " dim " << dim;
+    }
+  }
+}
+
 // The k largest of x (ties: lower index first), ascending: against a stable sort, with many ties, -inf
 // entries (the router's group masking) and k at and around n.
 TEST(NnKernels, TopkAscendingMatchesStableSort) {
