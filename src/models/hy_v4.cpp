@@ -310,7 +310,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   //        scores [nsel] = q_cat·keysᵀ;  p = softmax with the sink;  o_lat [kvl] = Σ_j p_j C[j] (ascending j);
   //   3. per head, all rows at once: out [S, vd] = o_lat · W_vb[h]ᵀ, times the sigmoid gate.
   // Threads take heads in phases 1 and 3; in phase 2 (row, head) pairs when rows are few (decode,
-  // verification), whole rows otherwise (prefill, the scores of all heads of a row as one matmul). Every
+  // verification), whole rows otherwise (prefill, the scores of all heads of a row in one call). Every
   // value is computed by the same kernels in the same order either way (they are batch invariant).
   const Linear& kvb = a.kv_b_proj;
   const float scale = static_cast<float>(c.attn_scale);
