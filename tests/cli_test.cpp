@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -74,6 +75,29 @@ TEST(Cli, BadArgumentsExitTwoWithUsage) {
   EXPECT_EQ(nextn("generate --model " + kFixture + " --ids 1,2 --speculative-tokens 9").status, 2);
   EXPECT_EQ(nextn("generate --model " + kFixture + " --ids 1,2 --temperature -1").status, 2);
   EXPECT_EQ(nextn("logits --model " + kFixture + " --ids 1,2").status, 2);  // no --output
+  r = nextn("generate --model " + kFixture + " --ids 1,2 --speculative-tokens auto --adaptive 0.3");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("alternatives"), std::string::npos) << r.err;
+}
+
+// Greedy decoding tunes k by default (and with --speculative-tokens auto); a given K fixes it.
+TEST(Cli, GreedyTunesKUnlessKIsGiven) {
+  testing::Reference ref(kFixture);
+  auto ids = ref.ids("input_ids");
+  auto greedy = ref.ids("greedy_ids");
+  const int n = static_cast<int>(std::min<size_t>(greedy.size(), 8));
+  for (const char* mode : {"", "--speculative-tokens auto"}) {
+    auto r = nextn("generate --model " + kFixture + " --ids " + ids_arg(ids) + " -n " + std::to_string(n) +
+                   " --json --ignore-eos " + mode);
+    ASSERT_EQ(r.status, 0) << r.err;
+    auto j = nlohmann::json::parse(r.out);
+    EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), std::vector<int32_t>(greedy.begin(), greedy.begin() + n)) << mode;
+    EXPECT_FALSE(j["stats"]["rounds_at_k"].empty()) << mode;
+    EXPECT_NE(r.err.find("steps per k"), std::string::npos) << mode;
+  }
+  auto fixed = nextn("generate --model " + kFixture + " --ids " + ids_arg(ids) + " -n 4 --json --speculative-tokens 2");
+  ASSERT_EQ(fixed.status, 0) << fixed.err;
+  EXPECT_TRUE(nlohmann::json::parse(fixed.out)["stats"]["rounds_at_k"].empty());
 }
 
 TEST(Cli, LoadErrorsExitOneAndNameThePath) {
