@@ -28,9 +28,6 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return n_threads_; }
-  // Whether a worker is blocked (it spun without work for a while): waking it costs a system call and,
-  // on a VM, tens of microseconds, so callers may want more work before handing off.
-  bool workers_asleep() const { return sleepers_.load(std::memory_order_relaxed) > 0; }
 
   // Runs fn(begin, end, thread_index) over [0, n) in chunk_count(n, grain, size()) contiguous chunks and
   // returns once all are done. thread_index is the chunk index (0 = the calling thread). If fn throws, the

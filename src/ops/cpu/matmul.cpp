@@ -81,15 +81,11 @@ matmul_kernels::Weight kernel_weight(const Linear& w, int64_t r0 = 0, int64_t n 
 
 constexpr int64_t kRowBlock = 16;  // thread grain: output columns per chunk at least
 
-// Whether a product is worth a hand-off to the pool (0.6-4 us to spinning workers): at least ~1M
-// multiply-adds (~4M when the workers sleep), or a few (<= 64) rows with at least 256 KB of weights (the f32
-// hyper-connection mixers and routers: memory-bound however few their multiply-adds). Splitting more small
-// products was measured slower on a 2-vCPU VM.
-bool worth_threads(int64_t M, int64_t rows, int64_t K, size_t weight_bytes, bool workers_asleep) {
-  // Asleep workers (a mostly serial forward, such as the bundled model's) take tens of microseconds to
-  // wake: only a product four times larger pays for that.
-  const int64_t macs = int64_t(1) << (workers_asleep ? 22 : 20);
-  return M * rows * K >= macs || (rows <= 64 && weight_bytes >= (size_t(256) << 10));
+// Whether a product is worth a hand-off to the pool (0.6-4 us): at least ~1M multiply-adds, or a few (<= 64)
+// rows with at least 256 KB of weights (the f32 hyper-connection mixers and routers: memory-bound however
+// few their multiply-adds). Splitting more small products was measured slower on a 2-vCPU VM.
+bool worth_threads(int64_t M, int64_t rows, int64_t K, size_t weight_bytes) {
+  return M * rows * K >= (int64_t(1) << 20) || (rows <= 64 && weight_bytes >= (size_t(256) << 10));
 }
 
 // Thread grain in output columns: kRowBlock, or fewer for long rows (at least 32 KB of weights per chunk).
@@ -189,7 +185,7 @@ void multiply(ThreadPool* pool, const float* x, int64_t M, const MatmulOut* outs
   aligned_x(call.base, x, M, K, x_stride < 0 ? K : x_stride);
   // Small products run on the caller alone (worth_threads). Which thread computes an output never changes
   // its value: results stay batch invariant.
-  ThreadPool* use = pool && worth_threads(M, total, K, bytes, pool->workers_asleep()) ? pool : nullptr;
+  ThreadPool* use = worth_threads(M, total, K, bytes) ? pool : nullptr;
   // Chunk [n0, n1) of the concatenated rows: the piece of every output it overlaps.
   parallel_for(use, total, row_grain(K, outs[0].w->dtype), [c = &call](int64_t n0, int64_t n1, int) {
     for (int64_t i = 0; i < c->n_outs; ++i) {
