@@ -95,18 +95,10 @@ constexpr int64_t kChunk = 1024;          // k elements per pass over a panel (x
 constexpr int64_t kMBlock = 64;           // x rows per accumulator block
 static_assert(kChunk % kMaxLanes == 0 && kMBlock % 4 == 0 && kPanelRows % 4 == 0);
 
-// ---- arithmetic -----------------------------------------------------------------------------------------
+// ---- arithmetic (ops/cpu/reduce-inl.h) -------------------------------------------------------------------
 
-HWY_INLINE VF Fma(DF d, VF a, VF b, VF c) {
-#if HWY_TARGET == HWY_SCALAR
-  return hn::Set(d, std::fma(hn::GetLane(a), hn::GetLane(b), hn::GetLane(c)));  // fused, never contracted
-#else
-  (void)d;
-  return hn::MulAdd(a, b, c);
-#endif
-}
-
-using nextn::simd::HWY_NAMESPACE::ReduceMany;  // ops/cpu/reduce-inl.h
+using nextn::simd::HWY_NAMESPACE::Fma;
+using nextn::simd::HWY_NAMESPACE::ReduceMany;
 
 // ---- weight decoders: Lanes(d) consecutive elements at p -> fp32 -------------------------------------
 
@@ -336,9 +328,9 @@ HWY_NOINLINE void FusedTile(const Weight& w, const float* const* xr, const float
           }
         for (int t = 0; t < T; ++t) {
           const VF x0 = hn::LoadU(d, x[t] + k);
-          for (int r = 0; r < R; ++r) acc[t][r] = Fma(d, x0, lo[r], acc[t][r]);
+          for (int r = 0; r < R; ++r) acc[t][r] = Fma(x0, lo[r], acc[t][r]);
           const VF x1 = hn::LoadU(d, x[t] + k + N);
-          for (int r = 0; r < R; ++r) acc[t][r] = Fma(d, x1, hi[r], acc[t][r]);
+          for (int r = 0; r < R; ++r) acc[t][r] = Fma(x1, hi[r], acc[t][r]);
         }
       }
     }
@@ -351,7 +343,7 @@ HWY_NOINLINE void FusedTile(const Weight& w, const float* const* xr, const float
         for (int r = 0; r < R; ++r) hn::Store(wv[r], d, dst[r] + k);
       for (int t = 0; t < T; ++t) {
         const VF xv = hn::LoadU(d, x[t] + k);
-        for (int r = 0; r < R; ++r) acc[t][r] = Fma(d, xv, wv[r], acc[t][r]);
+        for (int r = 0; r < R; ++r) acc[t][r] = Fma(xv, wv[r], acc[t][r]);
       }
     }
   }
@@ -362,7 +354,7 @@ HWY_NOINLINE void FusedTile(const Weight& w, const float* const* xr, const float
       for (int r = 0; r < R; ++r) hn::Store(wv[r], d, dst[r] + Kfull);
     for (int t = 0; t < T; ++t) {
       const VF xv = hn::LoadU(d, xt + t * kMaxLanes);
-      for (int r = 0; r < R; ++r) acc[t][r] = Fma(d, xv, wv[r], acc[t][r]);
+      for (int r = 0; r < R; ++r) acc[t][r] = Fma(xv, wv[r], acc[t][r]);
     }
   }
   ReduceMany(&acc[0][0], T * R, res);
@@ -454,7 +446,7 @@ HWY_NOINLINE void PanelTile(const float* const* xr, const float* const* wr, int6
     for (int r = 0; r < RR; ++r) wv[r] = hn::Load(d, w[r] + j);
     for (int t = 0; t < TT; ++t) {
       const VF xv = hn::LoadU(d, x[t] + j);
-      for (int r = 0; r < RR; ++r) a[t][r] = Fma(d, xv, wv[r], a[t][r]);
+      for (int r = 0; r < RR; ++r) a[t][r] = Fma(xv, wv[r], a[t][r]);
     }
   }
   for (int t = 0; t < TT; ++t)
@@ -728,7 +720,7 @@ void TransposedFor(const float* x, int64_t M, int64_t x_stride, const Weight& w,
       decode(r, k0, k0 + nv * N);
       for (int64_t m = 0; m < MC; ++m) {
         const VF xv = hn::Set(d, x[(m0 + m) * x_stride + r]);
-        for (int64_t j = 0; j < nv; ++j) acc[m][j] = Fma(d, xv, hn::Load(d, buf + j * N), acc[m][j]);
+        for (int64_t j = 0; j < nv; ++j) acc[m][j] = Fma(xv, hn::Load(d, buf + j * N), acc[m][j]);
       }
     }
     for (int64_t m = 0; m < MC; ++m)
@@ -743,7 +735,7 @@ void TransposedFor(const float* x, int64_t M, int64_t x_stride, const Weight& w,
     }
     int64_t m0 = 0;
     for (; m0 + kTransRows <= M; m0 += kTransRows) block(std::integral_constant<int64_t, kTransRows>(), m0, k0, nv);
-    for (; m0 < M; ++m0) block(std::integral_constant<int64_t, 1>(), m0, k0, std::min(nv, kTransBlock));
+    for (; m0 < M; ++m0) block(std::integral_constant<int64_t, 1>(), m0, k0, nv);
   }
   if (Kfull < K)
     for (int64_t r = 0; r < w.N; ++r) {

@@ -28,20 +28,12 @@ HWY_BEFORE_NAMESPACE();
 namespace nextn::nn_kernels {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+using nextn::simd::HWY_NAMESPACE::Fma;
 using nextn::simd::HWY_NAMESPACE::ReduceMany;
 
 using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 constexpr int64_t kMaxLanes = 16;
-
-HWY_INLINE VF Fma(VF a, VF b, VF c) {
-#if HWY_TARGET == HWY_SCALAR
-  const DF d;
-  return hn::Set(d, std::fma(hn::GetLane(a), hn::GetLane(b), hn::GetLane(c)));
-#else
-  return hn::MulAdd(a, b, c);
-#endif
-}
 
 // The last n < Lanes elements of p as a vector, the other lanes `fill`.
 HWY_INLINE VF LoadTail(DF d, const float* p, int64_t n, float fill) {

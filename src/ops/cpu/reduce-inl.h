@@ -1,5 +1,5 @@
-// Highway per-target header (included once per target by foreach_target): lane reductions shared by the
-// SIMD kernels, so every kernel sums a vector's lanes in the same order.
+// Highway per-target header (included once per target by foreach_target): the arithmetic the SIMD kernels
+// share, so that they all multiply-add and sum a vector's lanes the same way.
 #if defined(NEXTN_OPS_CPU_REDUCE_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef NEXTN_OPS_CPU_REDUCE_INL_H_
 #undef NEXTN_OPS_CPU_REDUCE_INL_H_
@@ -8,6 +8,7 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 
 #include "hwy/highway.h"
 
@@ -15,6 +16,17 @@ HWY_BEFORE_NAMESPACE();
 namespace nextn::simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+
+// a · b + c rounded once, on every target (the scalar one included: never left to the compiler).
+template <class V>
+HWY_INLINE V Fma(V a, V b, V c) {
+#if HWY_TARGET == HWY_SCALAR
+  const hn::DFromV<V> d;
+  return hn::Set(d, std::fma(hn::GetLane(a), hn::GetLane(b), hn::GetLane(c)));
+#else
+  return hn::MulAdd(a, b, c);
+#endif
+}
 
 // out[i] = the sum of the lanes of acc[i], i < n, by one fixed tree per target whatever n and whatever the
 // other accumulators (they only share shuffles, never additions), so a dot product's value does not depend
