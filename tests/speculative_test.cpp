@@ -141,6 +141,46 @@ TEST_P(SpecExactness, ForcedAcceptancePatternsStayExact) {
   }
 }
 
+// Layer 1's catch-up runs draft step 1 in the same forward: the draft distributions of every step must be
+// bit-identical to those of step 1 run on its own, across rollbacks (drafts mostly right, some wrong).
+TEST_P(SpecExactness, MergedDraftStepGivesTheSameDrafts) {
+  const auto& c = model_->config();
+  auto prompts = make_prompts(4, c.vocab_size, c.index_topk, 17);
+  const int N = 2 * c.index_topk + 4;
+  int64_t steps = 0;
+  for (const auto& prompt : prompts) {
+    const auto ref = plain(prompt, N);
+    const int64_t n = prompt.size();
+    for (int k : {2, 3, 4}) {
+      std::vector<std::vector<float>> q_of[2];
+      std::vector<int32_t> ids[2];
+      for (int unmerged = 0; unmerged < 2; ++unmerged) {
+        SamplingParams sp;
+        sp.max_tokens = N;
+        SpecOptions so;
+        so.num_speculative_tokens = k;
+        so.unmerged_catch_up_for_tests = unmerged == 1;
+        so.draft_dist_hook = [&](const std::vector<int32_t>&, float* q) {
+          q_of[unmerged].emplace_back(q, q + c.vocab_size);
+        };
+        so.draft_hook = [&](int64_t pos, int32_t d) -> int32_t {
+          const int64_t i = pos - n;
+          if (i < 0 || i >= int64_t(ref.ids.size())) return d;
+          return pos % 5 == 0 ? (ref.ids[i] + 1) % int32_t(c.vocab_size) : ref.ids[i];
+        };
+        ids[unmerged] = Generator(*model_).generate(prompt, sp, so).ids;
+      }
+      ASSERT_EQ(ids[0], ref.ids) << "k " << k << " prompt " << n;
+      ASSERT_EQ(ids[1], ref.ids) << "k " << k << " prompt " << n;
+      ASSERT_EQ(q_of[0].size(), q_of[1].size()) << "k " << k << " prompt " << n;
+      for (size_t i = 0; i < q_of[0].size(); ++i)
+        ASSERT_EQ(q_of[0][i], q_of[1][i]) << "draft step " << i << " k " << k << " prompt " << n;
+      steps += int64_t(q_of[0].size());
+    }
+  }
+  EXPECT_GT(steps, 0);
+}
+
 TEST_P(SpecExactness, StopsAtStopTokenAndMaxTokens) {
   auto prompt = make_prompts(1, model_->config().vocab_size, 4, 3)[0];
   const auto ref = plain(prompt, 12);

@@ -167,6 +167,16 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const Fn& fn) {
   }
 }
 
+bool ThreadPool::worth_waking(int64_t work) {
+  if (sleepers_.load(std::memory_order_relaxed) == 0) {
+    kept_work_.store(0, std::memory_order_relaxed);
+    return true;
+  }
+  if (kept_work_.fetch_add(work, std::memory_order_relaxed) + work < kWakeWork) return false;
+  kept_work_.store(0, std::memory_order_relaxed);
+  return true;
+}
+
 void parallel_for(ThreadPool* pool, int64_t n, int64_t grain, const ThreadPool::Fn& fn) {
   if (n <= 0) return;
   if (pool == nullptr || pool->size() <= 1 || ThreadPool::chunk_count(n, grain, pool->size()) <= 1) {

@@ -36,6 +36,14 @@ class ThreadPool {
   // (fn(0, n, current thread index)).
   void parallel_for(int64_t n, int64_t grain, const Fn& fn);
 
+  // Whether handing `work` (the caller's estimate: multiply-adds plus weight bytes) to the workers pays now.
+  // Always while they spin. While one sleeps (waking it costs 20-60 us on a VM, about a 1-2M-work product
+  // run alone) it is woken only once the work the callers kept to themselves since it fell asleep adds up
+  // to kWakeWork (ski rental): at most about one wake-up's worth is lost per idle spell, and a run of
+  // mid-size products still wakes it. Which thread computes what never changes a value.
+  static constexpr int64_t kWakeWork = int64_t(8) << 20;
+  bool worth_waking(int64_t work);
+
   // Number of chunks parallel_for uses: min(threads, max(1, n / grain)), so every chunk has >= grain
   // elements when there is more than one. 0 when n <= 0.
   static int chunk_count(int64_t n, int64_t grain, int threads);
@@ -70,6 +78,7 @@ class ThreadPool {
   std::atomic<int> sleepers_{0};
   std::atomic<bool> caller_sleeping_{false};
   std::atomic<bool> stop_{false};
+  std::atomic<int64_t> kept_work_{0};  // work kept on the callers while a worker slept (worth_waking)
 
   std::mutex error_mu_;
   std::exception_ptr error_;

@@ -205,7 +205,9 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
 
   profile::Sections prof(profile::kProjections);
   // The projections of xn, and then those of the normed q_resid, each in one pass over the pool.
-  const bool run_indexer = !forced && a.has_indexer;
+  // Rows [first_forced, S) attend to the forced slots; the indexer runs when some row before them needs it.
+  const int64_t first_forced = forced ? std::clamp<int64_t>(forced->first_row, 0, S) : S;
+  const bool run_indexer = first_forced > 0 && a.has_indexer;
   {
     ops::MatmulOut outs[5] = {{&a.gate_proj, ws_.gate.data()},      // [S, nh*v]
                               {&a.q_a_proj, ws_.q_resid.data()},    // [S, q_lora]
@@ -239,12 +241,15 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   prof.next(profile::kIndexer);
   // DSA indexer: top-k key positions per query row (ascending), or reuse the previous full layer's.
   const int64_t K = std::max<int64_t>(c.index_topk, 1);
-  if (forced) {
+  auto force_rows = [&](int64_t s0) {
     const int64_t n = std::min<int64_t>(forced->count, K);
-    for (int64_t s = 0; s < S; ++s) {
+    for (int64_t s = s0; s < S; ++s) {
       std::copy(forced->slots, forced->slots + n, ws_.topk.data() + s * K);
       ws_.topk_count[s] = static_cast<int32_t>(n);
     }
+  };
+  if (first_forced == 0) {
+    force_rows(0);
   } else if (run_indexer) {
     const IndexerWeights& ix = a.indexer;
     const int64_t nih = c.index_n_heads, ihd = c.index_head_dim;
@@ -300,6 +305,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       });
     }
   }
+  if (first_forced > 0 && first_forced < S) force_rows(first_forced);  // (the indexer chose for them too)
 
   prof.next(profile::kAttention);
   // Sparse MLA over the cached latents, absorbed: q·(W_kb c) = (W_kbᵀ q)·c and out = W_vb (Σ p c), with
@@ -635,7 +641,7 @@ void HYV4Model::draft_forward(int layer, const int32_t* tokens, const float* h_p
   const int64_t H = c.hidden_size, slot0 = dcache.length();
   const float eps = static_cast<float>(c.rms_norm_eps);
   // Canonical rows extend the layer's chain contiguously; forced (speculative) rows may sit anywhere.
-  if (!forced && pos0 != dcache.base_position() + slot0)
+  if ((!forced || forced->first_row > 0) && pos0 != dcache.base_position() + slot0)
     throw Error("draft_forward: position " + std::to_string(pos0) + " does not follow the draft cache (next " +
                 std::to_string(dcache.base_position() + slot0) + ")");
   for (int64_t s = 0; s < S; ++s) {

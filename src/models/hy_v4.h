@@ -134,10 +134,13 @@ struct HYV4Workspace {
   std::vector<float> idx_tmp;               // [S, max_seq] top-k selection scratch
 };
 
-// Attention over a fixed set of cache slots instead of the indexer's choice (draft steps >= 1).
+// Attention over a fixed set of cache slots instead of the indexer's choice (draft steps >= 1), for rows
+// first_row.. of the call; the rows before it (a draft layer's catch-up, run in the same forward) use the
+// indexer as usual.
 struct TopkOverride {
   const int32_t* slots;  // ascending
   int64_t count;
+  int64_t first_row = 0;
 };
 
 class HYV4Model {
@@ -174,7 +177,8 @@ class HYV4Model {
   // MTP draft layer `layer` over positions pos0..pos0+S-1, appended to that layer's cache `dcache`:
   // row s gets token tokens[s] (the token *after* that position) and the previous hidden state h_prev[s]
   // ([S, H]); the embedding is zeroed at absolute position 0, as the seed does.
-  // forced: attend to these slots instead of running the layer's indexer (draft steps >= 1).
+  // forced: rows forced->first_row.. attend to these slots instead of the layer's indexer's choice (draft
+  // steps >= 1); rows before it must extend the layer's chain (pos0 = the next canonical position).
   // last_topk_positions: receives the absolute positions the last row attended to (step 0's top-k).
   // hidden_out [S, H] (after final_layernorm), logits_out [S, V] (may be null).
   void draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, int64_t pos0,

@@ -120,7 +120,9 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
   std::vector<std::vector<float>> g_last(nL, std::vector<float>(H));  // layer j's last canonical output
   std::vector<int64_t> canon(nL, 0);
   std::vector<bool> stale(nL, false);
+  std::vector<float> stage((catch_max + 1) * H);  // chained inputs of a draft layer's catch-up
   std::vector<int32_t> tokens_buf(catch_max + 1), topk0, forced_slots;
+  double catch_seconds = 0;  // draft catch-up forwards of the current round
   std::vector<float> step_h(H), draft_logits(V), q((k_max + 1) * V), p(V), resid(V);
   std::vector<int32_t> drafts(k_max + 1);
   std::vector<int32_t> seq = prompt;
@@ -153,20 +155,100 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
     sampler.distribution(resid.data(), probs);
   };
 
-  // Prefill.
+  // Catch-up of MTP layer j on the positions the target has verified, [cj, m-1]: row q gets token
+  // seq[q+1] and layer j-1's output at q-1 (the target's hidden state for j = 0). With `extra`, the same
+  // forward also runs one speculative row at position m (layer j's draft step j, which extends the chain
+  // by one: token d_j, layer j-1's output at m-1, attending to step 0's selection); its output lands in
+  // extra->out and its cache row is dropped with the other draft rows at the end of the round.
+  struct ExtraRow {
+    int32_t token;
+    const float* h;
+    float* out;
+  };
+  auto catch_up = [&](int j, int64_t m, const ExtraRow* extra) {
+    if (stale[j]) {
+      dcache[j].truncate(0);
+      dcache[j].set_base_position(std::max<int64_t>(j, g_start[j - 1] + 1));
+      stale[j] = false;
+    }
+    const int64_t cj = dcache[j].base_position() + dcache[j].length();
+    const int64_t rows = m - cj;
+    g_start[j] = cj;
+    g_rows[j] = std::max<int64_t>(rows, 0);
+    if (rows <= 0 && !extra) return;
+    const float* h_in;
+    if (j == 0) {
+      if (rows != pending_rows) throw Error("internal: draft catch-up out of step");
+      for (int64_t r = 0; r < rows; ++r) tokens_buf[r] = seq[cj + r + 1];
+      h_in = pending_h.data();
+    } else {
+      // row q needs layer j-1's output at q-1: this round's rows, or its last canonical one before them
+      // (g_last[j-1] is still last round's: the caller updates it after every layer ran)
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t qp = cj + r - 1;
+        if (qp < g_start[j - 1] - 1) throw Error("internal: chained draft input missing");
+        const float* src = qp >= g_start[j - 1] ? g[j - 1].data() + (qp - g_start[j - 1]) * H
+                                                : g_last[j - 1].data();
+        std::copy(src, src + H, stage.data() + r * H);
+        tokens_buf[r] = seq[cj + r + 1];
+      }
+      h_in = stage.data();
+    }
+    const int64_t n_rows = std::max<int64_t>(rows, 0) + (extra ? 1 : 0);
+    TopkOverride ov{nullptr, 0, std::max<int64_t>(rows, 0)};
+    if (extra) {
+      if (j == 0) throw Error("internal: layer 0 has no speculative catch-up row");
+      tokens_buf[n_rows - 1] = extra->token;
+      std::copy(extra->h, extra->h + H, stage.data() + (n_rows - 1) * H);
+      h_in = stage.data();
+      // step j attends to the positions step 0 selected, among this layer's canonical rows (all < m)
+      forced_slots.clear();
+      const int64_t base = dcache[j].base_position();
+      for (int32_t ps : topk0)
+        if (ps >= base && ps < m) forced_slots.push_back(static_cast<int32_t>(ps - base));
+      ov.slots = forced_slots.data();
+      ov.count = int64_t(forced_slots.size());
+    }
+    const auto t0 = Clock::now();
+    model_.draft_forward(j, tokens_buf.data(), h_in, n_rows, cj, dcache[j], nullptr, g[j].data(),
+                         extra ? &ov : nullptr, j == 0 ? &topk0 : nullptr);
+    catch_seconds += seconds_since(t0);
+    ++st.draft_forwards;
+    canon[j] = dcache[j].length() - (extra ? 1 : 0);
+    if (extra) {
+      const float* o = g[j].data() + (n_rows - 1) * H;
+      std::copy(o, o + H, extra->out);
+    }
+  };
+  // After every active layer caught up: their outputs at position m-1 are canonical, the next round's chain.
+  auto remember_last = [&](int active) {
+    for (int j = 0; j < active; ++j)
+      if (g_rows[j] > 0) {
+        const float* last = g[j].data() + (g_rows[j] - 1) * H;
+        std::copy(last, last + H, g_last[j].begin());
+      }
+  };
+
+  // Prefill: the target over the prompt, then (once the first token is out) the MTP layers over it, so
+  // that decoding starts with every draft layer caught up. Both count as prefill time.
   auto t0 = Clock::now();
   model_.forward(prompt.data(), n, target, logits.data(), hidden.data(), /*all_logits=*/false);
   ++st.target_forwards;
-  if (speculate) {
-    std::copy(hidden.begin(), hidden.begin() + n * H, pending_h.begin());
-    pending_rows = n;
-  }
   {
     target_dist(logits.data(), p.data());
     const int32_t t = params.greedy() ? Sampler::argmax(p.data(), V) : sampler.sample(p.data());
-    st.prefill_seconds = seconds_since(t0);
     emit(t, logits.data());
   }
+  if (speculate && !stop) {
+    std::copy(hidden.begin(), hidden.begin() + n * H, pending_h.begin());
+    pending_rows = n;
+    const int active = std::max(1, std::min(nL, k_max));
+    for (int j = 0; j < active; ++j) catch_up(j, n, nullptr);
+    for (int j = active; j < nL; ++j) stale[j] = true;
+    remember_last(active);
+    pending_rows = 0;
+  }
+  st.prefill_seconds = seconds_since(t0);
   auto t_decode = Clock::now();
 
   // Tuned k (greedy): KTuner picks each round's k from measured speed.
@@ -191,83 +273,47 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
     k = std::min<int64_t>(k, params.max_tokens - int64_t(res.ids.size()) - 1);
     if (k < 0) k = 0;
 
-    // ---- Draft: catch every MTP layer up on the verified positions, then k draft steps.
+    // ---- Draft: catch every MTP layer up on the verified positions, then k draft steps. Step s uses
+    // layer s mod nL. Layer 1's catch-up waits for step 0's token and runs step 1 in the same forward.
     const bool defer = k == 0 && pending_rows < kDeferRows;
-    // A catch-up longer than one round's own rows (the prompt, or positions deferred by k = 0 rounds) is
-    // a one-off; the tuner does not charge it to this round's k.
-    double backlog_seconds = 0;
-    const auto t_catch = Clock::now();
-    if (speculate && !defer) {
-      // Layer 0: positions [c0, m-1]; row q gets token seq[q+1] and the target hidden at q.
-      const int64_t c0 = dcache[0].base_position() + dcache[0].length();
-      const int64_t rows0 = m - c0;
-      if (rows0 != pending_rows) throw Error("internal: draft catch-up out of step");
-      for (int64_t r = 0; r < rows0; ++r) tokens_buf[r] = seq[c0 + r + 1];
-      // Layers this round's steps use (step s uses layer s mod nL). An unused layer drops its chain and
-      // restarts it when next needed, from the first position this round's outputs of layer j-1 allow.
-      const int active = std::max(1, std::min(nL, k));
-      for (int j = 0; j < nL; ++j) {
-        if (j >= active) {
-          dcache[j].truncate(0);
-          stale[j] = true;
-          g_rows[j] = 0;
-          canon[j] = 0;
-          continue;
-        }
-        if (stale[j]) {
-          dcache[j].truncate(0);
-          dcache[j].set_base_position(std::max<int64_t>(j, g_start[j - 1] + 1));
-          stale[j] = false;
-        }
-        const int64_t cj = dcache[j].base_position() + dcache[j].length();
-        const int64_t rows = m - cj;
-        if (rows <= 0) {
-          g_rows[j] = 0;
-          g_start[j] = cj;
-          continue;
-        }
-        const float* h_in;
-        std::vector<float>& hb = hidden;  // reuse as staging for chained inputs
-        if (j == 0) {
-          h_in = pending_h.data();
-        } else {
-          // row q needs layer j-1's output at q-1: this round's rows, or its last canonical one before them
-          for (int64_t r = 0; r < rows; ++r) {
-            const int64_t qp = cj + r - 1;
-            const float* src = qp >= g_start[j - 1] ? g[j - 1].data() + (qp - g_start[j - 1]) * H
-                                                    : g_last[j - 1].data();
-            if (qp < g_start[j - 1] - 1) throw Error("internal: chained draft input missing");
-            std::copy(src, src + H, hb.data() + r * H);
-          }
-          h_in = hb.data();
-          for (int64_t r = 0; r < rows; ++r) tokens_buf[r] = seq[cj + r + 1];
-        }
-        // previous last canonical output of layer j is still needed by layer j+1 (read above for j+1)
-        model_.draft_forward(j, tokens_buf.data(), h_in, rows, cj, dcache[j], nullptr, g[j].data(),
-                             nullptr, j == 0 ? &topk0 : nullptr);
-        ++st.draft_forwards;
-        g_start[j] = cj;
-        g_rows[j] = rows;
-        canon[j] = dcache[j].length();
+    // A catch-up longer than one round's own rows (positions deferred by k = 0 rounds) is a one-off; the
+    // tuner does not charge it to this round's k.
+    const bool backlog = pending_rows > k_max + 1;
+    catch_seconds = 0;
+    const bool catching = speculate && !defer;
+    // Layers this round's steps use. An unused layer drops its chain and restarts it when next needed,
+    // from the first position this round's outputs of layer j-1 allow.
+    const int active = std::max(1, std::min(nL, k));
+    const bool merge_step1 = catching && !spec.unmerged_catch_up_for_tests && k >= 2 && active >= 2;
+    if (catching) {
+      for (int j = active; j < nL; ++j) {
+        dcache[j].truncate(0);
+        stale[j] = true;
+        g_rows[j] = 0;
+        canon[j] = 0;
       }
-      if (pending_rows > k_max + 1) backlog_seconds = seconds_since(t_catch);
+      catch_up(0, m, nullptr);
+      if (!merge_step1) {
+        for (int j = 1; j < active; ++j) catch_up(j, m, nullptr);
+        remember_last(active);
+      }
       pending_rows = 0;
-      // Layer outputs at position m-1 are canonical; remember them for the next round's chain.
-      // (Done after all layers ran: layer j+1 above read layer j's previous last output.)
-      for (int j = 0; j < active; ++j)
-        if (g_rows[j] > 0) {
-          const float* last = g[j].data() + (g_rows[j] - 1) * H;
-          std::copy(last, last + H, g_last[j].begin());
-        }
     }
 
     int drafted = 0;
+    bool merged = false;
     if (speculate && k > 0 && g_rows[0] > 0) {
       // Step 0: layer 0's row at position m-1 (token seq[m]) drafts position m+1.
       const float* h = g[0].data() + (g_rows[0] - 1) * H;
       std::copy(h, h + H, step_h.begin());
       for (int s = 0; s < k; ++s) {
-        if (s > 0) {
+        if (s == 1 && merge_step1) {
+          const ExtraRow extra{drafts[0], step_h.data(), step_h.data()};
+          catch_up(1, m, &extra);
+          for (int j = 2; j < active; ++j) catch_up(j, m, nullptr);
+          remember_last(active);
+          merged = true;
+        } else if (s > 0) {
           const int j = s % nL;
           const int64_t pos = m - 1 + s;
           // Steps >= 1 attend to the positions step 0 selected (the seed's shared top-k buffer).
@@ -305,6 +351,11 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
       for (int s = drafted - 1; s >= 0; --s) history.pop(drafts[s]);
       for (int j = 0; j < nL; ++j) dcache[j].truncate(canon[j]);  // drop speculative draft rows
     }
+    if (merge_step1 && !merged) {  // (no draft step ran: the other layers still catch up)
+      for (int j = 1; j < active; ++j) catch_up(j, m, nullptr);
+      remember_last(active);
+    }
+    const double backlog_seconds = backlog ? catch_seconds : 0.0;
 
     // ---- Verify: one target forward over [seq[m], d_1..d_k].
     const int64_t rows = drafted + 1;

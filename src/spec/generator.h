@@ -44,6 +44,9 @@ struct SpecOptions {
   // Test seam: replaces the draft token for absolute position `pos` (q becomes one-hot at the result).
   // Lets tests drive exact, partial and zero acceptance through the real verify / rollback path.
   std::function<int32_t(int64_t pos, int32_t drafted)> draft_hook;
+  // Test seam: run draft step 1 in a forward of its own instead of with layer 1's catch-up (the drafts
+  // must be the same either way).
+  bool unmerged_catch_up_for_tests = false;
   // Test seam: may rewrite the draft's processed distribution q[V] before the draft token is drawn from
   // it. `context` = prompt + emitted tokens + the drafts of this round so far. Exactness must hold for
   // any q, so tests use it to reach realistic acceptance rates with random-weight fixtures.
@@ -63,6 +66,8 @@ struct SpecStats {
   int64_t num_generated = 0;
   int64_t prompt_tokens = 0;
   int64_t target_forwards = 0, draft_forwards = 0;
+  // prefill: the target over the prompt, the first token, and the MTP layers over the prompt (speculation
+  // only; after the first token is out); decode: everything after.
   double prefill_seconds = 0, decode_seconds = 0;
   std::vector<int64_t> rounds_at_k;  // tuned k: rounds run with each k (k = 0: plain steps); else empty
 

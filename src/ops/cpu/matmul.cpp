@@ -183,9 +183,13 @@ void multiply(ThreadPool* pool, const float* x, int64_t M, const MatmulOut* outs
   if (total <= 0) return;
   call.base.M = M;
   aligned_x(call.base, x, M, K, x_stride < 0 ? K : x_stride);
-  // Small products run on the caller alone (worth_threads). Which thread computes an output never changes
+  // Small products run on the caller alone (worth_threads), and so do mid-size ones while the workers sleep
+  // until waking them pays (ThreadPool::worth_waking). Which thread computes an output never changes
   // its value: results stay batch invariant.
-  ThreadPool* use = worth_threads(M, total, K, bytes) ? pool : nullptr;
+  ThreadPool* use = pool && worth_threads(M, total, K, bytes) &&
+                            pool->worth_waking(M * total * K + static_cast<int64_t>(bytes))
+                        ? pool
+                        : nullptr;
   // Chunk [n0, n1) of the concatenated rows: the piece of every output it overlaps.
   parallel_for(use, total, row_grain(K, outs[0].w->dtype), [c = &call](int64_t n0, int64_t n1, int) {
     for (int64_t i = 0; i < c->n_outs; ++i) {
