@@ -130,9 +130,11 @@ TEST_P(SpecExactness, ForcedAcceptancePatternsStayExact) {
         auto got = Generator(*model_).generate(prompt, sp, so);
         ASSERT_EQ(got.ids, ref.ids) << "k " << k << " wrong_every " << wrong_every << " prompt " << n;
         if (wrong_every == 0) {
-          // all drafts (inside the length budget) accepted: k+1 tokens per target forward
+          // all drafts (inside the length budget) accepted: k+1 tokens per target forward from the
+          // first round on (after the prefill's token)
           EXPECT_EQ(got.stats.num_accepted_tokens, got.stats.num_draft_tokens);
           EXPECT_GT(got.stats.mean_acceptance_length(), 1.0);
+          EXPECT_EQ(got.stats.target_forwards, 1 + (N - 1 + k) / (k + 1)) << "k " << k << " prompt " << n;
         } else if (wrong_drafts > 0) {
           EXPECT_LT(got.stats.num_accepted_tokens, got.stats.num_draft_tokens);
         }

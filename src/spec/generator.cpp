@@ -302,9 +302,11 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
 
     int drafted = 0;
     bool merged = false;
-    if (speculate && k > 0 && g_rows[0] > 0) {
+    // Layer 0 has run position m-1: this round (its catch-up's last row) or before (right after prefill).
+    const bool layer0_ready = speculate && dcache[0].base_position() + dcache[0].length() == m;
+    if (k > 0 && layer0_ready) {
       // Step 0: layer 0's row at position m-1 (token seq[m]) drafts position m+1.
-      const float* h = g[0].data() + (g_rows[0] - 1) * H;
+      const float* h = g_rows[0] > 0 ? g[0].data() + (g_rows[0] - 1) * H : g_last[0].data();
       std::copy(h, h + H, step_h.begin());
       for (int s = 0; s < k; ++s) {
         if (s == 1 && merge_step1) {
