@@ -81,6 +81,14 @@ constexpr int kFusedRows = T <= 2 ? 4 : (T <= 6 ? 2 : 1);
 constexpr int kTileM = 2, kTileN = 4;
 #endif
 
+// One x row against short weight rows (K <= kShortK): weight rows per tile (registers permitting).
+constexpr int64_t kShortK = 2048;
+#if HWY_TARGET != HWY_SCALAR && HWY_TARGET <= HWY_AVX3
+constexpr int kShortRowsOne = 8;
+#else
+constexpr int kShortRowsOne = kFusedRows<1>;
+#endif
+
 // Decode two weight vectors per step in the fused tiles (FP8: one double-width integer stage; needs the
 // registers of AVX-512).
 #if HWY_TARGET != HWY_SCALAR && HWY_TARGET <= HWY_AVX3
@@ -379,10 +387,9 @@ HWY_INLINE void FusedTileStore(const Job& job, const Weight& w, int64_t n, int64
 // M <= kFusedMaxM: x split into FusedTiles(M) tiles of TM or TM - 1 rows (TM = the largest). For
 // each group of R weight rows: the first tile decodes them from memory (prefetching the next group), and
 // when there are more tiles it also stores the decoded f32 rows, which the other tiles then read from L1.
-template <class Dec, int TM>
+template <class Dec, int TM, int R = kFusedRows<TM>>
 void FusedCols(const Job& job, const float* xt) {
   const DF d;
-  constexpr int R = kFusedRows<TM>;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t tiles = FusedTiles(job.M);
   const int64_t big = job.M - tiles * (TM - 1);  // tiles of TM rows (the others have TM - 1)
@@ -625,6 +632,9 @@ void ColsFor(const Job& job) {
     const int64_t tiles = FusedTiles(job.M);
     switch ((job.M + tiles - 1) / tiles) {  // rows of the largest x tile
       case 1:
+        // Short rows (small experts, attention projections): twice the weight rows per tile halve the
+        // per-tile cost (setup, the lane reduction) per weight; measured 5-10% faster for K = 96..2048.
+        if (kShortRowsOne > kFusedRows<1> && K <= kShortK) return FusedCols<Dec, 1, kShortRowsOne>(job, xt);
         return FusedCols<Dec, 1>(job, xt);
       case 2:
         return FusedCols<Dec, 2>(job, xt);
