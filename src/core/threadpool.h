@@ -8,17 +8,33 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
-#include <functional>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace nextn {
 
+// A non-owning reference to a callable `void(int64_t begin, int64_t end, int thread_index)` (what C++26
+// calls std::function_ref). parallel_for runs it before returning, so it is neither copied nor stored:
+// unlike std::function, a lambda capturing more than two pointers costs no heap allocation per call.
+class ChunkFn {
+ public:
+  template <class F>
+    requires(!std::is_same_v<std::decay_t<F>, ChunkFn> && std::is_invocable_v<const F&, int64_t, int64_t, int>)
+  ChunkFn(const F& f)  // NOLINT(google-explicit-constructor): lambdas convert implicitly
+      : obj_(&f), call_([](const void* o, int64_t b, int64_t e, int t) { (*static_cast<const F*>(o))(b, e, t); }) {}
+  void operator()(int64_t begin, int64_t end, int thread_index) const { call_(obj_, begin, end, thread_index); }
+
+ private:
+  const void* obj_;
+  void (*call_)(const void*, int64_t, int64_t, int);
+};
+
 class ThreadPool {
  public:
-  using Fn = std::function<void(int64_t begin, int64_t end, int thread_index)>;
+  using Fn = ChunkFn;
 
   // n_threads <= 0: std::thread::hardware_concurrency() (at least 1). The caller counts as one thread,
   // so size() - 1 workers are started.

@@ -2,37 +2,155 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <stdexcept>
 #include <thread>
 #include <vector>
 
+#include "core/error.h"
+
 namespace nextn {
 namespace {
 
-TEST(ThreadPool, ChunksCoverTheRangeOnce) {
-  ThreadPool pool(3);
-  for (int64_t n : {1, 2, 5, 16, 1000}) {
-    std::vector<int> hits(static_cast<size_t>(n), 0);
-    pool.parallel_for(n, 2, [&](int64_t b, int64_t e, int) {
-      for (int64_t i = b; i < e; ++i) ++hits[static_cast<size_t>(i)];
-    });
-    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)], 1) << "n " << n << " i " << i;
+TEST(ThreadPool, EveryIndexCoveredExactlyOnce) {
+  for (int threads : {1, 2, 3, 4, 8}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.size(), threads);
+    for (int64_t n : {0, 1, 5, 15, 16, 17, 31, 32, 100, 1000, 1001}) {
+      for (int64_t grain : {1, 7, 16, 1000}) {
+        std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+        const int chunks = ThreadPool::chunk_count(n, grain, threads);
+        std::vector<std::atomic<int64_t>> begins(static_cast<size_t>(std::max(chunks, 1)));
+        std::vector<std::atomic<int64_t>> ends(static_cast<size_t>(std::max(chunks, 1)));
+        std::atomic<int> calls{0};
+        pool.parallel_for(n, grain, [&](int64_t b, int64_t e, int ti) {
+          ASSERT_GE(ti, 0);
+          ASSERT_LT(ti, chunks);
+          begins[static_cast<size_t>(ti)] = b;
+          ends[static_cast<size_t>(ti)] = e;
+          calls++;
+          for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+        });
+        for (int64_t i = 0; i < n; ++i)
+          ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1)
+              << "threads=" << threads << " n=" << n << " i=" << i;
+        ASSERT_EQ(calls.load(), chunks) << "threads=" << threads << " n=" << n << " grain=" << grain;
+        // The partition is the documented one: contiguous, in order, each chunk >= grain when split.
+        for (int i = 0; i < chunks; ++i) {
+          const auto [b, e] = ThreadPool::chunk_range(n, chunks, i);
+          EXPECT_EQ(begins[static_cast<size_t>(i)].load(), b);
+          EXPECT_EQ(ends[static_cast<size_t>(i)].load(), e);
+          if (chunks > 1) {
+            EXPECT_GE(e - b, grain);
+          }
+        }
+        EXPECT_LE(chunks, threads);
+      }
+    }
   }
 }
 
-TEST(ThreadPool, RethrowsAChunksException) {
-  ThreadPool pool(2);
+TEST(ThreadPool, FreeFunctionSerialFallback) {
+  for (int64_t n : {1, 10, 1000}) {
+    int calls = 0;
+    parallel_for(nullptr, n, 16, [&](int64_t b, int64_t e, int ti) {
+      ++calls;
+      EXPECT_EQ(b, 0);
+      EXPECT_EQ(e, n);
+      EXPECT_EQ(ti, 0);
+    });
+    EXPECT_EQ(calls, 1);
+  }
+  ThreadPool one(1);
+  int calls = 0;
+  parallel_for(&one, 1000, 1, [&](int64_t, int64_t, int) { ++calls; });
+  EXPECT_EQ(calls, 1);
+  ThreadPool three(3);
+  calls = 0;
+  parallel_for(&three, 20, 16, [&](int64_t, int64_t, int) { ++calls; });  // n too small to split
+  EXPECT_EQ(calls, 1);
+  std::atomic<int64_t> sum{0};
+  parallel_for(&three, 1000, 16, [&](int64_t b, int64_t e, int) {
+    for (int64_t i = b; i < e; ++i) sum += i;
+  });
+  EXPECT_EQ(sum.load(), 999 * 1000 / 2);
+  int none = 0;
+  parallel_for(&three, 0, 1, [&](int64_t, int64_t, int) { ++none; });
+  EXPECT_EQ(none, 0);
+}
+
+TEST(ThreadPool, PropagatesExceptions) {
+  ThreadPool pool(4);
+  // From a worker's chunk.
   EXPECT_THROW(pool.parallel_for(100, 1,
                                  [](int64_t b, int64_t, int) {
-                                   if (b > 0) throw std::runtime_error("chunk failed");
+                                   if (b > 0) throw std::runtime_error("worker failed");
                                  }),
                std::runtime_error);
-  int64_t covered = 0;  // the pool still works afterwards
-  pool.parallel_for(100, 1, [&](int64_t b, int64_t e, int i) {
-    if (i == 0) covered += e - b;
+  // From the caller's own chunk, with the message intact; the other chunks still ran.
+  std::atomic<int> done{0};
+  try {
+    pool.parallel_for(100, 1, [&](int64_t, int64_t, int ti) {
+      if (ti == 0) throw Error("caller failed");
+      done++;
+    });
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "caller failed");
+  }
+  EXPECT_EQ(done.load(), 3);
+  // Via the free function, and the pool stays usable afterwards.
+  EXPECT_THROW(parallel_for(&pool, 100, 1, [](int64_t, int64_t, int) { throw std::logic_error("all"); }),
+               std::logic_error);
+  std::atomic<int64_t> count{0};
+  pool.parallel_for(100, 1, [&](int64_t b, int64_t e, int) { count += e - b; });
+  EXPECT_EQ(count.load(), 100);
+}
+
+TEST(ThreadPool, NestedCallRunsInline) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> count{0};
+  pool.parallel_for(30, 1, [&](int64_t b, int64_t e, int) {
+    pool.parallel_for(e - b, 1, [&](int64_t b2, int64_t e2, int) { count += e2 - b2; });
   });
-  EXPECT_GT(covered, 0);
+  EXPECT_EQ(count.load(), 30);
+}
+
+// Publication and wake-up under stress: more threads than cores, jobs needing 2..8 of them (idle workers
+// wake late into newer jobs), and pauses long enough for the workers to fall asleep between some calls.
+TEST(ThreadPool, OversubscribedWithSleepsAndChangingWidths) {
+  ThreadPool pool(8);
+  std::vector<std::atomic<int64_t>> v(64);
+  int64_t expect = 0;
+  for (int it = 0; it < 4000; ++it) {
+    if (it % 97 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+    const int64_t n = 2 + it % 63, grain = 1 + it % 9;
+    pool.parallel_for(n, grain, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) v[static_cast<size_t>(i)].fetch_add(1, std::memory_order_relaxed);
+    });
+    expect += n;
+  }
+  int64_t total = 0;
+  for (auto& c : v) total += c.load();
+  EXPECT_EQ(total, expect);
+}
+
+TEST(ThreadPool, ManyBackToBackCalls) {
+  ThreadPool pool(3);
+  std::vector<int64_t> v(48, 0);
+  for (int it = 0; it < 3000; ++it) {
+    const int64_t n = 1 + it % 48;
+    pool.parallel_for(n, 1 + it % 5, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) v[static_cast<size_t>(i)]++;
+    });
+  }
+  int64_t total = 0;
+  for (int64_t c : v) total += c;
+  int64_t expect = 0;
+  for (int it = 0; it < 3000; ++it) expect += 1 + it % 48;
+  EXPECT_EQ(total, expect);
 }
 
 // While the worker sleeps, products are kept on the caller until their work adds up to kWakeWork; one at

@@ -122,6 +122,8 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
   std::vector<bool> stale(nL, false);
   std::vector<float> stage((catch_max + 1) * H);  // chained inputs of a draft layer's catch-up
   std::vector<int32_t> tokens_buf(catch_max + 1), topk0, forced_slots;
+  topk0.reserve(std::max<int64_t>(c.index_topk, 1));  // (filled per round: no growth in the loop)
+  forced_slots.reserve(std::max<int64_t>(c.index_topk, 1));
   double catch_seconds = 0;  // draft catch-up forwards of the current round
   std::vector<float> step_h(H), draft_logits(V), q((k_max + 1) * V), p(V), resid(V);
   std::vector<int32_t> drafts(k_max + 1);

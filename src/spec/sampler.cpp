@@ -90,7 +90,10 @@ void Sampler::distribution(const float* logits, float* probs) {
   const bool need_sort = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f;
   if (need_sort) {
     std::iota(order_.begin(), order_.end(), 0);
-    std::stable_sort(order_.begin(), order_.end(), [probs](int32_t a, int32_t b) { return probs[a] > probs[b]; });
+    // Descending probability, ties by ascending id: the order a stable sort gives, without the buffer
+    // std::stable_sort allocates on every call.
+    std::sort(order_.begin(), order_.end(),
+              [probs](int32_t a, int32_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
     int64_t keep = V;
     if (p.top_k > 0) keep = std::min<int64_t>(keep, p.top_k);
     if (p.top_p < 1.0f) {

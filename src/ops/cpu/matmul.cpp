@@ -158,8 +158,7 @@ void multiply(ThreadPool* pool, const float* x, int64_t M, const MatmulOut* outs
               const char* what) {
   constexpr int64_t kMaxOuts = 16;
   if (n_outs > kMaxOuts) throw Error(std::string(what) + ": more than 16 outputs");
-  // Everything the chunks read, behind one pointer: std::function then stores the lambda inline (no
-  // allocation per call).
+  // Everything the chunks read, behind one pointer.
   struct Call {
     matmul_kernels::Job base;
     matmul_kernels::Weight kws[kMaxOuts];
