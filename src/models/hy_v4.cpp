@@ -310,7 +310,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   prof.next(profile::kAttention);
   // Sparse MLA over the cached latents, absorbed: q·(W_kb c) = (W_kbᵀ q)·c and out = W_vb (Σ p c), with
   // kv_b_proj used as stored (bf16 / FP8 rows decoded by the kernels, never copied). Three phases:
-  //   1. per head, all rows at once (W_kb[h] decoded once per 4 rows):
+  //   1. per head, all rows at once (W_kb[h] decoded once per 6 rows):
   //        q_cat [S, nh, kvl + rope] = [W_kb[h]ᵀ q_nope, q_rope];
   //   2. per row, over its selected cache rows [kvl + rope] (latent, then rope part; read in place), per head
   //        scores [nsel] = q_cat·keysᵀ;  p = softmax with the sink;  o_lat [kvl] = Σ_j p_j C[j] (ascending j);

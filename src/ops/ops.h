@@ -57,7 +57,7 @@ void matmul_many(ThreadPool* pool, const float* x, int64_t M, const MatmulOut* o
 // y[w.in] += Σ_r x[r] · w[r, :] for r < w.out: the transposed product (MLA weight absorption).
 void matmul_transposed(const float* x, const Linear& w, float* y);
 // The same for M rows: y[m, :] += Σ_r x[m, r] · w[r, :] (x rows x_stride apart, y rows y_stride apart),
-// w decoded once for up to 4 rows; each row's values are those of the one-row call.
+// w decoded once for up to 6 rows; each row's values are those of the one-row call.
 void matmul_transposed(const float* x, int64_t M, int64_t x_stride, const Linear& w, float* y, int64_t y_stride);
 
 // Dequantizes row r of w into out[w.in].
