@@ -433,7 +433,7 @@ const Case kKernelCases[] = {
     {"fp8_block100_table", DType::F8_E4M3, DType::BF16, 150, 300, 100},
 };
 
-constexpr int64_t kKernelMs[] = {1, 3, 7, 16, 33};
+constexpr int64_t kKernelMs[] = {1, 3, 5, 6, 7, 16, 33};
 
 TEST(MatmulKernels, EveryTargetMatchesDoubleReference) {
   ThreadPool pool(3);
@@ -530,7 +530,7 @@ TEST(MatmulKernels, EveryTargetTransposedRowsEqualOneRowCalls) {
     ForceTarget force(target);
     for (const Case& c : kKernelCases) {
       auto t = make_weight(c.dtype, c.out, c.in, 811, false, c.scale_dtype, c.block);
-      for (int64_t M : {2, 4, 5, 9}) {
+      for (int64_t M : {2, 3, 4, 5, 6, 7, 9, 13}) {
         const int64_t xs = c.out + 3, ys = c.in + 5;  // strided rows
         const auto x = random_vec(static_cast<size_t>(M * xs), 812);
         const auto y0 = random_vec(static_cast<size_t>(M * ys), 813);
