@@ -67,7 +67,8 @@ TEST_P(SpecExactness, GreedySpeculativeEqualsPlainGreedy) {
 }
 
 // k tuned by measured speed (the CLI's greedy default): the output stays the target's whatever k each step
-// uses. The seam makes k = 1 the fastest: the tuner climbs 0 -> 1 -> 2, stops (2 is slower), runs k = 1.
+// uses. The seam makes k = 1 the fastest: the tuner climbs 0 -> 1 -> 2 -> 3 (one step past the slower
+// k = 2), stops, runs k = 1.
 TEST_P(SpecExactness, TunedKEqualsPlainGreedy) {
   const auto& c = model_->config();
   auto prompts = make_prompts(4, c.vocab_size, c.index_topk, 13);

@@ -32,13 +32,21 @@ int KTuner::best() const {
 
 int KTuner::next() {
   if (probe_left_ > 0) return probe_k_;
-  // First climb from k = 0 while each larger k is faster than the one below it: time per token is
-  // usually unimodal in k, and where drafts are rarely accepted this never measures the costly large k
-  // (they remain reachable later as neighbours of the best).
+  // First climb from k = 0 while a larger k beats every smaller one, looking one step past a k that does
+  // not (time per token can dip: with two MTP layers, k = 2 pays for layer 1's catch-up with a single
+  // extra draft, and k = 3 is faster again); where drafts are rarely accepted, k = 1 is already slower
+  // than plain decoding and the climb stops there, never measuring the costly large k (they remain
+  // reachable later as neighbours of the best).
   if (!climbed_) {
     int top = -1;
     while (top < k_max_ && rounds_[top + 1] > 0) ++top;
-    if (top < 0 || (top < k_max_ && (top == 0 || seconds_per_token(top) < seconds_per_token(top - 1)))) {
+    auto improves = [&](int k) {  // k >= 1 measured faster than every smaller k
+      if (k < 1) return false;
+      for (int j = 0; j < k; ++j)
+        if (seconds_per_token(k) >= seconds_per_token(j)) return false;
+      return true;
+    };
+    if (top < 0 || (top < k_max_ && (top == 0 || improves(top) || improves(top - 1)))) {
       probe_k_ = top + 1;
       probe_left_ = probe_rounds_;
       return probe_k_;

@@ -4,7 +4,8 @@
 // whatever is fastest on this machine, model and context: speculation pays only when a (k+1)-row verify
 // plus k draft steps costs less than the tokens it yields, which varies with the hardware (bandwidth-
 // versus compute-bound), the context length and the text. Each candidate k in 0..k_max (0 = plain
-// decoding) is tried for a few rounds, climbing from k = 0 while a larger k is faster, then the k with the
+// decoding) is tried for a few rounds, climbing from k = 0 while a larger k is faster (looking one step
+// past the first k that is not), then the k with the
 // lowest time per emitted token runs, and a neighbour of it is re-measured every `reprobe_interval`
 // rounds (twice as long after each re-measure that changed nothing, up to 8x) so that the choice follows
 // the context as it grows. Time per token is kept as a decaying ratio of sums (seconds / tokens), which weighs rounds

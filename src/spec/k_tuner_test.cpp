@@ -29,9 +29,20 @@ TEST(KTuner, ClimbsToTheFastestAndStaysThere) {
   const double per_token[] = {1.0, 0.8, 0.6, 0.7, 0.9};  // k = 2 is fastest
   const auto rounds = drive(t, 400, [&](int k, int64_t) { return per_token[k] * jitter(noise); }, 2);
   for (int k = 0; k <= 3; ++k) EXPECT_GE(rounds[k], 3) << "k " << k << " was never measured";
-  EXPECT_EQ(rounds[4], 0);  // the climb stopped at k = 3, slower than k = 2; 4 is no neighbour of 2
+  // k = 3 is slower than k = 2: the climb looks at k = 4 once (its probe rounds) and stops; 4 is no
+  // neighbour of 2, so it is never re-measured.
+  EXPECT_EQ(rounds[4], 3);
   EXPECT_EQ(t.best(), 2);
   EXPECT_GT(rounds[2], 300);  // probes of the neighbours aside
+}
+
+// A dip at k = 2 (the bundled model: layer 1's catch-up for one extra draft) does not stop the climb.
+TEST(KTuner, ClimbsPastADip) {
+  KTuner t(4, 3, 32);
+  const double per_token[] = {1.0, 0.8, 0.85, 0.6, 0.7};  // k = 3 is fastest, k = 2 worse than 1
+  const auto rounds = drive(t, 300, [&](int k, int64_t) { return per_token[k]; }, 5);
+  EXPECT_EQ(t.best(), 3);
+  EXPECT_GT(rounds[3], 200);
 }
 
 TEST(KTuner, SpendsLittleOnDraftsThatAreNeverAccepted) {
