@@ -73,23 +73,4 @@ void rope_rotate_half(float* x, int64_t dim, const float* cos, const float* sin)
   }
 }
 
-int64_t topk_ascending(const float* x, int64_t n, int64_t k, int32_t* out, float* scratch) {
-  if (k >= n) {
-    std::iota(out, out + n, 0);
-    return n;
-  }
-  if (k <= 0) return 0;
-  // The k-th largest value t (selection on a copy of the values, direct compares), then one ascending
-  // scan: every value above t, and values equal to t from the lowest index until k are taken.
-  std::copy(x, x + n, scratch);
-  std::nth_element(scratch, scratch + (k - 1), scratch + n, std::greater<float>());
-  const float t = scratch[k - 1];
-  int64_t above = 0;
-  for (int64_t i = 0; i < n; ++i) above += x[i] > t;
-  int64_t ties = k - above, m = 0;
-  for (int64_t i = 0; i < n && m < k; ++i)
-    if (x[i] > t || (x[i] == t && ties-- > 0)) out[m++] = static_cast<int32_t>(i);
-  return k;
-}
-
 }  // namespace nextn::ops

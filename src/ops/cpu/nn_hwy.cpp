@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -230,6 +231,93 @@ void MulSigmoid(const float* x, const float* g, int64_t n, float* out) {
               out + i);
 }
 
+// ---- top-k selection -------------------------------------------------------------------------------------
+
+using DI = hn::RebindToSigned<DF>;
+using VI = hn::Vec<DI>;
+
+// An int32 key per float with the same order (larger value, larger key; -0 and +0 equal). Scores are never
+// NaN.
+HWY_INLINE VI OrderKey(DI di, VF v) {
+  const VI b = hn::BitCast(di, hn::Add(v, hn::Zero(DF())));  // -0 + 0 = +0
+  return hn::Xor(b, hn::And(hn::ShiftRight<31>(b), hn::Set(di, 0x7FFFFFFF)));  // negatives: value bits flipped
+}
+HWY_INLINE int32_t OrderKey(float f) {
+  int32_t b;
+  f += 0.0f;
+  std::memcpy(&b, &f, 4);
+  return b ^ ((b >> 31) & 0x7FFFFFFF);
+}
+
+// Indices of the k largest of x[0, n) (ties: lower index first), ascending; 0 < k < n. The k-th largest key
+// is found bit by bit (32 counting passes at most, each a vector compare over the keys, stopping early
+// when a threshold has exactly k keys at or above it), then one pass keeps the keys above it and the
+// lowest-index keys equal to it.
+int64_t TopkAscending(const float* x, int64_t n, int64_t k, int32_t* out, float* scratch) {
+  const DF d;
+  const DI di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t nfull = n - n % N;
+  int32_t* keys = reinterpret_cast<int32_t*>(scratch);
+  VI lo = hn::Set(di, std::numeric_limits<int32_t>::max()), hi = hn::Set(di, std::numeric_limits<int32_t>::min());
+  for (int64_t i = 0; i < nfull; i += N) {
+    const VI kv = OrderKey(di, hn::LoadU(d, x + i));
+    hn::StoreU(kv, di, keys + i);
+    lo = hn::Min(lo, kv);
+    hi = hn::Max(hi, kv);
+  }
+  int32_t kmin = hn::GetLane(hn::MinOfLanes(di, lo)), kmax = hn::GetLane(hn::MaxOfLanes(di, hi));
+  for (int64_t i = nfull; i < n; ++i) {
+    keys[i] = OrderKey(x[i]);
+    kmin = std::min(kmin, keys[i]);
+    kmax = std::max(kmax, keys[i]);
+  }
+  auto count_ge = [&](int32_t t) {
+    if (t == std::numeric_limits<int32_t>::min()) return n;
+    const VI tv = hn::Set(di, t - 1);  // key >= t <=> key > t - 1
+    int64_t c = 0;
+    for (int64_t i = 0; i < nfull; i += N) c += static_cast<int64_t>(hn::CountTrue(di, hn::Gt(hn::LoadU(di, keys + i), tv)));
+    for (int64_t i = nfull; i < n; ++i) c += keys[i] >= t;
+    return c;
+  };
+  // Largest t (in the unsigned image u = key ^ 2^31) with count(key >= t) >= k: the k-th largest key. It
+  // lies in [kmin, kmax], so it starts with their common leading bits; the search covers the rest.
+  const uint32_t umin = static_cast<uint32_t>(kmin) ^ 0x80000000u, umax = static_cast<uint32_t>(kmax) ^ 0x80000000u;
+  const int top = umin == umax ? -1 : 31 - __builtin_clz(umin ^ umax);
+  uint32_t u = top < 0 ? umin : umin & ~((uint32_t(2) << top) - 1);  // (2 << 31 wraps to 0: all bits free)
+  bool exact = false;  // count(key >= t) == k: every key >= t is taken, no ties to cut
+  for (int bit = top; bit >= 0 && !exact; --bit) {
+    const uint32_t cand = u | (uint32_t(1) << bit);
+    const int64_t c = count_ge(static_cast<int32_t>(cand ^ 0x80000000u));
+    if (c >= k) {
+      u = cand;
+      exact = c == k;
+    }
+  }
+  const int32_t t = static_cast<int32_t>(u ^ 0x80000000u);
+  // Keys equal to t that may be taken (the lowest indices): all of them when the count was exact.
+  int64_t ties = exact ? n : k - (t == std::numeric_limits<int32_t>::max() ? 0 : count_ge(t + 1));
+  const VI tv = hn::Set(di, t);
+  int64_t m = 0;
+  auto scalar = [&](int64_t i) {
+    if (keys[i] > t || (keys[i] == t && ties-- > 0)) out[m++] = static_cast<int32_t>(i);
+  };
+  int64_t i = 0;
+  for (; i < nfull; i += N) {
+    const VI kv = hn::LoadU(di, keys + i);
+    const auto eq = hn::Eq(kv, tv);
+    const int64_t neq = static_cast<int64_t>(hn::CountTrue(di, eq));
+    if (neq > ties) {  // the vector where the ties run out: lane by lane
+      for (int64_t j = i; j < i + N; ++j) scalar(j);
+      continue;
+    }
+    ties -= neq;
+    m += static_cast<int64_t>(hn::CompressStore(hn::Iota(di, static_cast<int32_t>(i)), hn::Or(hn::Gt(kv, tv), eq), di, out + m));
+  }
+  for (; i < n; ++i) scalar(i);
+  return m;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace nextn::nn_kernels
 HWY_AFTER_NAMESPACE();
@@ -243,6 +331,7 @@ HWY_EXPORT(WeightedRowSum);
 HWY_EXPORT(GatheredDots);
 HWY_EXPORT(Swiglu);
 HWY_EXPORT(MulSigmoid);
+HWY_EXPORT(TopkAscending);
 
 }  // namespace nextn::nn_kernels
 
@@ -274,6 +363,15 @@ void swiglu(const float* gate, const float* up, int64_t n, float limit, float* o
 void mul_sigmoid(const float* x, const float* g, int64_t n, float* out) {
   using namespace nn_kernels;
   HWY_DYNAMIC_DISPATCH(MulSigmoid)(x, g, n, out);
+}
+int64_t topk_ascending(const float* x, int64_t n, int64_t k, int32_t* out, float* scratch) {
+  using namespace nn_kernels;
+  if (k >= n) {
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(i);
+    return std::max<int64_t>(n, 0);
+  }
+  if (k <= 0) return 0;
+  return HWY_DYNAMIC_DISPATCH(TopkAscending)(x, n, k, out, scratch);
 }
 
 }  // namespace nextn::ops

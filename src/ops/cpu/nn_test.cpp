@@ -166,30 +166,42 @@ TEST(NnKernels, GatheredDotsEqualMatmulOverGatheredRows) {
   }
 }
 
-// The k largest of x (ties: lower index first), ascending: against a stable sort, with many ties, -inf
-// entries (the router's group masking) and k at and around n.
-TEST(NnKernels, TopkAscendingMatchesStableSort) {
-  std::mt19937 rng(31);
-  for (int trial = 0; trial < 200; ++trial) {
-    const int64_t n = 1 + static_cast<int64_t>(rng() % 300);
-    std::vector<float> x(n);
-    for (float& v : x) {
-      const uint32_t r = rng() % 10;
-      v = r == 0 ? -INFINITY : static_cast<float>(static_cast<int>(rng() % 7) - 3);  // few distinct values
-    }
-    for (int64_t k : {int64_t(1), n / 2, n - 1, n, n + 3}) {
-      if (k < 1) continue;
-      std::vector<int32_t> order(n);
-      std::iota(order.begin(), order.end(), 0);
-      std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
-      const int64_t want_n = std::min(k, n);
-      std::vector<int32_t> want(order.begin(), order.begin() + want_n);
-      std::sort(want.begin(), want.end());
-      std::vector<int32_t> got(n);
-      std::vector<float> scratch(n);
-      ASSERT_EQ(ops::topk_ascending(x.data(), n, k, got.data(), scratch.data()), want_n);
-      got.resize(want_n);
-      ASSERT_EQ(got, want) << "n " << n << " k " << k;
+// The k largest of x (ties: lower index first), ascending, on every target: against a stable sort, with
+// many ties, -inf entries (the router's group masking), -0 next to +0 (equal), all-equal rows, scores of
+// both signs over a wide range, and k at and around n.
+TEST(NnKernels, TopkAscendingMatchesStableSortOnEveryTarget) {
+  for (int64_t target : kernel_targets()) {
+    ForceTarget force(target);
+    std::mt19937 rng(31);
+    for (int trial = 0; trial < 300; ++trial) {
+      const int64_t n = 1 + static_cast<int64_t>(rng() % (trial % 3 == 0 ? 3000 : 300));
+      std::vector<float> x(n);
+      const int kind = trial % 4;
+      for (float& v : x) {
+        const uint32_t r = rng() % 10;
+        if (kind == 0)  // few distinct values
+          v = r == 0 ? -INFINITY : static_cast<float>(static_cast<int>(rng() % 7) - 3);
+        else if (kind == 1)  // signed zeros among a few values
+          v = r < 4 ? (r % 2 ? -0.0f : 0.0f) : static_cast<float>(static_cast<int>(rng() % 5) - 2) * 0.5f;
+        else if (kind == 2)  // wide range, both signs
+          v = std::ldexp(static_cast<float>(rng() % 1000) - 500.0f, static_cast<int>(rng() % 40) - 20);
+        else
+          v = 1.25f;  // all equal
+      }
+      for (int64_t k : {int64_t(1), int64_t(2), n / 2, n - 1, n, n + 3, int64_t(128)}) {
+        if (k < 1) continue;
+        std::vector<int32_t> order(n);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return x[a] > x[b]; });
+        const int64_t want_n = std::min(k, n);
+        std::vector<int32_t> want(order.begin(), order.begin() + want_n);
+        std::sort(want.begin(), want.end());
+        std::vector<int32_t> got(n);
+        std::vector<float> scratch(n);
+        ASSERT_EQ(ops::topk_ascending(x.data(), n, k, got.data(), scratch.data()), want_n) << name(target);
+        got.resize(want_n);
+        ASSERT_EQ(got, want) << name(target) << " kind " << kind << " n " << n << " k " << k;
+      }
     }
   }
 }
