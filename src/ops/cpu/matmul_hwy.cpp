@@ -748,27 +748,16 @@ void TransposedFor(const float* x, int64_t M, int64_t x_stride, const Weight& w,
     int64_t m0 = 0;
     // Blocks of up to kTransRows rows (a verify step of k + 1 <= 6 rows decodes each weight row once).
     for (; m0 + kTransRows <= M; m0 += kTransRows) block(std::integral_constant<int64_t, kTransRows>(), m0, k0, nv);
-    switch (M - m0) {
-      case 5:
-        block(std::integral_constant<int64_t, 5>(), m0, k0, nv);
-        m0 = M;
-        break;
-      case 4:
-        block(std::integral_constant<int64_t, 4>(), m0, k0, nv);
-        m0 = M;
-        break;
-      case 3:
-        block(std::integral_constant<int64_t, 3>(), m0, k0, nv);
-        m0 = M;
-        break;
-      case 2:
-        block(std::integral_constant<int64_t, 2>(), m0, k0, nv);
-        m0 = M;
-        break;
-      default:
-        break;
+    using std::integral_constant;
+    static_assert(kTransRows <= 6, "the rest below is at most 5 rows");
+    switch (M - m0) {  // the rest (< kTransRows rows) as one block
+      case 5: block(integral_constant<int64_t, 5>(), m0, k0, nv); break;
+      case 4: block(integral_constant<int64_t, 4>(), m0, k0, nv); break;
+      case 3: block(integral_constant<int64_t, 3>(), m0, k0, nv); break;
+      case 2: block(integral_constant<int64_t, 2>(), m0, k0, nv); break;
+      case 1: block(integral_constant<int64_t, 1>(), m0, k0, nv); break;
+      default: break;
     }
-    for (; m0 < M; ++m0) block(std::integral_constant<int64_t, 1>(), m0, k0, nv);
   }
   if (Kfull < K)
     for (int64_t r = 0; r < w.N; ++r) {
