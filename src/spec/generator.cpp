@@ -112,7 +112,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
   constexpr int64_t kDeferRows = 64;
   const int64_t rows_max = std::max<int64_t>(n, k_max + 1);
   const int64_t catch_max = std::max(rows_max, kDeferRows);  // rows of one catch-up
-  std::vector<float> logits(rows_max * V), hidden(catch_max * H);
+  std::vector<float> logits(rows_max * V), hidden(rows_max * H);
   std::vector<float> pending_h(catch_max * H);  // target hidden of positions [c0, m-1] not yet seen by layer 0
   int64_t pending_rows = 0;
   std::vector<std::vector<float>> g(nL, std::vector<float>((catch_max + 1) * H));  // layer outputs this round
@@ -157,6 +157,16 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
     sampler.distribution(resid.data(), probs);
   };
 
+  // Draft steps >= 1 attend to the positions step 0 selected (the seed's shared top-k buffer): those of
+  // layer j's canonical rows, positions [base, end), as slots of its cache. Fills forced_slots.
+  auto step0_selection = [&](int j, int64_t end) {
+    forced_slots.clear();
+    const int64_t base = dcache[j].base_position();
+    for (int32_t ps : topk0)
+      if (ps >= base && ps < end) forced_slots.push_back(static_cast<int32_t>(ps - base));
+    return TopkOverride{forced_slots.data(), int64_t(forced_slots.size())};
+  };
+
   // Catch-up of MTP layer j on the positions the target has verified, [cj, m-1]: row q gets token
   // seq[q+1] and layer j-1's output at q-1 (the target's hidden state for j = 0). With `extra`, the same
   // forward also runs one speculative row at position m (layer j's draft step j, which extends the chain
@@ -197,19 +207,14 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
       h_in = stage.data();
     }
     const int64_t n_rows = std::max<int64_t>(rows, 0) + (extra ? 1 : 0);
-    TopkOverride ov{nullptr, 0, std::max<int64_t>(rows, 0)};
+    TopkOverride ov{nullptr, 0};
     if (extra) {
       if (j == 0) throw Error("internal: layer 0 has no speculative catch-up row");
       tokens_buf[n_rows - 1] = extra->token;
       std::copy(extra->h, extra->h + H, stage.data() + (n_rows - 1) * H);
       h_in = stage.data();
-      // step j attends to the positions step 0 selected, among this layer's canonical rows (all < m)
-      forced_slots.clear();
-      const int64_t base = dcache[j].base_position();
-      for (int32_t ps : topk0)
-        if (ps >= base && ps < m) forced_slots.push_back(static_cast<int32_t>(ps - base));
-      ov.slots = forced_slots.data();
-      ov.count = int64_t(forced_slots.size());
+      ov = step0_selection(j, m);  // (this layer's canonical rows end at m once caught up)
+      ov.first_row = n_rows - 1;
     }
     const auto t0 = Clock::now();
     model_.draft_forward(j, tokens_buf.data(), h_in, n_rows, cj, dcache[j], nullptr, g[j].data(),
@@ -222,8 +227,11 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
       std::copy(o, o + H, extra->out);
     }
   };
-  // After every active layer caught up: their outputs at position m-1 are canonical, the next round's chain.
-  auto remember_last = [&](int active) {
+  // Catches up the active layers from `first` on, then remembers every active layer's output at position
+  // m-1 (canonical: the next round's chain). Done after all of them ran: layer j+1 reads layer j's
+  // previous last output.
+  auto finish_catch_up = [&](int first, int active, int64_t m) {
+    for (int j = first; j < active; ++j) catch_up(j, m, nullptr);
     for (int j = 0; j < active; ++j)
       if (g_rows[j] > 0) {
         const float* last = g[j].data() + (g_rows[j] - 1) * H;
@@ -245,9 +253,8 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
     std::copy(hidden.begin(), hidden.begin() + n * H, pending_h.begin());
     pending_rows = n;
     const int active = std::max(1, std::min(nL, k_max));
-    for (int j = 0; j < active; ++j) catch_up(j, n, nullptr);
+    finish_catch_up(0, active, n);
     for (int j = active; j < nL; ++j) stale[j] = true;
-    remember_last(active);
     pending_rows = 0;
   }
   st.prefill_seconds = seconds_since(t0);
@@ -295,10 +302,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
         canon[j] = 0;
       }
       catch_up(0, m, nullptr);
-      if (!merge_step1) {
-        for (int j = 1; j < active; ++j) catch_up(j, m, nullptr);
-        remember_last(active);
-      }
+      if (!merge_step1) finish_catch_up(1, active, m);
       pending_rows = 0;
     }
 
@@ -314,18 +318,12 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
         if (s == 1 && merge_step1) {
           const ExtraRow extra{drafts[0], step_h.data(), step_h.data()};
           catch_up(1, m, &extra);
-          for (int j = 2; j < active; ++j) catch_up(j, m, nullptr);
-          remember_last(active);
+          finish_catch_up(2, active, m);
           merged = true;
         } else if (s > 0) {
           const int j = s % nL;
           const int64_t pos = m - 1 + s;
-          // Steps >= 1 attend to the positions step 0 selected (the seed's shared top-k buffer).
-          forced_slots.clear();
-          const int64_t base = dcache[j].base_position();
-          for (int32_t ps : topk0)
-            if (ps >= base && ps < base + canon[j]) forced_slots.push_back(static_cast<int32_t>(ps - base));
-          TopkOverride ov{forced_slots.data(), int64_t(forced_slots.size())};
+          const TopkOverride ov = step0_selection(j, dcache[j].base_position() + canon[j]);
           model_.draft_forward(j, &drafts[s - 1], step_h.data(), 1, pos, dcache[j], nullptr, step_h.data(), &ov);
           ++st.draft_forwards;
         }
@@ -355,10 +353,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
       for (int s = drafted - 1; s >= 0; --s) history.pop(drafts[s]);
       for (int j = 0; j < nL; ++j) dcache[j].truncate(canon[j]);  // drop speculative draft rows
     }
-    if (merge_step1 && !merged) {  // (no draft step ran: the other layers still catch up)
-      for (int j = 1; j < active; ++j) catch_up(j, m, nullptr);
-      remember_last(active);
-    }
+    if (merge_step1 && !merged) finish_catch_up(1, active, m);  // (no draft step ran: the others catch up)
     const double backlog_seconds = backlog ? catch_seconds : 0.0;
 
     // ---- Verify: one target forward over [seq[m], d_1..d_k].
