@@ -311,9 +311,13 @@ double median(std::vector<double> v) {
   const size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
-nlohmann::json range(const std::vector<double>& v) {
-  return nlohmann::json::array({*std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())});
+struct Range {
+  double lo, hi;
+};
+Range range(const std::vector<double>& v) {
+  return {*std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())};
 }
+nlohmann::json range_json(const std::vector<double>& v) { return {range(v).lo, range(v).hi}; }
 
 std::vector<int32_t> bench_prompt(const std::string& dir, int64_t vocab, int n) {
   if (std::filesystem::exists(dir + "/tokenizer.json")) {
@@ -411,13 +415,11 @@ int run_bench(int argc, char** argv) {
   out["baseline_tokens_per_s"] = tps_med;
   out["decode_gbps"] = decode_gbps;
   out["bandwidth_fraction"] = frac_med;
-  out["bandwidth_fraction_range"] = range(pass_frac);
+  out["bandwidth_fraction_range"] = range_json(pass_frac);
+  const Range fr = range(pass_frac), br = range(pass_bw);
   log("decode: %.2f tokens/s, %.1f MB read per token, %.2f GB/s = %.1f%% of read bandwidth (median of %d passes, "
       "each against its own bandwidth reading: %.1f-%.1f%%; bandwidth %.1f-%.1f GB/s)\n",
-      tps_med, bytes_per_token / 1e6, decode_gbps, 100 * frac_med, repeats,
-      100 * *std::min_element(pass_frac.begin(), pass_frac.end()),
-      100 * *std::max_element(pass_frac.begin(), pass_frac.end()), *std::min_element(pass_bw.begin(), pass_bw.end()),
-      *std::max_element(pass_bw.begin(), pass_bw.end()));
+      tps_med, bytes_per_token / 1e6, decode_gbps, 100 * frac_med, repeats, 100 * fr.lo, 100 * fr.hi, br.lo, br.hi);
   if (profile::enabled()) {
     log("  (%.3f ms per decode token)\n", base.seconds_per_token * 1e3);
     profile::report(stderr, "token", n_tokens);
@@ -498,22 +500,18 @@ int run_bench(int argc, char** argv) {
                        {"mean_acceptance_length", st.mean_acceptance_length()},
                        {"per_position_acceptance", st.per_position_acceptance()},
                        {"speedup", sp_med},
-                       {"speedup_range", range(ratio[k])}});
+                       {"speedup_range", range_json(ratio[k])}});
       log("  k=%d: %.2f tokens/s (%.2fx [%.2f-%.2f]), mean acceptance length %.2f\n", k, median(tps[k]), sp_med,
-          *std::min_element(ratio[k].begin(), ratio[k].end()), *std::max_element(ratio[k].begin(), ratio[k].end()),
-          st.mean_acceptance_length());
+          range(ratio[k]).lo, range(ratio[k]).hi, st.mean_acceptance_length());
     }
     const SpecStats& tst = last[5].stats;
     out["speculative_tuned"] = {{"k_max", 4},
                                 {"tokens_per_s", median(tps[5])},
                                 {"speedup", median(ratio[5])},
-                                {"speedup_range", range(ratio[5])},
+                                {"speedup_range", range_json(ratio[5])},
                                 {"rounds_at_k", tst.rounds_at_k}};
-    log("  tuned k (0..4): %.2f tokens/s (%.2fx [%.2f-%.2f]), steps per k (last pass):", median(tps[5]),
-        median(ratio[5]), *std::min_element(ratio[5].begin(), ratio[5].end()),
-        *std::max_element(ratio[5].begin(), ratio[5].end()));
-    for (size_t k = 0; k < tst.rounds_at_k.size(); ++k) log(" %zu:%lld", k, (long long)tst.rounds_at_k[k]);
-    log("\n");
+    log("  tuned k (0..4): %.2f tokens/s (%.2fx [%.2f-%.2f]), steps per k (last pass):%s\n", median(tps[5]),
+        median(ratio[5]), range(ratio[5]).lo, range(ratio[5]).hi, tst.rounds_at_k_text().c_str());
   }
   out["speculative"] = specs;
   if (a.has("oracle-acceptance") && m.num_mtp_layers() > 0) {

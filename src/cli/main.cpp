@@ -123,11 +123,8 @@ void print_stats(const SpecStats& s, bool speculated) {
   std::fprintf(stderr, "per-position acceptance:");
   for (double a : s.per_position_acceptance()) std::fprintf(stderr, " %.3f", a);
   std::fprintf(stderr, "\n");
-  if (!s.rounds_at_k.empty()) {
-    std::fprintf(stderr, "steps per k (k tuned by measured speed; 0 = plain):");
-    for (size_t k = 0; k < s.rounds_at_k.size(); ++k) std::fprintf(stderr, " %zu:%lld", k, (long long)s.rounds_at_k[k]);
-    std::fprintf(stderr, "\n");
-  }
+  if (!s.rounds_at_k.empty())
+    std::fprintf(stderr, "steps per k (k tuned by measured speed; 0 = plain):%s\n", s.rounds_at_k_text().c_str());
 }
 
 std::string default_model() {

@@ -19,6 +19,17 @@ void SpecOptions::validate() const {
   if (adaptive && tune_k) throw Error("speculative: choose either adaptive k or tuned k, not both");
 }
 
+std::string SpecStats::rounds_at_k_text() const {
+  std::string out;
+  for (size_t k = 0; k < rounds_at_k.size(); ++k) {
+    out += ' ';
+    out += std::to_string(k);
+    out += ':';
+    out += std::to_string(rounds_at_k[k]);
+  }
+  return out;
+}
+
 double SpecStats::mean_acceptance_length() const {
   return num_drafts ? 1.0 + double(num_accepted_tokens) / double(num_drafts) : 1.0;
 }

@@ -70,6 +70,7 @@ struct SpecStats {
   // only; after the first token is out); decode: everything after.
   double prefill_seconds = 0, decode_seconds = 0;
   std::vector<int64_t> rounds_at_k;  // tuned k: rounds run with each k (k = 0: plain steps); else empty
+  std::string rounds_at_k_text() const;  // " 0:3 1:13 2:9" (empty when k was not tuned)
 
   double mean_acceptance_length() const;  // 1 + accepted / drafts
   std::vector<double> per_position_acceptance() const;
