@@ -36,6 +36,20 @@ HWY_INLINE V Fma(V a, V b, V c) {
 //   AVX-512: lane j + lane j+8, then + (j+4 + j+12), then within each 4-lane block (l0 + l2) + (l1 + l3).
 //   AVX2:    lane j + lane j+4, then (l0 + l2) + (l1 + l3).
 //   others:  the target's SumOfLanes.
+#if HWY_TARGET <= HWY_AVX2
+// The last stage of ReduceMany on x86: within each 128-bit block, lane j of the result is
+// (t_j.l0 + t_j.l2) + (t_j.l1 + t_j.l3) (a 4x4 transpose by interleaving, adding as it goes).
+template <class VF>
+HWY_INLINE VF SumBlocksOf4(VF t0, VF t1, VF t2, VF t3) {
+  const hn::DFromV<VF> d;
+  const hn::Repartition<double, decltype(d)> dd;
+  const VF u01 = hn::Add(hn::InterleaveLower(d, t0, t1), hn::InterleaveUpper(d, t0, t1));
+  const VF u23 = hn::Add(hn::InterleaveLower(d, t2, t3), hn::InterleaveUpper(d, t2, t3));
+  const auto a = hn::BitCast(dd, u01), b = hn::BitCast(dd, u23);
+  return hn::Add(hn::BitCast(d, hn::InterleaveLower(dd, a, b)), hn::BitCast(d, hn::InterleaveUpper(dd, a, b)));
+}
+#endif
+
 template <class VF>
 HWY_INLINE void ReduceMany(const VF* acc, int n, float* out) {
 #if HWY_TARGET <= HWY_AVX3
@@ -55,13 +69,8 @@ HWY_INLINE void ReduceMany(const VF* acc, int n, float* out) {
       const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
       t[q] = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
     }
-    const __m512 u01 = _mm512_add_ps(_mm512_unpacklo_ps(t[0], t[1]), _mm512_unpackhi_ps(t[0], t[1]));
-    const __m512 u23 = _mm512_add_ps(_mm512_unpacklo_ps(t[2], t[3]), _mm512_unpackhi_ps(t[2], t[3]));
-    const __m512d a = _mm512_castps_pd(u01), b = _mm512_castps_pd(u23);
-    const __m512 sums = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                                      _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
     alignas(64) float lanes[16];  // block k, lane j: accumulator 4j + k
-    _mm512_store_ps(lanes, sums);
+    _mm512_store_ps(lanes, SumBlocksOf4(VF{t[0]}, VF{t[1]}, VF{t[2]}, VF{t[3]}).raw);
     for (int i = 0; i < m; ++i) out[g0 + i] = lanes[4 * (i % 4) + i / 4];
   }
 #elif HWY_TARGET == HWY_AVX2
@@ -73,13 +82,8 @@ HWY_INLINE void ReduceMany(const VF* acc, int n, float* out) {
       const __m256 a = 2 * p < m ? acc[g0 + 2 * p].raw : z, b = 2 * p + 1 < m ? acc[g0 + 2 * p + 1].raw : z;
       t[p] = 2 * p < m ? _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31)) : z;
     }
-    const __m256 u01 = _mm256_add_ps(_mm256_unpacklo_ps(t[0], t[1]), _mm256_unpackhi_ps(t[0], t[1]));
-    const __m256 u23 = _mm256_add_ps(_mm256_unpacklo_ps(t[2], t[3]), _mm256_unpackhi_ps(t[2], t[3]));
-    const __m256d a = _mm256_castps_pd(u01), b = _mm256_castps_pd(u23);
-    const __m256 sums = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
-                                      _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
     alignas(32) float lanes[8];  // block k, lane j: accumulator 2j + k
-    _mm256_store_ps(lanes, sums);
+    _mm256_store_ps(lanes, SumBlocksOf4(VF{t[0]}, VF{t[1]}, VF{t[2]}, VF{t[3]}).raw);
     for (int i = 0; i < m; ++i) out[g0 + i] = lanes[4 * (i % 2) + i / 2];
   }
 #else
