@@ -99,26 +99,30 @@ TEST_F(Bundled, ThreadedPathsAreBitIdentical) {
   std::vector<float> full(int64_t(seq.size()) * V);
   model_->forward(seq.data(), seq.size(), full_cache, full.data(), nullptr, true);
 
-  ThreadPool pool(4);  // 2 routed + 1 shared expert per token < 4 threads: the column-split MoE
-  HYV4Model m(kModel, &pool);
-  m.set_min_parallel_work(0);
-  KVCache cache = m.new_cache(T + N);
-  std::vector<float> out(T * V);
-  m.forward(ids.data(), T, cache, out.data(), nullptr, true);
-  EXPECT_EQ(0, std::memcmp(out.data(), full.data(), T * V * sizeof(float))) << "prefill";
-  for (int64_t i = 0; i < N;) {
-    const int64_t n = i == 1 ? std::min<int64_t>(4, N - i) : 1;
-    m.forward(&greedy[i], n, cache, out.data(), nullptr, true);
-    for (int64_t r = 0; r < n; ++r)
-      ASSERT_EQ(0, std::memcmp(out.data() + r * V, full.data() + (T + i + r) * V, V * sizeof(float)))
-          << "position " << T + i + r;
-    i += n;
+  // 2 threads: 2 routed + 1 shared expert per token as whole jobs, whole heads per thread in attention;
+  // 4 threads: fewer experts than threads, so the column-split MoE.
+  for (int threads : {2, 4}) {
+    ThreadPool pool(threads);
+    HYV4Model m(kModel, &pool);
+    m.set_min_parallel_work(0);
+    KVCache cache = m.new_cache(T + N);
+    std::vector<float> out(T * V);
+    m.forward(ids.data(), T, cache, out.data(), nullptr, true);
+    EXPECT_EQ(0, std::memcmp(out.data(), full.data(), T * V * sizeof(float))) << threads << " threads: prefill";
+    for (int64_t i = 0; i < N;) {
+      const int64_t n = i == 1 ? std::min<int64_t>(4, N - i) : 1;
+      m.forward(&greedy[i], n, cache, out.data(), nullptr, true);
+      for (int64_t r = 0; r < n; ++r)
+        ASSERT_EQ(0, std::memcmp(out.data() + r * V, full.data() + (T + i + r) * V, V * sizeof(float)))
+            << threads << " threads: position " << T + i + r;
+      i += n;
+    }
+    SamplingParams sp;
+    sp.max_tokens = static_cast<int>(greedy.size());
+    SpecOptions so;
+    so.enabled = true;
+    EXPECT_EQ(Generator(m).generate(ids, sp, so).ids, greedy) << threads << " threads";
   }
-  SamplingParams sp;
-  sp.max_tokens = static_cast<int>(greedy.size());
-  SpecOptions so;
-  so.enabled = true;
-  EXPECT_EQ(Generator(m).generate(ids, sp, so).ids, greedy);
 }
 
 // FP8 stays FP8: loading copies no large tensor (heap growth is the small fp32 vectors: norms, HC gates,

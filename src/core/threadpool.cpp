@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 namespace nextn {
 
@@ -39,6 +40,10 @@ bool spin_until(const Done& done) {
 ThreadPool::ThreadPool(int n_threads) {
   if (n_threads <= 0) n_threads = static_cast<int>(std::thread::hardware_concurrency());
   n_threads_ = std::max(1, n_threads);
+  int doublings = 0;
+  while ((1 << doublings) < n_threads_) ++doublings;
+  min_parallel_work_ = kSplitWork * std::max(1, doublings);
+  if (const char* env = std::getenv("NEXTN_MIN_PARALLEL_WORK"); env && *env) min_parallel_work_ = std::atoll(env);
   workers_.reserve(static_cast<size_t>(n_threads_ - 1));
   for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_main(i); });
 }

@@ -25,6 +25,14 @@ struct AttentionScratch {
 
 HYV4Model::~HYV4Model() = default;
 
+int64_t HYV4Model::min_parallel_work() const {
+  return min_parallel_work_ >= 0 ? min_parallel_work_ : pool_ ? pool_->min_parallel_work() : 0;
+}
+
+ThreadPool* HYV4Model::pool_for(int64_t work) {
+  return pool_ && pool_->size() > 1 && work >= min_parallel_work() && pool_->worth_waking(work) ? pool_ : nullptr;
+}
+
 void HYV4Model::prefault(bool progress) const {
   size_t total = 0;
   for (const auto& f : store_.files())
@@ -135,10 +143,13 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   w.gathered.assign(S * c.num_experts_per_tok * H, 0);
   w.expert_out.assign(S * std::max(1, c.num_experts_per_tok) * H, 0);
   w.expert_rows.assign(S * c.num_experts_per_tok, 0);
-  w.expert_jobs.assign(c.n_routed_experts, ExpertJob{});
-  w.expert_scratch.assign(threads * 2 * S * c.moe_intermediate_size, 0);
   const int64_t I_moe = std::max<int64_t>(c.moe_intermediate_size,
                                           c.moe_intermediate_size * std::max(1, c.n_shared_experts));
+  w.expert_jobs.assign(c.n_routed_experts + 1, ExpertJob{});
+  w.job_order.assign(c.n_routed_experts + 1, 0);
+  w.thread_jobs.assign(threads + 1, 0);
+  w.thread_load.assign(threads, 0);
+  w.expert_scratch.assign(threads * 2 * S * I_moe, 0);
   w.moe_act.assign((S * c.num_experts_per_tok + S) * 2 * I_moe, 0);
   w.shared_out.assign(S * H, 0);
   w.rope_cs.assign(std::max<int64_t>(c.qk_rope_head_dim, 2), 0);
@@ -283,10 +294,11 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     };
     const int64_t work = S * (slot0 + S) * nih * ihd;
     const int threads = pool_ ? pool_->size() : 1;
-    if (threads > 1 && S < threads && work >= min_parallel_work_) {
+    ThreadPool* ipool = pool_for(work);
+    if (ipool && S < threads) {
       // Few rows (decode, verification): each row's keys in chunks over the threads, then the selections.
       const int64_t G = (threads + S - 1) / S;
-      parallel_for(pool_, S * G, 1, [&](int64_t t0, int64_t t1, int) {
+      parallel_for(ipool, S * G, 1, [&](int64_t t0, int64_t t1, int) {
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t s = t / G, g = t % G, n = slot0 + s + 1, parts = std::min<int64_t>(G, n);
           if (g >= parts) continue;  // fewer keys than chunks
@@ -296,8 +308,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       });
       for (int64_t s = 0; s < S; ++s) select(s);
     } else {
-      ThreadPool* ipool = work >= 2 * min_parallel_work_ ? pool_ : nullptr;
-      parallel_for(ipool, S, 1, [&](int64_t s0, int64_t s1, int) {
+      parallel_for(ipool && work >= 2 * min_parallel_work() ? ipool : nullptr, S, 1, [&](int64_t s0, int64_t s1, int) {
         for (int64_t s = s0; s < s1; ++s) {
           score_keys(s, 0, slot0 + s + 1);
           select(s);
@@ -355,36 +366,51 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   };
 
   const int64_t row_work = nh * ((nope + vd) * kvl + Kmax * (2 * kvl + rope));  // multiply-adds per row
+  auto head_row = [&](int64_t s, int64_t h, float* sc) {  // phase 2 for (row s, head h); sc [nsel]
+    const int64_t nsel = ws_.topk_count[s];
+    const int32_t* sel = selection(s);
+    ops::gathered_dots(qcat + (s * nh + h) * kr, 1, kr, lc.keys.data(), kr, sel, nsel, kr, sc, nsel);
+    probs_to_latent(s, h, sc, sel, nsel);
+  };
   const int threads = pool_ ? pool_->size() : 1;
-  ThreadPool* hpool = threads > 1 && S * row_work >= min_parallel_work_ ? pool_ : nullptr;
-  parallel_for(hpool, nh, 1, [&](int64_t h0, int64_t h1, int) {
-    for (int64_t h = h0; h < h1; ++h) absorb(h);
-  });
-  if (threads > 1 && S < 2 * threads && S <= kHeadParallelRows && S * row_work >= min_parallel_work_) {
-    parallel_for(pool_, S * nh, 1, [&](int64_t t0, int64_t t1, int tid) {
-      float* sc = ws_.att_scratch.data() + tid * sz.floats();  // [nsel]
-      for (int64_t t = t0; t < t1; ++t) {
-        const int64_t s = t / nh, h = t % nh, nsel = ws_.topk_count[s];
-        const int32_t* sel = selection(s);
-        ops::gathered_dots(qcat + (s * nh + h) * kr, 1, kr, lc.keys.data(), kr, sel, nsel, kr, sc, nsel);
-        probs_to_latent(s, h, sc, sel, nsel);
+  const bool few_rows = S < 2 * threads && S <= kHeadParallelRows;
+  ThreadPool* hpool = pool_for(S * row_work);
+  if (hpool && few_rows && nh >= threads) {
+    // Decode and verification with at least a head per thread: a head's three phases need nothing from the
+    // other heads, so each thread runs whole heads after a single hand-off.
+    parallel_for(hpool, nh, 1, [&](int64_t h0, int64_t h1, int tid) {
+      float* sc = ws_.att_scratch.data() + tid * sz.floats();
+      for (int64_t h = h0; h < h1; ++h) {
+        absorb(h);
+        for (int64_t s = 0; s < S; ++s) head_row(s, h, sc);
+        output(h);
       }
     });
   } else {
-    ThreadPool* apool = S * row_work >= 2 * min_parallel_work_ ? pool_ : nullptr;
-    parallel_for(apool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
-      float* sc = ws_.att_scratch.data() + tid * sz.floats();  // [nh, nsel] scores -> probabilities
-      for (int64_t s = s0; s < s1; ++s) {
-        const int64_t nsel = ws_.topk_count[s];
-        const int32_t* sel = selection(s);
-        ops::gathered_dots(qcat + s * nh * kr, nh, kr, lc.keys.data(), kr, sel, nsel, kr, sc, nsel);
-        for (int64_t h = 0; h < nh; ++h) probs_to_latent(s, h, sc + h * nsel, sel, nsel);
-      }
+    parallel_for(hpool, nh, 1, [&](int64_t h0, int64_t h1, int) {
+      for (int64_t h = h0; h < h1; ++h) absorb(h);
+    });
+    if (hpool && few_rows) {  // (row, head) pairs over the threads
+      parallel_for(hpool, S * nh, 1, [&](int64_t t0, int64_t t1, int tid) {
+        float* sc = ws_.att_scratch.data() + tid * sz.floats();
+        for (int64_t t = t0; t < t1; ++t) head_row(t / nh, t % nh, sc);
+      });
+    } else {  // whole rows: the scores of all heads of a row in one call
+      ThreadPool* apool = hpool && S * row_work >= 2 * min_parallel_work() ? hpool : nullptr;
+      parallel_for(apool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
+        float* sc = ws_.att_scratch.data() + tid * sz.floats();  // [nh, nsel] scores -> probabilities
+        for (int64_t s = s0; s < s1; ++s) {
+          const int64_t nsel = ws_.topk_count[s];
+          const int32_t* sel = selection(s);
+          ops::gathered_dots(qcat + s * nh * kr, nh, kr, lc.keys.data(), kr, sel, nsel, kr, sc, nsel);
+          for (int64_t h = 0; h < nh; ++h) probs_to_latent(s, h, sc + h * nsel, sel, nsel);
+        }
+      });
+    }
+    parallel_for(hpool, nh, 1, [&](int64_t h0, int64_t h1, int) {
+      for (int64_t h = h0; h < h1; ++h) output(h);
     });
   }
-  parallel_for(hpool, nh, 1, [&](int64_t h0, int64_t h1, int) {
-    for (int64_t h = h0; h < h1; ++h) output(h);
-  });
   prof.next(profile::kOutput);
   ops::matmul(pool_, ws_.attn.data(), S, a.o_proj, ws_.y.data());  // [S, H]
 }
@@ -475,19 +501,35 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
   prof.next(profile::kExperts);
   const int threads = pool_ ? pool_->size() : 1;
   const int64_t I = c.moe_intermediate_size;
-  auto run_expert = [&](int64_t j, int tid) {
-    const ExpertJob& job = ws_.expert_jobs[j];
-    float* a = ws_.expert_scratch.data() + int64_t(tid) * 2 * S * I;  // [rows, I] gate, then [rows, I] up
-    swiglu_mlp(nullptr, F.expert_gate[job.expert], F.expert_up[job.expert], F.expert_down[job.expert], limit,
-               ws_.gathered.data() + job.first * H, job.rows, a, a + S * I, ws_.expert_out.data() + job.first * H);
-  };
-  // Tiny experts (the bundled model's) cost less than a hand-off: below min_parallel_work_ multiply-adds in
-  // all, they run on the calling thread, as matmuls of that size do.
-  int64_t expert_macs = 0;
-  for (int64_t j = 0; j < njobs; ++j) expert_macs += ws_.expert_jobs[j].rows * 3 * I * H;
-  const bool parallel = threads > 1 && expert_macs >= min_parallel_work_;
-  const bool split = parallel && njobs + (F.has_shared ? 1 : 0) < threads;
   float* shared_out = ws_.shared_out.data();  // [S, H]
+  // Job j < njobs is routed expert jobs[j].expert on its gathered rows; job njobs, if any, the shared expert
+  // on all S rows. A job's cost is its weight bytes (decoded once, whatever its rows) plus its multiply-adds.
+  ExpertJob* jobs = ws_.expert_jobs.data();
+  auto expert_bytes = [](const Linear& g, const Linear& u, const Linear& d) {
+    return static_cast<int64_t>(g.weight_bytes() + u.weight_bytes() + d.weight_bytes());
+  };
+  for (int64_t j = 0; j < njobs; ++j) {
+    const int32_t e = jobs[j].expert;
+    jobs[j].cost = expert_bytes(F.expert_gate[e], F.expert_up[e], F.expert_down[e]) + jobs[j].rows * 3 * I * H;
+  }
+  const int64_t n_all = njobs + (F.has_shared ? 1 : 0);
+  if (F.has_shared)
+    jobs[njobs] = {-1, 0, S, expert_bytes(F.gate_proj, F.up_proj, F.down_proj) + S * 3 * F.gate_proj.out * H};
+  int64_t total_cost = 0;
+  for (int64_t j = 0; j < n_all; ++j) total_cost += jobs[j].cost;
+  const int64_t scratch_floats = static_cast<int64_t>(ws_.expert_scratch.size()) / std::max(1, threads);
+  auto run_job = [&](const ExpertJob& job, int tid) {
+    const bool shared = job.expert < 0;
+    const Linear& g = shared ? F.gate_proj : F.expert_gate[job.expert];
+    const Linear& u = shared ? F.up_proj : F.expert_up[job.expert];
+    const Linear& d = shared ? F.down_proj : F.expert_down[job.expert];
+    float* act = ws_.expert_scratch.data() + int64_t(tid) * scratch_floats;  // [rows, I] gate, then [rows, I] up
+    swiglu_mlp(nullptr, g, u, d, shared ? 0.0f : limit, shared ? x : ws_.gathered.data() + job.first * H, job.rows,
+               act, act + job.rows * g.out, shared ? shared_out : ws_.expert_out.data() + job.first * H);
+  };
+  // Tiny experts cost less than a hand-off: below the pool's threshold they run on the calling thread.
+  const bool parallel = pool_for(total_cost) != nullptr;
+  const bool split = parallel && n_all < threads;
   if (split) {
     // Fewer experts than threads (decode on many cores): every expert matrix, the shared expert's too, is
     // cut into column chunks over all threads; gate/up (+ SwiGLU) first, then down: two hand-offs in all.
@@ -543,8 +585,33 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
             ops::matmul(nullptr, q.act, q.rows, q.d->rows(h0, h1 - h0), q.dst + h0, q.I, H);
           });
   } else if (parallel) {
-    parallel_for(pool_, njobs, 1, [&](int64_t j0, int64_t j1, int tid) {
-      for (int64_t j = j0; j < j1; ++j) run_expert(j, tid);
+    // At least as many jobs as threads: whole jobs per thread, longest first onto the least-loaded thread
+    // (deterministic; which thread runs a job never changes its values), one hand-off.
+    int32_t by_cost[1025];
+    for (int64_t j = 0; j < n_all; ++j) by_cost[j] = static_cast<int32_t>(j);
+    std::sort(by_cost, by_cost + n_all, [&](int32_t p, int32_t q) {
+      return jobs[p].cost != jobs[q].cost ? jobs[p].cost > jobs[q].cost : p < q;
+    });
+    int64_t* load = ws_.thread_load.data();
+    int32_t* first = ws_.thread_jobs.data();  // [threads + 1]
+    std::fill(load, load + threads, 0);
+    std::fill(first, first + threads + 1, 0);
+    int32_t owner[1025];
+    for (int64_t i = 0; i < n_all; ++i) {
+      const int32_t j = by_cost[i];
+      const int t = static_cast<int>(std::min_element(load, load + threads) - load);
+      owner[j] = t;
+      load[t] += jobs[j].cost;
+      ++first[t + 1];
+    }
+    for (int t = 0; t < threads; ++t) first[t + 1] += first[t];
+    int32_t* order = ws_.job_order.data();
+    int32_t fill[1025];
+    std::copy(first, first + threads, fill);
+    for (int64_t i = 0; i < n_all; ++i) order[fill[owner[by_cost[i]]]++] = by_cost[i];
+    parallel_for(pool_, threads, 1, [&](int64_t t0, int64_t t1, int tid) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int32_t i = first[t]; i < first[t + 1]; ++i) run_job(jobs[order[i]], tid);
     });
   } else {
     for (int64_t j = 0; j < njobs; ++j) {
@@ -562,7 +629,7 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
     for (int64_t i = 0; i < H; ++i) dst[i] += src[i] * wt;
   }
   if (F.has_shared) {
-    if (!split) mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, shared_out);
+    if (!parallel) mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, shared_out);
     for (int64_t i = 0; i < S * H; ++i) out[i] += shared_out[i];
   }
 }

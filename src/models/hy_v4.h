@@ -90,8 +90,9 @@ struct HYV4Weights {
 };
 
 struct ExpertJob {
-  int32_t expert = 0;
+  int32_t expert = 0;           // routed expert id, or -1 for the shared expert (all S rows of x)
   int64_t first = 0, rows = 0;  // rows [first, first + rows) of the gathered tokens
+  int64_t cost = 0;             // weight bytes + multiply-adds: what balancing the threads goes by
 };
 
 // Reusable activation buffers for up to `rows` tokens per forward: sized once, grown only when a
@@ -118,7 +119,10 @@ struct HYV4Workspace {
   std::vector<float> expert_w;              // [S, top_k]
   std::vector<float> gathered, expert_out;  // [S*top_k, H] tokens grouped by expert, and their outputs
   std::vector<int32_t> expert_rows;         // [S*top_k] (token, slot) of each gathered row
-  std::vector<ExpertJob> expert_jobs;       // [E] used experts, ascending id
+  std::vector<ExpertJob> expert_jobs;       // [E + 1] used experts, ascending id, then the shared expert
+  std::vector<int32_t> job_order;           // [E + 1] job indices grouped by thread
+  std::vector<int32_t> thread_jobs;         // [threads + 1] thread t runs job_order[thread_jobs[t], [t+1])
+  std::vector<int64_t> thread_load;         // [threads] cost assigned so far
   std::vector<float> expert_scratch;        // [threads, 2, S, I] gate / up of one expert job
   std::vector<float> moe_act;               // [S*top_k + S, 2, I] gate / up per expert (column-split MoE)
   std::vector<float> shared_out;            // [S, H] shared expert output
@@ -153,10 +157,10 @@ class HYV4Model {
   const HYV4Config& config() const { return cfg_; }
   const HYV4Weights& weights() const { return w_; }
   int num_mtp_layers() const { return static_cast<int>(w_.mtp.size()); }
-  // Work (multiply-adds) below which attention and MoE stay on the calling thread instead of spreading
-  // over the pool: a hand-off costs microseconds. Results never depend on it (tests lower it to 0 to run
-  // every threaded path on tiny models).
-  void set_min_parallel_work(int64_t macs) { min_parallel_work_ = macs; }
+  // Work (multiply-adds + weight bytes) below which the indexer, attention and MoE stay on the calling
+  // thread instead of spreading over the pool (default: the pool's ThreadPool::min_parallel_work()).
+  // Results never depend on it (tests lower it to 0 to run every threaded path on tiny models).
+  void set_min_parallel_work(int64_t work) { min_parallel_work_ = work; }
   const std::string& dir() const { return dir_; }
   // Bytes of weights a single-token target forward reads (all layers, active experts only, lm_head).
   size_t weight_bytes_total() const;
@@ -204,7 +208,10 @@ class HYV4Model {
   ThreadPool* pool_;
   HYV4Workspace ws_;
   int64_t ws_max_seq_ = 0;
-  int64_t min_parallel_work_ = int64_t(1) << 20;
+  // The pool when `work` (multiply-adds + weight bytes) is worth a hand-off now, else null (run serially).
+  ThreadPool* pool_for(int64_t work);
+  int64_t min_parallel_work() const;
+  int64_t min_parallel_work_ = -1;  // < 0: the pool's own threshold
 };
 
 // transformers' hub -> internal renames for hy_v4 (conversion_mapping.py), applied in the same order.

@@ -81,11 +81,11 @@ matmul_kernels::Weight kernel_weight(const Linear& w, int64_t r0 = 0, int64_t n 
 
 constexpr int64_t kRowBlock = 16;  // thread grain: output columns per chunk at least
 
-// Whether a product is worth a hand-off to the pool (0.6-4 us): at least ~1M multiply-adds, or a few (<= 64)
-// rows with at least 256 KB of weights (the f32 hyper-connection mixers and routers: memory-bound however
-// few their multiply-adds). Splitting more small products was measured slower on a 2-vCPU VM.
-bool worth_threads(int64_t M, int64_t rows, int64_t K, size_t weight_bytes) {
-  return M * rows * K >= (int64_t(1) << 20) || (rows <= 64 && weight_bytes >= (size_t(256) << 10));
+// Whether a product is worth a hand-off to the pool: at least the pool's min_parallel_work() multiply-adds,
+// or a few (<= 64) rows with at least 256 KB of weights (the f32 hyper-connection mixers and routers:
+// memory-bound however few their multiply-adds).
+bool worth_threads(const ThreadPool& pool, int64_t M, int64_t rows, int64_t K, size_t weight_bytes) {
+  return M * rows * K >= pool.min_parallel_work() || (rows <= 64 && weight_bytes >= (size_t(256) << 10));
 }
 
 // Thread grain in output columns: kRowBlock, or fewer for long rows (at least 32 KB of weights per chunk).
@@ -185,7 +185,7 @@ void multiply(ThreadPool* pool, const float* x, int64_t M, const MatmulOut* outs
   // Small products run on the caller alone (worth_threads), and so do mid-size ones while the workers sleep
   // until waking them pays (ThreadPool::worth_waking). Which thread computes an output never changes
   // its value: results stay batch invariant.
-  ThreadPool* use = pool && worth_threads(M, total, K, bytes) &&
+  ThreadPool* use = pool && worth_threads(*pool, M, total, K, bytes) &&
                             pool->worth_waking(M * total * K + static_cast<int64_t>(bytes))
                         ? pool
                         : nullptr;
