@@ -125,6 +125,34 @@ TEST_F(Bundled, ThreadedPathsAreBitIdentical) {
   }
 }
 
+// The bytes a target forward reads count each routed expert its rows used once: one row reads what
+// weight_bytes_total() says; four rows read whole experts more, at most the experts four rows can pick.
+TEST_F(Bundled, LastForwardWeightBytesCountTheExpertsUsed) {
+  const HYV4Config& c = model_->config();
+  const FfnWeights& f = model_->weights().layers[1].ffn;
+  ASSERT_TRUE(f.sparse);
+  const size_t expert = f.expert_gate[0].weight_bytes() + f.expert_up[0].weight_bytes() + f.expert_down[0].weight_bytes();
+  size_t moe_layers = 0;
+  for (const auto& L : model_->weights().layers) moe_layers += L.ffn.sparse;
+  const std::vector<int32_t> toks = {17, 901, 33, 1500, 7, 640};
+  KVCache cache = model_->new_cache(16);
+  model_->forward(toks.data(), 2, cache, nullptr, nullptr);
+  model_->forward(toks.data() + 2, 1, cache, nullptr, nullptr);
+  const size_t one = model_->last_forward_weight_bytes();
+  EXPECT_EQ(one, model_->weight_bytes_total());
+  model_->forward(toks.data() + 2, 4, cache, nullptr, nullptr);
+  const size_t four = model_->last_forward_weight_bytes();
+  EXPECT_GT(four, one);
+  EXPECT_EQ((four - one) % expert, 0u);
+  const size_t most = std::min<size_t>(4 * c.num_experts_per_tok, c.n_routed_experts) - c.num_experts_per_tok;
+  EXPECT_LE(four - one, moe_layers * most * expert);
+  // MTP forwards do not change what the last target forward read
+  KVCache dc = model_->new_draft_cache(16);
+  std::vector<float> h(3 * c.hidden_size, 0.5f);
+  model_->draft_forward(0, toks.data() + 1, h.data(), 3, 0, dc, nullptr, nullptr);
+  EXPECT_EQ(model_->last_forward_weight_bytes(), four);
+}
+
 // FP8 stays FP8: loading copies no large tensor (heap growth is the small fp32 vectors: norms, HC gates,
 // router and indexer weights), and after touching every weight the resident bytes of the mapped file
 // equal the file size.

@@ -28,8 +28,11 @@ const char* kBenchUsage = R"(usage: nextn bench [--model DIR | --synthetic [--dt
 
 Measures in one run: the machine's read bandwidth (all threads), weight+cache bytes read per decode token,
 decode tokens/s and the GB/s it achieves (fraction of the measured bandwidth), the time of a (k+1)-token
-verify step relative to a 1-token step for k = 1..7, and tokens/s with speculation for k = 1..4 with the
-acceptance metrics (when the checkpoint has MTP layers).
+verify step relative to a 1-token step for k = 1..7 next to the bytes such a step reads relative to one
+token (its bandwidth floor: with MoE, more rows touch more experts), and tokens/s with speculation for
+k = 1..4 with the acceptance metrics (when the checkpoint has MTP layers). JSON keys include
+read_bandwidth_gbps, decode_gbps, bandwidth_fraction, baseline_tokens_per_s, verify_cost, verify_bytes
+and speculative.
 
   --model DIR        checkpoint to measure (default: the bundled model)
   --synthetic        write (once, cached) and measure a random HY V4 checkpoint at realistic width
@@ -286,7 +289,11 @@ DecodeResult time_decode(HYV4Model& m, const std::vector<int32_t>& prompt, int n
 }
 
 // Median time of a forward over `rows` tokens at the end of `prompt`, rolled back after each rep.
-double time_step(HYV4Model& m, const std::vector<int32_t>& prompt, int rows, int reps) {
+struct StepResult {
+  double seconds;       // median time of a step
+  double weight_bytes;  // mean weight bytes a step read (the routed experts its rows used)
+};
+StepResult time_step(HYV4Model& m, const std::vector<int32_t>& prompt, int rows, int reps) {
   const int64_t V = m.config().vocab_size;
   KVCache cache = m.new_cache(prompt.size() + rows + 1);
   std::vector<float> logits(int64_t(rows) * V);
@@ -295,15 +302,19 @@ double time_step(HYV4Model& m, const std::vector<int32_t>& prompt, int rows, int
   std::vector<int32_t> toks(rows);
   std::mt19937 rng(rows);
   std::vector<double> times;
+  double bytes = 0;
   for (int r = 0; r < reps + 1; ++r) {
     for (auto& t : toks) t = int32_t(rng() % V);
     const double t0 = now_s();
     m.forward(toks.data(), rows, cache, logits.data(), nullptr, true);
-    if (r > 0) times.push_back(now_s() - t0);
+    if (r > 0) {
+      times.push_back(now_s() - t0);
+      bytes += double(m.last_forward_weight_bytes());
+    }
     cache.truncate(prompt.size());
   }
   std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return {times[times.size() / 2], bytes / reps};
 }
 
 double median(std::vector<double> v) {
@@ -427,15 +438,26 @@ int run_bench(int argc, char** argv) {
 
   nlohmann::json vc;
   constexpr int kStepReps = 9;  // timed steps per size (after one untimed)
-  const double t1 = time_step(m, prompt, 1, kStepReps);
+  // Against the bytes each step reads (weights with the experts its rows used, plus the cache, read once
+  // per step): with MoE, more rows touch more experts, and the bytes ratio is the floor under the time ratio.
+  nlohmann::json vb;
+  const StepResult one = time_step(m, prompt, 1, kStepReps);
+  std::string bytes_line;
   log("verify cost (time of a k+1-token step / 1-token step):");
   for (int rows = 1; rows <= 8; ++rows) {
-    const double t = rows == 1 ? t1 : time_step(m, prompt, rows, kStepReps);
-    vc[std::to_string(rows)] = t / t1;
-    log(" %d:%.2f", rows, t / t1);
+    const StepResult st = rows == 1 ? one : time_step(m, prompt, rows, kStepReps);
+    const double bytes_ratio = (st.weight_bytes + cache_bytes) / (one.weight_bytes + cache_bytes);
+    vc[std::to_string(rows)] = st.seconds / one.seconds;
+    vb[std::to_string(rows)] = bytes_ratio;
+    log(" %d:%.2f", rows, st.seconds / one.seconds);
+    char cell[32];
+    std::snprintf(cell, sizeof cell, " %d:%.2f", rows, bytes_ratio);
+    bytes_line += cell;
   }
   log("\n");
+  log("bytes a k+1-token step reads / 1-token step (the bandwidth floor of the ratio above):%s\n", bytes_line.c_str());
   out["verify_cost"] = vc;
+  out["verify_bytes"] = vb;
   if (profile::enabled()) {  // what grows with the rows of a verification step
     for (int rows : {1, 4}) {
       profile::clear();
@@ -468,8 +490,8 @@ int run_bench(int argc, char** argv) {
         dc.truncate(prompt.size() - 1);
       }
       std::sort(ts.begin(), ts.end());
-      out["draft_step_cost"] = ts[ts.size() / 2] / t1;
-      log("draft step (1 MTP layer + lm_head) = %.3f of a target step\n", ts[ts.size() / 2] / t1);
+      out["draft_step_cost"] = ts[ts.size() / 2] / one.seconds;
+      log("draft step (1 MTP layer + lm_head) = %.3f of a target step\n", ts[ts.size() / 2] / one.seconds);
     }
     // Passes over plain, k = 1..4 and tuned k (k_max 4, what `nextn generate` does by default for greedy
     // decoding), interleaved so that a slow moment of the machine hits every setting alike; each speedup

@@ -79,6 +79,16 @@ size_t HYV4Model::weight_bytes_total() const {
   return total;
 }
 
+size_t HYV4Model::last_forward_weight_bytes() const {
+  size_t one_token_routed = 0;
+  for (const auto& L : w_.layers)
+    if (L.ffn.sparse && !L.ffn.expert_gate.empty())
+      one_token_routed += size_t(cfg_.num_experts_per_tok) * (L.ffn.expert_gate[0].weight_bytes() +
+                                                              L.ffn.expert_up[0].weight_bytes() +
+                                                              L.ffn.expert_down[0].weight_bytes());
+  return weight_bytes_total() - one_token_routed + last_routed_bytes_;
+}
+
 KVCache HYV4Model::new_cache(int64_t capacity) const {
   std::vector<LayerCache> layers(w_.layers.size());
   for (size_t i = 0; i < layers.size(); ++i) {
@@ -510,7 +520,9 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
   };
   for (int64_t j = 0; j < njobs; ++j) {
     const int32_t e = jobs[j].expert;
-    jobs[j].cost = expert_bytes(F.expert_gate[e], F.expert_up[e], F.expert_down[e]) + jobs[j].rows * 3 * I * H;
+    const int64_t bytes = expert_bytes(F.expert_gate[e], F.expert_up[e], F.expert_down[e]);
+    routed_bytes_ += static_cast<size_t>(bytes);
+    jobs[j].cost = bytes + jobs[j].rows * 3 * I * H;
   }
   const int64_t n_all = njobs + (F.has_shared ? 1 : 0);
   if (F.has_shared)
@@ -650,6 +662,7 @@ void HYV4Model::forward(const int32_t* tokens, int64_t S, KVCache& cache, float*
     if (tokens[s] < 0 || tokens[s] >= V)
       throw Error("token id " + std::to_string(tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
   ensure_workspace(S, cache.capacity());
+  routed_bytes_ = 0;
   const int64_t pos0 = cache.length();
   const float eps = static_cast<float>(c.rms_norm_eps);
 
@@ -685,6 +698,7 @@ void HYV4Model::forward(const int32_t* tokens, int64_t S, KVCache& cache, float*
   }
   ops::rms_norm(ws_.x.data(), S, H, w_.final_norm.data(), eps, ws_.hidden.data());
   cache.advance(S);
+  last_routed_bytes_ = routed_bytes_;
   if (hidden_out) std::copy(ws_.hidden.begin(), ws_.hidden.begin() + S * H, hidden_out);
   if (logits_out) {
     if (all_logits)

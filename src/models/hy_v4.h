@@ -164,6 +164,10 @@ class HYV4Model {
   const std::string& dir() const { return dir_; }
   // Bytes of weights a single-token target forward reads (all layers, active experts only, lm_head).
   size_t weight_bytes_total() const;
+  // Bytes of weights the last target forward read: as weight_bytes_total(), with the routed experts its
+  // rows actually used (each used expert counts once, however many rows chose it). With MoE, k+1
+  // independently routed rows touch up to k+1 times the experts of one: the floor under a verify step.
+  size_t last_forward_weight_bytes() const;
 
   // Reads every weight page once so the first token does not pay for page faults; with `progress` and a
   // terminal on stderr, large checkpoints show a progress bar.
@@ -211,6 +215,8 @@ class HYV4Model {
   // The pool when `work` (multiply-adds + weight bytes) is worth a hand-off now, else null (run serially).
   ThreadPool* pool_for(int64_t work);
   int64_t min_parallel_work() const;
+  size_t routed_bytes_ = 0;       // routed expert weights read since the current target forward began
+  size_t last_routed_bytes_ = 0;  // ... by the last complete target forward
   int64_t min_parallel_work_ = -1;  // < 0: the pool's own threshold
 };
 
