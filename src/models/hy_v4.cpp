@@ -513,20 +513,22 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
   const int64_t I = c.moe_intermediate_size;
   float* shared_out = ws_.shared_out.data();  // [S, H]
   // Job j < njobs is routed expert jobs[j].expert on its gathered rows; job njobs, if any, the shared expert
-  // on all S rows. A job's cost is its weight bytes (decoded once, whatever its rows) plus its multiply-adds.
+  // on all S rows. A job's cost, in multiply-add units: its weights are decoded once whatever its rows (an
+  // e4m3 weight costs about four rows' multiply-adds to decode, a bf16 one about one), then each row
+  // multiplies them.
   ExpertJob* jobs = ws_.expert_jobs.data();
-  auto expert_bytes = [](const Linear& g, const Linear& u, const Linear& d) {
-    return static_cast<int64_t>(g.weight_bytes() + u.weight_bytes() + d.weight_bytes());
+  auto job_cost = [](const Linear& g, const Linear& u, const Linear& d, int64_t rows) {
+    const int64_t decode = g.dtype == DType::F8_E4M3 ? 4 : g.dtype == DType::F32 ? 0 : 1;
+    return (g.out * g.in + u.out * u.in + d.out * d.in) * (decode + rows);
   };
   for (int64_t j = 0; j < njobs; ++j) {
     const int32_t e = jobs[j].expert;
-    const int64_t bytes = expert_bytes(F.expert_gate[e], F.expert_up[e], F.expert_down[e]);
-    routed_bytes_ += static_cast<size_t>(bytes);
-    jobs[j].cost = bytes + jobs[j].rows * 3 * I * H;
+    const Linear &g = F.expert_gate[e], &u = F.expert_up[e], &d = F.expert_down[e];
+    routed_bytes_ += g.weight_bytes() + u.weight_bytes() + d.weight_bytes();
+    jobs[j].cost = job_cost(g, u, d, jobs[j].rows);
   }
   const int64_t n_all = njobs + (F.has_shared ? 1 : 0);
-  if (F.has_shared)
-    jobs[njobs] = {-1, 0, S, expert_bytes(F.gate_proj, F.up_proj, F.down_proj) + S * 3 * F.gate_proj.out * H};
+  if (F.has_shared) jobs[njobs] = {-1, 0, S, job_cost(F.gate_proj, F.up_proj, F.down_proj, S)};
   int64_t total_cost = 0;
   for (int64_t j = 0; j < n_all; ++j) total_cost += jobs[j].cost;
   const int64_t scratch_floats = static_cast<int64_t>(ws_.expert_scratch.size()) / std::max(1, threads);

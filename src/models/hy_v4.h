@@ -92,7 +92,7 @@ struct HYV4Weights {
 struct ExpertJob {
   int32_t expert = 0;           // routed expert id, or -1 for the shared expert (all S rows of x)
   int64_t first = 0, rows = 0;  // rows [first, first + rows) of the gathered tokens
-  int64_t cost = 0;             // weight bytes + multiply-adds: what balancing the threads goes by
+  int64_t cost = 0;             // decode + multiply-add work: what balancing the threads goes by
 };
 
 // Reusable activation buffers for up to `rows` tokens per forward: sized once, grown only when a
