@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/aligned.h"
 #include "io/safetensors.h"
 #include "models/hy_v4_config.h"
 #include "models/kv_cache.h"
@@ -96,46 +97,47 @@ struct ExpertJob {
 };
 
 // Reusable activation buffers for up to `rows` tokens per forward: sized once, grown only when a
-// larger batch arrives, so the decode loop never allocates.
+// larger batch arrives, so the decode loop never allocates; 64-byte aligned, so that the kernels read
+// their rows in place (ops::matmul copies x rows that straddle cache lines).
 struct HYV4Workspace {
   int64_t rows = 0;
-  std::vector<float> streams;               // [S, C, H] hyper-connection streams
-  std::vector<float> post_gates;            // [S, C] iHC post gates of the current sublayer
-  std::vector<float> x, xn, y;              // [S, H]
-  std::vector<float> mixes;                 // [S, 2C]
-  std::vector<float> q_resid;               // [S, q_lora]
-  std::vector<float> q;                     // [S, heads*qk_head]
-  std::vector<float> kv_a;                  // [S, kv_lora + rope]
-  std::vector<float> gate;                  // [S, heads*v]
-  std::vector<float> attn;                  // [S, heads*v]
-  std::vector<float> iq;                    // [S, n_ih*ihd]
-  std::vector<float> ik;                    // [S, ihd]
-  std::vector<float> iw;                    // [S, n_ih]
+  AlignedFloats streams;                    // [S, C, H] hyper-connection streams
+  AlignedFloats post_gates;                 // [S, C] iHC post gates of the current sublayer
+  AlignedFloats x, xn, y;                   // [S, H]
+  AlignedFloats mixes;                      // [S, 2C]
+  AlignedFloats q_resid;                    // [S, q_lora]
+  AlignedFloats q;                          // [S, heads*qk_head]
+  AlignedFloats kv_a;                       // [S, kv_lora + rope]
+  AlignedFloats gate;                       // [S, heads*v]
+  AlignedFloats attn;                       // [S, heads*v]
+  AlignedFloats iq;                         // [S, n_ih*ihd]
+  AlignedFloats ik;                         // [S, ihd]
+  AlignedFloats iw;                         // [S, n_ih]
   std::vector<int32_t> topk;                // [S, index_topk] selected key positions, ascending
   std::vector<int32_t> topk_count;          // [S]
-  std::vector<float> ffn_a, ffn_b;          // [S, max(2I_moe, 2I_dense)], [S, max I]
-  std::vector<float> router;                // [S, E]
+  AlignedFloats ffn_a, ffn_b;               // [S, max(2I_moe, 2I_dense)], [S, max I]
+  AlignedFloats router;                     // [S, E]
   std::vector<int32_t> expert_ids;          // [S, top_k]
-  std::vector<float> expert_w;              // [S, top_k]
-  std::vector<float> gathered, expert_out;  // [S*top_k, H] tokens grouped by expert, and their outputs
+  AlignedFloats expert_w;                   // [S, top_k]
+  AlignedFloats gathered, expert_out;       // [S*top_k, H] tokens grouped by expert, and their outputs
   std::vector<int32_t> expert_rows;         // [S*top_k] (token, slot) of each gathered row
   std::vector<ExpertJob> expert_jobs;       // [E + 1] used experts, ascending id, then the shared expert
   std::vector<int32_t> job_order;           // [E + 1] job indices grouped by thread
   std::vector<int32_t> thread_jobs;         // [threads + 1] thread t runs job_order[thread_jobs[t], [t+1])
   std::vector<int64_t> thread_load;         // [threads] cost assigned so far
-  std::vector<float> expert_scratch;        // [threads, 2, S, I] gate / up of one expert job
-  std::vector<float> moe_act;               // [S*top_k + S, 2, I] gate / up per expert (column-split MoE)
-  std::vector<float> shared_out;            // [S, H] shared expert output
-  std::vector<float> rope_cs;               // [rope/2] cos, [rope/2] sin of one position
-  std::vector<float> hidden;                // [S, H] final hidden state
-  std::vector<float> mtp_in;                // [S, 2H]
+  AlignedFloats expert_scratch;             // [threads, 2, S, I] gate / up of one expert job
+  AlignedFloats moe_act;                    // [S*top_k + S, 2, I] gate / up per expert (column-split MoE)
+  AlignedFloats shared_out;                 // [S, H] shared expert output
+  AlignedFloats rope_cs;                    // [rope/2] cos, [rope/2] sin of one position
+  AlignedFloats hidden;                     // [S, H] final hidden state
+  AlignedFloats mtp_in;                     // [S, 2H]
   // per-thread attention scratch
-  std::vector<float> att_scratch;           // [threads, heads, index_topk] scores of one query row
-  std::vector<float> att_q;                 // [S, heads, kv_lora + rope] absorbed queries and rope parts
-  std::vector<float> att_o;                 // [S, heads, kv_lora] attention-weighted latents
-  std::vector<float> att_v;                 // [S, heads, v_head_dim] head outputs before the gate
-  std::vector<float> idx_scratch;           // [S, max_seq] index scores
-  std::vector<float> idx_tmp;               // [S, max_seq] top-k selection scratch
+  AlignedFloats att_scratch;                // [threads, heads, index_topk] scores of one query row
+  AlignedFloats att_q;                      // [S, heads, kv_lora + rope] absorbed queries and rope parts
+  AlignedFloats att_o;                      // [S, heads, kv_lora] attention-weighted latents
+  AlignedFloats att_v;                      // [S, heads, v_head_dim] head outputs before the gate
+  AlignedFloats idx_scratch;                // [S, max_seq] index scores
+  AlignedFloats idx_tmp;                    // [S, max_seq] top-k selection scratch
 };
 
 // Attention over a fixed set of cache slots instead of the indexer's choice (draft steps >= 1), for rows

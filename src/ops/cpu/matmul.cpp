@@ -132,20 +132,20 @@ size_t Linear::weight_bytes() const {
 
 namespace ops {
 
-// Decode-sized calls read every x row once per weight row group: rows that straddle cache lines (a
-// std::vector is only 16-byte aligned) cost a split load each time, so such x is copied to 64-byte aligned
-// rows first (the values, hence the results, are the same). Sets job.x / job.x_stride.
+// Decode-sized calls read every x row once per weight row group: rows that straddle cache lines cost a
+// split load each time, so such x is copied to 64-byte aligned rows first when it fits a fixed per-thread
+// buffer (the values, hence the results, are the same; larger x is read in place). The model's
+// activations are aligned already; the buffer is not on the heap, so no thread ever allocates here.
 void aligned_x(matmul_kernels::Job& job, const float* x, int64_t M, int64_t K, int64_t x_stride) {
   job.x = x;
   job.x_stride = x_stride;
-  if (M > 1 && M <= 16 &&
+  constexpr int64_t kBufFloats = 16384;  // 64 KB: 8 rows of 2048, 16 of 1024
+  const int64_t pitch = (K + 15) / 16 * 16;
+  if (M > 1 && M <= 16 && M * pitch <= kBufFloats &&
       (reinterpret_cast<uintptr_t>(x) % 64 != 0 || (job.x_stride * sizeof(float)) % 64 != 0)) {
-    thread_local std::vector<float> xbuf;
-    const int64_t pitch = (K + 15) / 16 * 16;
-    xbuf.resize(static_cast<size_t>(M * pitch + 16));
-    float* base = xbuf.data() + ((64 - reinterpret_cast<uintptr_t>(xbuf.data()) % 64) % 64) / sizeof(float);
-    for (int64_t m = 0; m < M; ++m) std::memcpy(base + m * pitch, x + m * x_stride, static_cast<size_t>(K) * 4);
-    job.x = base;
+    alignas(64) static thread_local float buf[kBufFloats];
+    for (int64_t m = 0; m < M; ++m) std::memcpy(buf + m * pitch, x + m * x_stride, static_cast<size_t>(K) * 4);
+    job.x = buf;
     job.x_stride = pitch;
   }
 }
