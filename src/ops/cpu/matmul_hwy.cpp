@@ -272,11 +272,12 @@ void DecodeRangeTable(DF d, const Weight& w, int64_t n, int64_t k0, int64_t k1, 
   for (int64_t k = k1; (k - k0) % N != 0; ++k) dst[k - k0] = 0.0f;  // tail padding
 }
 
-// 64-byte aligned, grow-only per-thread buffers.
+// 64-byte aligned, grow-only per-thread buffers. The first use reserves 256 KB, more than decode-sized
+// calls need, so that a worker meeting a larger job mid-decode does not allocate then.
 struct Scratch {
   std::vector<float> buf;
   float* get(size_t n) {
-    if (buf.size() < n + 16) buf.resize(n + 16);
+    if (buf.size() < n + 16) buf.resize(std::max<size_t>(n + 16, size_t(64) << 10));
     const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
     return buf.data() + ((64 - p % 64) % 64) / sizeof(float);
   }

@@ -57,9 +57,9 @@ void IndexerScores(const float* q, const float* w, int64_t heads, int64_t dim, c
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t hv = (heads + N - 1) / N, width = hv * N;
-  static thread_local std::vector<float> scratch;  // grow-only
+  static thread_local std::vector<float> scratch;  // grow-only, 64 KB at least (see Scratch in matmul_hwy.cpp)
   if (scratch.size() < static_cast<size_t>((dim + 1) * width + kMaxLanes))
-    scratch.resize(static_cast<size_t>((dim + 1) * width + kMaxLanes));
+    scratch.resize(std::max<size_t>((dim + 1) * width + kMaxLanes, size_t(16) << 10));
   float* qt = scratch.data();  // [dim, width]: qt[k * width + h] = q[h, k]
   float* wp = qt + dim * width;  // [width]
   for (int64_t k = 0; k < dim; ++k)
