@@ -415,7 +415,9 @@ TEST(Matmul, UnsupportedDtypeThrows) {
 
 // K = 300 and 1100 are not multiples of any vector width (16, 8 lanes); 200 rows / 300 columns leave
 // partial FP8 scale blocks on both axes; block 100 is not a multiple of 16 (the scalar-table FP8 route);
-// 600 x 1100 is large enough to be split across threads even for one row.
+// 600 x 1100 is large enough to be split across threads even for one row. FP8 of 1 MB and more with rows of
+// at most 2048 takes, for one x row, the streamed route (rows read as 8 sequential streams, Fp8StreamedRow):
+// 1000 x 1100 and 520 x 2048, whose thread chunks start inside scale blocks and leave remainder rows.
 const Case kKernelCases[] = {
     {"f32", DType::F32, DType::F32, 72, 300, 128},
     {"f32_k1100", DType::F32, DType::F32, 33, 1100, 128},
@@ -431,6 +433,8 @@ const Case kKernelCases[] = {
     {"fp8_e8m0_wide", DType::F8_E4M3, DType::F8_E8M0, 600, 1100, 128},
     {"fp8_block64", DType::F8_E4M3, DType::F32, 100, 300, 64},
     {"fp8_block100_table", DType::F8_E4M3, DType::BF16, 150, 300, 100},
+    {"fp8_streamed", DType::F8_E4M3, DType::F32, 1000, 1100, 128},
+    {"fp8_streamed_e8m0", DType::F8_E4M3, DType::F8_E8M0, 520, 2048, 128},
 };
 
 constexpr int64_t kKernelMs[] = {1, 3, 5, 6, 7, 16, 33};
