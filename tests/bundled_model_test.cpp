@@ -99,12 +99,14 @@ TEST_F(Bundled, ThreadedPathsAreBitIdentical) {
   std::vector<float> full(int64_t(seq.size()) * V);
   model_->forward(seq.data(), seq.size(), full_cache, full.data(), nullptr, true);
 
-  // 2 threads: 2 routed + 1 shared expert per token as whole jobs, whole heads per thread in attention;
-  // 4 threads: fewer experts than threads, so the column-split MoE.
-  for (int threads : {2, 4}) {
+  // 2 threads: 2 routed + 1 shared expert per token as whole jobs (or the shared one split apart, as large
+  // ones run), whole heads per thread in attention; 4 threads: fewer experts than threads, so the
+  // column-split MoE.
+  for (int threads : {2, 3, 4}) {
     ThreadPool pool(threads);
     HYV4Model m(kModel, &pool);
     m.set_min_parallel_work(0);
+    if (threads == 3) m.set_shared_split_bytes(0);
     KVCache cache = m.new_cache(T + N);
     std::vector<float> out(T * V);
     m.forward(ids.data(), T, cache, out.data(), nullptr, true);

@@ -163,6 +163,9 @@ class HYV4Model {
   // thread instead of spreading over the pool (default: the pool's ThreadPool::min_parallel_work()).
   // Results never depend on it (tests lower it to 0 to run every threaded path on tiny models).
   void set_min_parallel_work(int64_t work) { min_parallel_work_ = work; }
+  // Shared experts of at least this many weight bytes run split over the threads after the routed experts
+  // instead of as one more whole-expert job (1 MB; tests lower it to 0 to run that path on tiny models).
+  void set_shared_split_bytes(size_t bytes) { shared_split_bytes_ = bytes; }
   const std::string& dir() const { return dir_; }
   // Bytes of weights a single-token target forward reads (all layers, active experts only, lm_head).
   size_t weight_bytes_total() const;
@@ -219,7 +222,8 @@ class HYV4Model {
   int64_t min_parallel_work() const;
   size_t routed_bytes_ = 0;       // routed expert weights read since the current target forward began
   size_t last_routed_bytes_ = 0;  // ... by the last complete target forward
-  int64_t min_parallel_work_ = -1;  // < 0: the pool's own threshold
+  int64_t min_parallel_work_ = -1;
+  size_t shared_split_bytes_ = size_t(1) << 20;  // < 0: the pool's own threshold
 };
 
 // transformers' hub -> internal renames for hy_v4 (conversion_mapping.py), applied in the same order.
