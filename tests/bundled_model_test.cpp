@@ -99,26 +99,15 @@ TEST_F(Bundled, ThreadedPathsAreBitIdentical) {
   std::vector<float> full(int64_t(seq.size()) * V);
   model_->forward(seq.data(), seq.size(), full_cache, full.data(), nullptr, true);
 
-  // 2 threads: 2 routed + 1 shared expert per token as whole jobs (or the shared one split apart, as large
-  // ones run), whole heads per thread in attention; 4 threads: fewer experts than threads, so the
-  // column-split MoE.
+  // 2 threads: 2 routed + 1 shared expert per token as whole jobs, whole heads per thread in attention;
+  // 3 threads: the shared expert split over the threads after the routed jobs (as large ones run);
+  // 4 threads: fewer experts than threads, so the column-split MoE.
   for (int threads : {2, 3, 4}) {
     ThreadPool pool(threads);
     HYV4Model m(kModel, &pool);
     m.set_min_parallel_work(0);
     if (threads == 3) m.set_shared_split_bytes(0);
-    KVCache cache = m.new_cache(T + N);
-    std::vector<float> out(T * V);
-    m.forward(ids.data(), T, cache, out.data(), nullptr, true);
-    EXPECT_EQ(0, std::memcmp(out.data(), full.data(), T * V * sizeof(float))) << threads << " threads: prefill";
-    for (int64_t i = 0; i < N;) {
-      const int64_t n = i == 1 ? std::min<int64_t>(4, N - i) : 1;
-      m.forward(&greedy[i], n, cache, out.data(), nullptr, true);
-      for (int64_t r = 0; r < n; ++r)
-        ASSERT_EQ(0, std::memcmp(out.data() + r * V, full.data() + (T + i + r) * V, V * sizeof(float)))
-            << threads << " threads: position " << T + i + r;
-      i += n;
-    }
+    testing::expect_steps_bit_identical(m, ids, greedy, N, full, std::to_string(threads) + " threads");
     SamplingParams sp;
     sp.max_tokens = static_cast<int>(greedy.size());
     SpecOptions so;

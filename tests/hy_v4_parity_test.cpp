@@ -123,19 +123,7 @@ TEST_P(HYV4Parity, ThreadedPathsAreBitIdentical) {
     ThreadPool pool(threads);
     HYV4Model m(dir_, &pool);
     m.set_min_parallel_work(0);
-    KVCache cache = m.new_cache(T + N);
-    std::vector<float> out(T * V);
-    m.forward(prompt_.data(), T, cache, out.data(), nullptr);
-    EXPECT_EQ(0, std::memcmp(out.data(), full.data(), T * V * sizeof(float))) << threads << " threads: prefill";
-    // one row, then a 4-row verification-sized step, then single rows again
-    for (int64_t i = 0; i < N;) {
-      const int64_t n = i == 1 ? std::min<int64_t>(4, N - i) : 1;
-      m.forward(&greedy[i], n, cache, out.data(), nullptr, true);
-      for (int64_t r = 0; r < n; ++r)
-        ASSERT_EQ(0, std::memcmp(out.data() + r * V, full.data() + (T + i + r) * V, V * sizeof(float)))
-            << threads << " threads: position " << T + i + r << " (step of " << n << " rows)";
-      i += n;
-    }
+    testing::expect_steps_bit_identical(m, prompt_, greedy, N, full, std::to_string(threads) + " threads");
   }
 }
 

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "io/safetensors.h"
+#include "models/hy_v4.h"
 
 namespace nextn::testing {
 
@@ -60,6 +62,27 @@ inline Diff compare(const float* got, const float* ref, int64_t rows, int64_t co
     }
   }
   return d;
+}
+
+// Prefill of `prompt`, then the first n tokens of `next` one row at a time except for a 4-row step at the
+// second position (as a verification runs): every row's logits must equal `full`, the logits of one
+// forward over prompt + next ([T + n, V]), bit for bit. `what` labels the failures.
+inline void expect_steps_bit_identical(HYV4Model& m, const std::vector<int32_t>& prompt,
+                                       const std::vector<int32_t>& next, int64_t n, const std::vector<float>& full,
+                                       const std::string& what) {
+  const int64_t T = static_cast<int64_t>(prompt.size()), V = m.config().vocab_size;
+  KVCache cache = m.new_cache(T + n);
+  std::vector<float> out(T * V);
+  m.forward(prompt.data(), T, cache, out.data(), nullptr, true);
+  EXPECT_EQ(0, std::memcmp(out.data(), full.data(), T * V * sizeof(float))) << what << ": prefill";
+  for (int64_t i = 0; i < n;) {
+    const int64_t rows = i == 1 ? std::min<int64_t>(4, n - i) : 1;
+    m.forward(&next[i], rows, cache, out.data(), nullptr, true);
+    for (int64_t r = 0; r < rows; ++r)
+      ASSERT_EQ(0, std::memcmp(out.data() + r * V, full.data() + (T + i + r) * V, V * sizeof(float)))
+          << what << ": position " << T + i + r << " (step of " << rows << " rows)";
+    i += rows;
+  }
 }
 
 }  // namespace nextn::testing
