@@ -58,15 +58,16 @@ class ThreadPool {
   // to kWakeWork (ski rental): at most about one wake-up's worth is lost per idle spell, and a run of
   // mid-size products still wakes it. Which thread computes what never changes a value.
   static constexpr int64_t kWakeWork = int64_t(8) << 20;
+  bool worth_waking(int64_t work);
 
   // Work (multiply-adds + weight bytes) below which splitting a job over the threads costs more than it
   // saves: a hand-off to spinning workers takes ~0.6 us on 2 threads and ~2 us on 16, while a core does
   // ~30K multiply-adds per us. Kernels and model code run smaller jobs on the caller. Defaults to
-  // kSplitWork per doubling of the thread count (32K on 2 threads, 128K on 16).
+  // kSplitWork per doubling of the thread count (32K on 2 threads, 128K on 16); the environment variable
+  // NEXTN_MIN_PARALLEL_WORK overrides it (for measurements).
   static constexpr int64_t kSplitWork = int64_t(32) << 10;
   int64_t min_parallel_work() const { return min_parallel_work_; }
   void set_min_parallel_work(int64_t work) { min_parallel_work_ = work; }
-  bool worth_waking(int64_t work);
 
   // Number of chunks parallel_for uses: min(threads, max(1, n / grain)), so every chunk has >= grain
   // elements when there is more than one. 0 when n <= 0.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -173,4 +174,18 @@ TEST(ThreadPool, WakesASleepingWorkerOnlyOnceTheKeptWorkPaysForIt) {
 }
 
 }  // namespace
+// The split threshold grows with the thread count (hand-offs cost more with more threads): 32K work per
+// doubling, and a set value sticks.
+TEST(ThreadPool, SplitThresholdPerDoublingOfThreads) {
+  if (std::getenv("NEXTN_MIN_PARALLEL_WORK")) GTEST_SKIP() << "NEXTN_MIN_PARALLEL_WORK overrides the default";
+  const std::pair<int, int64_t> cases[] = {{1, 32 << 10}, {2, 32 << 10}, {3, 64 << 10}, {4, 64 << 10}, {16, 128 << 10}};
+  for (const auto& [threads, want] : cases) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.min_parallel_work(), want) << threads << " threads";
+  }
+  ThreadPool pool(2);
+  pool.set_min_parallel_work(0);
+  EXPECT_EQ(pool.min_parallel_work(), 0);
+}
+
 }  // namespace nextn
