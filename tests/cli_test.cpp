@@ -154,6 +154,35 @@ TEST(Cli, GenerateJsonHasIdsAndStats) {
   }
 }
 
+// `bench --json` prints the object the P6 issue specifies (values are measurements: only their shape and
+// the bounds that hold on any machine are checked): a 1-row step is the unit of both verify ratios, and a
+// k+1-row step reads at least the bytes of one row (each row's own experts are among those read).
+TEST(Cli, BenchJsonHasTheSpecifiedKeys) {
+  const std::string model = testing::fixture_dir("b_fp32");  // 2 MTP layers
+  auto r = nextn("bench --model " + model + " --json --tokens 8 --prompt-tokens 8 --repeats 1 --threads 1");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  for (const char* k : {"read_bandwidth_gbps", "decode_gbps", "bandwidth_fraction", "baseline_tokens_per_s"}) {
+    ASSERT_TRUE(j.contains(k)) << k;
+    EXPECT_GT(j[k].get<double>(), 0.0) << k;
+  }
+  EXPECT_EQ(j["verify_cost"]["1"].get<double>(), 1.0);
+  EXPECT_EQ(j["verify_bytes"]["1"].get<double>(), 1.0);
+  for (int rows = 2; rows <= 8; ++rows) {
+    const std::string key = std::to_string(rows);
+    EXPECT_GT(j["verify_cost"][key].get<double>(), 0.0) << key;
+    EXPECT_GE(j["verify_bytes"][key].get<double>(), 1.0 - 1e-12) << key;
+  }
+  ASSERT_EQ(j["speculative"].size(), 4u);
+  for (int k = 1; k <= 4; ++k) {
+    const auto& e = j["speculative"][k - 1];
+    EXPECT_EQ(e["k"].get<int>(), k);
+    EXPECT_GT(e["tokens_per_s"].get<double>(), 0.0);
+    EXPECT_GE(e["mean_acceptance_length"].get<double>(), 1.0);
+    EXPECT_GT(e["speedup"].get<double>(), 0.0);
+  }
+}
+
 TEST(Cli, GenerateTextWithBundledModelAndStopString) {
   auto r = nextn("generate --prompt 'def add(a, b):' -n 24 --json");
   ASSERT_EQ(r.status, 0) << r.err;
