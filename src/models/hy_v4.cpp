@@ -389,12 +389,15 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     // Decode and verification with at least a head per thread: a head's three phases need nothing from the
     // other heads, so each thread runs whole heads after a single hand-off.
     parallel_for(hpool, nh, 1, [&](int64_t h0, int64_t h1, int tid) {
-      float* sc = ws_.att_scratch.data() + tid * sz.floats();
-      for (int64_t h = h0; h < h1; ++h) {
-        absorb(h);
-        for (int64_t s = 0; s < S; ++s) head_row(s, h, sc);
-        output(h);
+      float* sc = ws_.att_scratch.data() + tid * sz.floats();  // [h1 - h0, nsel]
+      for (int64_t h = h0; h < h1; ++h) absorb(h);
+      for (int64_t s = 0; s < S; ++s) {  // the scores of this thread's heads in one pass over the keys
+        const int64_t nsel = ws_.topk_count[s];
+        const int32_t* sel = selection(s);
+        ops::gathered_dots(qcat + (s * nh + h0) * kr, h1 - h0, kr, lc.keys.data(), kr, sel, nsel, kr, sc, nsel);
+        for (int64_t h = h0; h < h1; ++h) probs_to_latent(s, h, sc + (h - h0) * nsel, sel, nsel);
       }
+      for (int64_t h = h0; h < h1; ++h) output(h);
     });
   } else {
     parallel_for(hpool, nh, 1, [&](int64_t h0, int64_t h1, int) {
