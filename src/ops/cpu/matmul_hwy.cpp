@@ -579,6 +579,20 @@ Scratch& PrescaleScratch() {
 
 void Fp8StreamedRow(const Job& job);
 
+// o[k] = x[k] · 256 · s(n, k / block_in) for k < K: x' for the scale-block row that holds weight row n.
+void PrescaleX(const Weight& w, int64_t n, const float* x, float* o) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t b0 = 0; b0 < w.K; b0 += w.block_in) {
+    const float s = scale_of(w, n, b0 / w.block_in) * kFp8ScaleBias;
+    const VF sv = hn::Set(d, s);
+    const int64_t b1 = std::min(w.K, b0 + w.block_in);
+    int64_t k = b0;
+    for (; k + N <= b1; k += N) hn::Store(hn::Mul(hn::LoadU(d, x + k), sv), d, o + k);
+    for (; k < b1; ++k) o[k] = x[k] * s;
+  }
+}
+
 // FP8 through activations that carry the scale: for each scale-block row of weight rows, x' = x · 256 · s
 // (one rounding, per k block) is formed once and multiplied by the unscaled weights (DecFP8Raw), which
 // saves the decoder's multiply per weight vector. x' depends only on x and the scales, so every path
@@ -591,9 +605,7 @@ void Fp8PrescaledCols(const Job& job) {
   if (job.M == 1 && job.w->K <= kShortK && job.w->N * job.w->K >= (int64_t(1) << 20) &&
       job.n1 - job.n0 >= 2 * kShortRowsOne)
     return Fp8StreamedRow(job);
-  const DF d;
   const Weight& w = *job.w;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t K = w.K, pitch = (K + kMaxLanes - 1) / kMaxLanes * kMaxLanes;
   const int64_t MC = std::min(job.M, job.M <= kFusedMaxM ? kFusedMaxM : kPrescaleRows);
   float* xs = PrescaleScratch().get(static_cast<size_t>(MC * pitch));
@@ -602,18 +614,7 @@ void Fp8PrescaledCols(const Job& job) {
     for (int64_t n = job.n0; n < job.n1;) {
       const int64_t blk = (w.scale_row0 + n) / w.block_out;
       const int64_t ne = std::min(job.n1, (blk + 1) * w.block_out - w.scale_row0);
-      for (int64_t m = 0; m < mc; ++m) {
-        const float* x = job.x + (m0 + m) * job.x_stride;
-        float* o = xs + m * pitch;
-        for (int64_t b0 = 0; b0 < K; b0 += w.block_in) {
-          const float s = scale_of(w, n, b0 / w.block_in) * kFp8ScaleBias;
-          const VF sv = hn::Set(d, s);
-          const int64_t b1 = std::min(K, b0 + w.block_in);
-          int64_t k = b0;
-          for (; k + N <= b1; k += N) hn::Store(hn::Mul(hn::LoadU(d, x + k), sv), d, o + k);
-          for (; k < b1; ++k) o[k] = x[k] * s;
-        }
-      }
+      for (int64_t m = 0; m < mc; ++m) PrescaleX(w, n, job.x + (m0 + m) * job.x_stride, xs + m * pitch);
       Job sub = job;
       sub.x = xs;
       sub.x_stride = pitch;
@@ -674,23 +675,13 @@ HWY_NOINLINE void StreamTile(const Weight& w, const int64_t* row, const float* c
 // read bandwidth). x' is formed per scale block of the range, as Fp8PrescaledCols does.
 void Fp8StreamedRow(const Job& job) {
   constexpr int R = kShortRowsOne;
-  const DF d;
   const Weight& w = *job.w;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t K = w.K, pitch = (K + kMaxLanes - 1) / kMaxLanes * kMaxLanes;
   const int64_t b0 = (w.scale_row0 + job.n0) / w.block_out, b1 = (w.scale_row0 + job.n1 - 1) / w.block_out;
   float* xs = PrescaleScratch().get(static_cast<size_t>((b1 - b0 + 1) * pitch));  // [blocks, pitch]
   for (int64_t b = b0; b <= b1; ++b) {
-    const int64_t n = std::max(job.n0, b * w.block_out - w.scale_row0);  // a row of this block
     float* o = xs + (b - b0) * pitch;
-    for (int64_t c0 = 0; c0 < K; c0 += w.block_in) {
-      const float s = scale_of(w, n, c0 / w.block_in) * kFp8ScaleBias;
-      const VF sv = hn::Set(d, s);
-      const int64_t c1 = std::min(K, c0 + w.block_in);
-      int64_t k = c0;
-      for (; k + N <= c1; k += N) hn::Store(hn::Mul(hn::LoadU(d, job.x + k), sv), d, o + k);
-      for (; k < c1; ++k) o[k] = job.x[k] * s;
-    }
+    PrescaleX(w, std::max(job.n0, b * w.block_out - w.scale_row0), job.x, o);  // (a row of block b)
     std::fill(o + K, o + pitch, 0.0f);
   }
   auto x_of = [&](int64_t n) -> const float* { return xs + ((w.scale_row0 + n) / w.block_out - b0) * pitch; };
