@@ -58,36 +58,38 @@ void HYV4Model::prefault(bool progress) const {
   (void)sink;
 }
 
-size_t HYV4Model::weight_bytes_total() const {
-  size_t total = w_.lm_head.weight_bytes();
-  auto ffn_bytes = [&](const FfnWeights& f) {
-    size_t s = f.gate_proj.weight_bytes() + f.up_proj.weight_bytes() + f.down_proj.weight_bytes();
-    if (f.sparse && !f.expert_gate.empty())
-      s += f.router.weight_bytes() + size_t(cfg_.num_experts_per_tok) *
-                                         (f.expert_gate[0].weight_bytes() + f.expert_up[0].weight_bytes() +
-                                          f.expert_down[0].weight_bytes());
-    return s;
-  };
+namespace {
+size_t swiglu_bytes(const Linear& gate, const Linear& up, const Linear& down) {
+  return gate.weight_bytes() + up.weight_bytes() + down.weight_bytes();
+}
+}  // namespace
+
+size_t HYV4Model::weight_bytes_with(size_t routed_bytes) const {
+  size_t total = w_.lm_head.weight_bytes() + routed_bytes;
   for (const auto& L : w_.layers) {
     const AttentionWeights& a = L.attn;
     total += a.q_a_proj.weight_bytes() + a.q_b_proj.weight_bytes() + a.kv_a_proj.weight_bytes() +
              a.kv_b_proj.weight_bytes() + a.o_proj.weight_bytes() + a.gate_proj.weight_bytes();
     if (a.has_indexer)
       total += a.indexer.wq_b.weight_bytes() + a.indexer.wk.weight_bytes() + a.indexer.weights_proj.weight_bytes();
-    total += ffn_bytes(L.ffn) + L.attn_hc.fn.weight_bytes() + L.ffn_hc.fn.weight_bytes();
+    const FfnWeights& f = L.ffn;
+    total += swiglu_bytes(f.gate_proj, f.up_proj, f.down_proj);
+    if (f.sparse && !f.expert_gate.empty()) total += f.router.weight_bytes();
+    total += L.attn_hc.fn.weight_bytes() + L.ffn_hc.fn.weight_bytes();
   }
   return total;
 }
 
-size_t HYV4Model::last_forward_weight_bytes() const {
-  size_t one_token_routed = 0;
+size_t HYV4Model::weight_bytes_total() const {
+  size_t routed = 0;  // one token: num_experts_per_tok experts per MoE layer
   for (const auto& L : w_.layers)
     if (L.ffn.sparse && !L.ffn.expert_gate.empty())
-      one_token_routed += size_t(cfg_.num_experts_per_tok) * (L.ffn.expert_gate[0].weight_bytes() +
-                                                              L.ffn.expert_up[0].weight_bytes() +
-                                                              L.ffn.expert_down[0].weight_bytes());
-  return weight_bytes_total() - one_token_routed + last_routed_bytes_;
+      routed += size_t(cfg_.num_experts_per_tok) *
+                swiglu_bytes(L.ffn.expert_gate[0], L.ffn.expert_up[0], L.ffn.expert_down[0]);
+  return weight_bytes_with(routed);
 }
+
+size_t HYV4Model::last_forward_weight_bytes() const { return weight_bytes_with(last_routed_bytes_); }
 
 KVCache HYV4Model::new_cache(int64_t capacity) const {
   std::vector<LayerCache> layers(w_.layers.size());
@@ -156,9 +158,6 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   const int64_t I_moe = std::max<int64_t>(c.moe_intermediate_size,
                                           c.moe_intermediate_size * std::max(1, c.n_shared_experts));
   w.expert_jobs.assign(c.n_routed_experts + 1, ExpertJob{});
-  w.job_order.assign(c.n_routed_experts + 1, 0);
-  w.thread_jobs.assign(threads + 1, 0);
-  w.thread_load.assign(threads, 0);
   w.expert_scratch.assign(threads * 2 * S * I_moe, 0);
   w.moe_act.assign((S * c.num_experts_per_tok + S) * 2 * I_moe, 0);
   w.shared_out.assign(S * H, 0);
@@ -363,9 +362,17 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     ops::matmul_transposed(ws_.q.data() + h * qkd, S, nh * qkd, kvb.rows(h * (nope + vd), nope), qcat + h * kr,
                            nh * kr);
   };
-  auto probs_to_latent = [&](int64_t s, int64_t h, float* p, const int32_t* sel, int64_t nsel) {  // phase 2 tail
-    ops::softmax_with_sink(p, nsel, scale, a.sinks[h]);  // the sink takes part in the softmax, then is dropped
-    ops::weighted_row_sum(p, lc.keys.data(), nsel, kvl, kr, olat + (s * nh + h) * kvl, sel);
+  // Phase 2 for row s, heads [h0, h1): their scores in one pass over the selected keys, then per head the
+  // softmax with the sink (which takes part, then is dropped) and the latent sum. sc [h1 - h0, nsel].
+  auto heads_row = [&](int64_t s, int64_t h0, int64_t h1, float* sc) {
+    const int64_t nsel = ws_.topk_count[s];
+    const int32_t* sel = selection(s);
+    ops::gathered_dots(qcat + (s * nh + h0) * kr, h1 - h0, kr, lc.keys.data(), kr, sel, nsel, kr, sc, nsel);
+    for (int64_t h = h0; h < h1; ++h) {
+      float* p = sc + (h - h0) * nsel;
+      ops::softmax_with_sink(p, nsel, scale, a.sinks[h]);
+      ops::weighted_row_sum(p, lc.keys.data(), nsel, kvl, kr, olat + (s * nh + h) * kvl, sel);
+    }
   };
   auto output = [&](int64_t h) {  // phase 3 for head h
     ops::matmul(nullptr, olat + h * kvl, S, kvb.rows(h * (nope + vd) + nope, vd), vout + h * vd, nh * kvl, nh * vd);
@@ -376,12 +383,6 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   };
 
   const int64_t row_work = nh * ((nope + vd) * kvl + Kmax * (2 * kvl + rope));  // multiply-adds per row
-  auto head_row = [&](int64_t s, int64_t h, float* sc) {  // phase 2 for (row s, head h); sc [nsel]
-    const int64_t nsel = ws_.topk_count[s];
-    const int32_t* sel = selection(s);
-    ops::gathered_dots(qcat + (s * nh + h) * kr, 1, kr, lc.keys.data(), kr, sel, nsel, kr, sc, nsel);
-    probs_to_latent(s, h, sc, sel, nsel);
-  };
   const int threads = pool_ ? pool_->size() : 1;
   const bool few_rows = S < 2 * threads && S <= kHeadParallelRows;
   ThreadPool* hpool = pool_for(S * row_work);
@@ -389,14 +390,9 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     // Decode and verification with at least a head per thread: a head's three phases need nothing from the
     // other heads, so each thread runs whole heads after a single hand-off.
     parallel_for(hpool, nh, 1, [&](int64_t h0, int64_t h1, int tid) {
-      float* sc = ws_.att_scratch.data() + tid * sz.floats();  // [h1 - h0, nsel]
+      float* sc = ws_.att_scratch.data() + tid * sz.floats();
       for (int64_t h = h0; h < h1; ++h) absorb(h);
-      for (int64_t s = 0; s < S; ++s) {  // the scores of this thread's heads in one pass over the keys
-        const int64_t nsel = ws_.topk_count[s];
-        const int32_t* sel = selection(s);
-        ops::gathered_dots(qcat + (s * nh + h0) * kr, h1 - h0, kr, lc.keys.data(), kr, sel, nsel, kr, sc, nsel);
-        for (int64_t h = h0; h < h1; ++h) probs_to_latent(s, h, sc + (h - h0) * nsel, sel, nsel);
-      }
+      for (int64_t s = 0; s < S; ++s) heads_row(s, h0, h1, sc);
       for (int64_t h = h0; h < h1; ++h) output(h);
     });
   } else {
@@ -406,18 +402,13 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     if (hpool && few_rows) {  // (row, head) pairs over the threads
       parallel_for(hpool, S * nh, 1, [&](int64_t t0, int64_t t1, int tid) {
         float* sc = ws_.att_scratch.data() + tid * sz.floats();
-        for (int64_t t = t0; t < t1; ++t) head_row(t / nh, t % nh, sc);
+        for (int64_t t = t0; t < t1; ++t) heads_row(t / nh, t % nh, t % nh + 1, sc);
       });
     } else {  // whole rows: the scores of all heads of a row in one call
       ThreadPool* apool = hpool && S * row_work >= 2 * min_parallel_work() ? hpool : nullptr;
       parallel_for(apool, S, 1, [&](int64_t s0, int64_t s1, int tid) {
-        float* sc = ws_.att_scratch.data() + tid * sz.floats();  // [nh, nsel] scores -> probabilities
-        for (int64_t s = s0; s < s1; ++s) {
-          const int64_t nsel = ws_.topk_count[s];
-          const int32_t* sel = selection(s);
-          ops::gathered_dots(qcat + s * nh * kr, nh, kr, lc.keys.data(), kr, sel, nsel, kr, sc, nsel);
-          for (int64_t h = 0; h < nh; ++h) probs_to_latent(s, h, sc + h * nsel, sel, nsel);
-        }
+        float* sc = ws_.att_scratch.data() + tid * sz.floats();
+        for (int64_t s = s0; s < s1; ++s) heads_row(s, 0, nh, sc);
       });
     }
     parallel_for(hpool, nh, 1, [&](int64_t h0, int64_t h1, int) {
@@ -527,7 +518,7 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
   for (int64_t j = 0; j < njobs; ++j) {
     const int32_t e = jobs[j].expert;
     const Linear &g = F.expert_gate[e], &u = F.expert_up[e], &d = F.expert_down[e];
-    routed_bytes_ += g.weight_bytes() + u.weight_bytes() + d.weight_bytes();
+    routed_bytes_ += swiglu_bytes(g, u, d);
     jobs[j].cost = job_cost(g, u, d, jobs[j].rows);
   }
   const int64_t n_all = njobs + (F.has_shared ? 1 : 0);
@@ -550,9 +541,7 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
   // leave the threads uneven (5 equal experts on 2 threads run as 3 + 2), so it runs after the routed
   // jobs, split over all threads (synthetic FP8 on 2 threads: 61-63 -> 65-67 tokens/s). Small ones (the
   // bundled model's, 74 KB) are cheaper whole than split (k = 3 speculation 4% faster as a job).
-  const bool shared_apart =
-      F.has_shared &&
-      F.gate_proj.weight_bytes() + F.up_proj.weight_bytes() + F.down_proj.weight_bytes() >= shared_split_bytes_;
+  const bool shared_apart = F.has_shared && swiglu_bytes(F.gate_proj, F.up_proj, F.down_proj) >= shared_split_bytes_;
   const int64_t n_jobs = shared_apart ? njobs : n_all;  // whole jobs
   const bool split = parallel && n_jobs < threads;
   if (split) {
@@ -612,31 +601,21 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
   } else if (parallel) {
     // At least as many jobs as threads: whole jobs per thread, longest first onto the least-loaded thread
     // (deterministic; which thread runs a job never changes its values), one hand-off.
-    int32_t by_cost[1025];
+    int32_t by_cost[1025], owner[1025];  // (n_jobs <= E + 1 <= 1025, so threads <= 1025 here)
+    int64_t load[1025] = {};
     for (int64_t j = 0; j < n_jobs; ++j) by_cost[j] = static_cast<int32_t>(j);
     std::sort(by_cost, by_cost + n_jobs, [&](int32_t p, int32_t q) {
       return jobs[p].cost != jobs[q].cost ? jobs[p].cost > jobs[q].cost : p < q;
     });
-    int64_t* load = ws_.thread_load.data();
-    int32_t* first = ws_.thread_jobs.data();  // [threads + 1]
-    std::fill(load, load + threads, 0);
-    std::fill(first, first + threads + 1, 0);
-    int32_t owner[1025];
     for (int64_t i = 0; i < n_jobs; ++i) {
       const int32_t j = by_cost[i];
-      const int t = static_cast<int>(std::min_element(load, load + threads) - load);
-      owner[j] = t;
-      load[t] += jobs[j].cost;
-      ++first[t + 1];
+      owner[j] = static_cast<int32_t>(std::min_element(load, load + threads) - load);
+      load[owner[j]] += jobs[j].cost;
     }
-    for (int t = 0; t < threads; ++t) first[t + 1] += first[t];
-    int32_t* order = ws_.job_order.data();
-    int32_t fill[1025];
-    std::copy(first, first + threads, fill);
-    for (int64_t i = 0; i < n_jobs; ++i) order[fill[owner[by_cost[i]]]++] = by_cost[i];
     parallel_for(pool_, threads, 1, [&](int64_t t0, int64_t t1, int tid) {
       for (int64_t t = t0; t < t1; ++t)
-        for (int32_t i = first[t]; i < first[t + 1]; ++i) run_job(jobs[order[i]], tid);
+        for (int64_t j = 0; j < n_jobs; ++j)
+          if (owner[j] == t) run_job(jobs[j], tid);
     });
   } else {
     for (int64_t j = 0; j < njobs; ++j) {

@@ -122,10 +122,7 @@ struct HYV4Workspace {
   AlignedFloats gathered, expert_out;       // [S*top_k, H] tokens grouped by expert, and their outputs
   std::vector<int32_t> expert_rows;         // [S*top_k] (token, slot) of each gathered row
   std::vector<ExpertJob> expert_jobs;       // [E + 1] used experts, ascending id, then the shared expert
-  std::vector<int32_t> job_order;           // [E + 1] job indices grouped by thread
-  std::vector<int32_t> thread_jobs;         // [threads + 1] thread t runs job_order[thread_jobs[t], [t+1])
-  std::vector<int64_t> thread_load;         // [threads] cost assigned so far
-  AlignedFloats expert_scratch;             // [threads, 2, S, I] gate / up of one expert job
+  AlignedFloats expert_scratch;             // [threads, 2, S, I_moe] gate / up of one expert job
   AlignedFloats moe_act;                    // [S*top_k + S, 2, I] gate / up per expert (column-split MoE)
   AlignedFloats shared_out;                 // [S, H] shared expert output
   AlignedFloats rope_cs;                    // [rope/2] cos, [rope/2] sin of one position
@@ -222,8 +219,10 @@ class HYV4Model {
   int64_t min_parallel_work() const;
   size_t routed_bytes_ = 0;       // routed expert weights read since the current target forward began
   size_t last_routed_bytes_ = 0;  // ... by the last complete target forward
-  int64_t min_parallel_work_ = -1;
-  size_t shared_split_bytes_ = size_t(1) << 20;  // < 0: the pool's own threshold
+  // Weights a target forward reads apart from its routed experts, plus routed_bytes of those.
+  size_t weight_bytes_with(size_t routed_bytes) const;
+  int64_t min_parallel_work_ = -1;  // < 0: the pool's own threshold
+  size_t shared_split_bytes_ = size_t(1) << 20;
 };
 
 // transformers' hub -> internal renames for hy_v4 (conversion_mapping.py), applied in the same order.
