@@ -328,7 +328,7 @@ struct Range {
 Range range(const std::vector<double>& v) {
   return {*std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end())};
 }
-nlohmann::json range_json(const std::vector<double>& v) { return {range(v).lo, range(v).hi}; }
+nlohmann::json range_json(const Range& r) { return {r.lo, r.hi}; }
 
 std::vector<int32_t> bench_prompt(const std::string& dir, int64_t vocab, int n) {
   if (std::filesystem::exists(dir + "/tokenizer.json")) {
@@ -426,8 +426,8 @@ int run_bench(int argc, char** argv) {
   out["baseline_tokens_per_s"] = tps_med;
   out["decode_gbps"] = decode_gbps;
   out["bandwidth_fraction"] = frac_med;
-  out["bandwidth_fraction_range"] = range_json(pass_frac);
   const Range fr = range(pass_frac), br = range(pass_bw);
+  out["bandwidth_fraction_range"] = range_json(fr);
   log("decode: %.2f tokens/s, %.1f MB read per token, %.2f GB/s = %.1f%% of read bandwidth (median of %d passes, "
       "each against its own bandwidth reading: %.1f-%.1f%%; bandwidth %.1f-%.1f GB/s)\n",
       tps_med, bytes_per_token / 1e6, decode_gbps, 100 * frac_med, repeats, 100 * fr.lo, 100 * fr.hi, br.lo, br.hi);
@@ -517,23 +517,25 @@ int run_bench(int argc, char** argv) {
     for (int k = 1; k <= 4; ++k) {
       const SpecStats& st = last[k].stats;
       const double sp_med = median(ratio[k]);
+      const Range rk = range(ratio[k]);
       specs.push_back({{"k", k},
                        {"tokens_per_s", median(tps[k])},
                        {"mean_acceptance_length", st.mean_acceptance_length()},
                        {"per_position_acceptance", st.per_position_acceptance()},
                        {"speedup", sp_med},
-                       {"speedup_range", range_json(ratio[k])}});
+                       {"speedup_range", range_json(rk)}});
       log("  k=%d: %.2f tokens/s (%.2fx [%.2f-%.2f]), mean acceptance length %.2f\n", k, median(tps[k]), sp_med,
-          range(ratio[k]).lo, range(ratio[k]).hi, st.mean_acceptance_length());
+          rk.lo, rk.hi, st.mean_acceptance_length());
     }
     const SpecStats& tst = last[5].stats;
+    const Range rt = range(ratio[5]);
     out["speculative_tuned"] = {{"k_max", 4},
                                 {"tokens_per_s", median(tps[5])},
                                 {"speedup", median(ratio[5])},
-                                {"speedup_range", range_json(ratio[5])},
+                                {"speedup_range", range_json(rt)},
                                 {"rounds_at_k", tst.rounds_at_k}};
     log("  tuned k (0..4): %.2f tokens/s (%.2fx [%.2f-%.2f]), steps per k (last pass):%s\n", median(tps[5]),
-        median(ratio[5]), range(ratio[5]).lo, range(ratio[5]).hi, tst.rounds_at_k_text().c_str());
+        median(ratio[5]), rt.lo, rt.hi, tst.rounds_at_k_text().c_str());
   }
   out["speculative"] = specs;
   if (a.has("oracle-acceptance") && m.num_mtp_layers() > 0) {
