@@ -274,6 +274,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
   // Tuned k (greedy): KTuner picks each round's k from measured speed.
   const bool tuned = speculate && spec.tune_k && params.greedy();
   KTuner tuner(k_max);
+  double deferred_row_seconds = 0;  // tuned k: what catching up one position left by a k = 0 round cost
   // Adaptive k state.
   int k_cur = k_max;
   std::vector<std::pair<int, int>> window;  // (drafted, accepted) of recent rounds
@@ -299,6 +300,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
     // A catch-up longer than one round's own rows (positions deferred by k = 0 rounds) is a one-off; the
     // tuner does not charge it to this round's k.
     const bool backlog = pending_rows > k_max + 1;
+    const int64_t backlog_rows = backlog ? pending_rows : 0;
     catch_seconds = 0;
     const bool catching = speculate && !defer;
     // Layers this round's steps use. An unused layer drops its chain and restarts it when next needed,
@@ -445,9 +447,11 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
 
     if (tuned) {
       const int emitted = static_cast<int>(int64_t(res.ids.size()) - emitted_before);
-      tuner.record(k_chosen,
-                   spec.round_seconds_for_tests ? spec.round_seconds_for_tests(k_chosen, emitted)
-                                                : seconds_since(t_round) - backlog_seconds,
+      // A k = 0 round leaves its position to a later batched catch-up of the MTP layers (the backlog,
+      // kept out of that later round's time): it is charged that catch-up's last measured cost per row.
+      if (backlog_rows > 0 && catching) deferred_row_seconds = backlog_seconds / double(backlog_rows);
+      const double seconds = seconds_since(t_round) - backlog_seconds + (k == 0 ? deferred_row_seconds : 0.0);
+      tuner.record(k_chosen, spec.round_seconds_for_tests ? spec.round_seconds_for_tests(k_chosen, emitted) : seconds,
                    emitted);
     }
     if (speculate && spec.adaptive && drafted > 0) {

@@ -7,7 +7,9 @@
 namespace nextn {
 
 namespace {
-constexpr double kDecay = 0.8;  // per round measured at that k: the last ~5 rounds dominate
+constexpr double kDecay = 0.8;  // round times, per round measured at that k: the last ~5 rounds dominate
+constexpr double kAcceptDecay = 0.95;  // acceptance, per draft tried at that position: the last ~20
+constexpr double kPriorTries = 2.0;
 }
 
 KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval)
@@ -15,18 +17,34 @@ KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval)
   if (k_max < 0 || probe_rounds < 1 || reprobe_interval < 1)
     throw Error("KTuner: needs k_max >= 0, probe_rounds >= 1, reprobe_interval >= 1");
   seconds_.assign(k_max + 1, 0.0);
-  tokens_.assign(k_max + 1, 0.0);
+  weight_.assign(k_max + 1, 0.0);
+  accepted_.assign(k_max, 0.0);
+  tried_.assign(k_max, 0.0);
   rounds_.assign(k_max + 1, 0);
 }
 
+double KTuner::expected_tokens(int k) const {
+  double tokens = 1.0, reach = 1.0, rate = 1.0;
+  for (int i = 1; i <= k; ++i) {
+    // Position i > 1 is tried only when every draft before it was accepted, so early on a rate rests on
+    // a try or two: it starts from the rate before it (rates fall with the position), worth kPriorTries
+    // tries, instead of being taken as 0 or 1 from one draw (and then never measured again).
+    const double prior = i == 1 ? 0.0 : kPriorTries;
+    if (tried_[i - 1] + prior > 0) rate = (accepted_[i - 1] + prior * rate) / (tried_[i - 1] + prior);
+    reach *= rate;
+    tokens += reach;
+  }
+  return tokens;
+}
+
 double KTuner::seconds_per_token(int k) const {
-  return k >= 0 && k <= k_max_ && tokens_[k] > 0 ? seconds_[k] / tokens_[k] : 0.0;
+  return k >= 0 && k <= k_max_ && weight_[k] > 0 ? seconds_[k] / weight_[k] / expected_tokens(k) : 0.0;
 }
 
 int KTuner::best() const {
   int b = -1;
   for (int k = 0; k <= k_max_; ++k)
-    if (tokens_[k] > 0 && (b < 0 || seconds_per_token(k) < seconds_per_token(b))) b = k;
+    if (weight_[k] > 0 && (b < 0 || seconds_per_token(k) < seconds_per_token(b))) b = k;
   return b < 0 ? k_max_ : b;
 }
 
@@ -72,7 +90,13 @@ int KTuner::next() {
 void KTuner::record(int k, double seconds, int emitted) {
   if (k < 0 || k > k_max_ || emitted <= 0 || !(seconds >= 0)) return;
   seconds_[k] = seconds_[k] * kDecay + seconds;
-  tokens_[k] = tokens_[k] * kDecay + emitted;
+  weight_[k] = weight_[k] * kDecay + 1.0;
+  // emitted - 1 drafts were accepted: positions up to there were, the next (if drafted) was not.
+  const int accepted = std::min(k, emitted - 1);
+  for (int i = 1; i <= std::min(k, accepted + 1); ++i) {
+    tried_[i - 1] = tried_[i - 1] * kAcceptDecay + 1.0;
+    accepted_[i - 1] = accepted_[i - 1] * kAcceptDecay + (i <= accepted ? 1.0 : 0.0);
+  }
   ++rounds_[k];
   if (probe_left_ > 0 && k == probe_k_ && --probe_left_ == 0 && best_before_probe_ >= 0) {
     // A re-measure that changed nothing: wait twice as long for the next (up to 8x); else back to 1x.

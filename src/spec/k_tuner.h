@@ -8,8 +8,12 @@
 // past the first k that is not), then the k with the
 // lowest time per emitted token runs, and a neighbour of it is re-measured every `reprobe_interval`
 // rounds (twice as long after each re-measure that changed nothing, up to 8x) so that the choice follows
-// the context as it grows. Time per token is kept as a decaying ratio of sums (seconds / tokens), which weighs rounds
-// by their tokens instead of averaging per-round ratios.
+// the context as it grows.
+// Time per token at k is estimated as (seconds per round at k) / (tokens a round at k yields), two things
+// measured apart: a round's time barely varies, but its tokens swing from 1 to k+1. So the tokens come
+// from the acceptance rate of each draft position given the ones before it, pooled over every round that
+// drafted that far (whatever its k: position i's draft does not depend on how many follow it), instead of
+// from the few rounds run at k itself. Both are decaying averages, so that they follow the text.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -28,7 +32,9 @@ class KTuner {
 
  private:
   int k_max_, probe_rounds_, reprobe_interval_;
-  std::vector<double> seconds_, tokens_;  // decaying sums per k
+  double expected_tokens(int k) const;  // 1 + Σ_j Π_{i<=j} accept rate of position i, j <= k
+  std::vector<double> seconds_, weight_;  // decaying sums per k: round seconds, rounds
+  std::vector<double> accepted_, tried_;  // decaying sums per draft position i (index i - 1)
   std::vector<int64_t> rounds_;
   int interval_;                       // rounds between re-measures: doubles while they change nothing
   int probe_k_ = -1, probe_left_ = 0;  // a k being (re)measured, and its rounds to go

@@ -10,28 +10,50 @@
 namespace nextn {
 namespace {
 
-// Runs `rounds` rounds against a synthetic machine: a round at k emits a random 1..k+1 tokens and costs
-// cost(k, round) seconds per emitted token.
-std::vector<int64_t> drive(KTuner& t, int rounds, const std::function<double(int, int64_t)>& cost, uint32_t seed) {
-  std::mt19937 rng(seed);
+// Runs `rounds` rounds against a synthetic machine and text: a round at k costs seconds(k, round) and
+// accepts its drafts in order, position i with probability accept[i - 1], until the first rejection. Each
+// position's draws are quasi-random (its own golden-ratio sequence from `seed`): evenly spread over the
+// times it is tried, so that a test checks the tuner's decisions rather than how it copes with an unlucky
+// streak of pseudo-random draws.
+std::vector<int64_t> drive(KTuner& t, int rounds, const std::function<double(int, int64_t)>& seconds,
+                           const std::vector<double>& accept, uint32_t seed) {
+  std::vector<double> u(accept.size());
+  for (size_t i = 0; i < u.size(); ++i) u[i] = 0.1 * seed + 0.37 * static_cast<double>(i);
+  auto draw = [&](int i) {
+    u[i] += 0.6180339887498949;
+    u[i] -= static_cast<int64_t>(u[i]);
+    return u[i];
+  };
   for (int r = 0; r < rounds; ++r) {
     const int k = t.next();
-    const int emitted = 1 + static_cast<int>(rng() % (k + 1));
-    t.record(k, cost(k, r) * emitted, emitted);
+    int accepted = 0;
+    while (accepted < k && draw(accepted) < accept[accepted]) ++accepted;
+    t.record(k, seconds(k, r), accepted + 1);
   }
   return t.rounds();
+}
+
+// Seconds per token at k of that machine and text: a round's seconds over the tokens it yields on average.
+double expected_cost(double round_seconds, const std::vector<double>& accept, int k) {
+  double tokens = 1.0, reach = 1.0;
+  for (int i = 0; i < k; ++i) tokens += (reach *= accept[i]);
+  return round_seconds / tokens;
 }
 
 TEST(KTuner, ClimbsToTheFastestAndStaysThere) {
   KTuner t(4, 3, 32);
   std::mt19937 noise(1);
   std::uniform_real_distribution<double> jitter(0.95, 1.05);
-  const double per_token[] = {1.0, 0.8, 0.6, 0.7, 0.9};  // k = 2 is fastest
-  const auto rounds = drive(t, 400, [&](int k, int64_t) { return per_token[k] * jitter(noise); }, 2);
+  const std::vector<double> accept = {0.8, 0.7, 0.3, 0.3};
+  const auto round = [](int k) { return 1.0 + 0.3 * k; };
+  // k = 2 is fastest (0.68 of a plain step per token; k = 1 0.72, k = 3 0.75)
+  for (int k : {0, 1, 3, 4}) ASSERT_GT(expected_cost(round(k), accept, k), expected_cost(round(2), accept, 2) * 1.05);
+  const auto rounds = drive(t, 400, [&](int k, int64_t) { return round(k) * jitter(noise); }, accept, 2);
   for (int k = 0; k <= 3; ++k) EXPECT_GE(rounds[k], 3) << "k " << k << " was never measured";
-  // k = 3 is slower than k = 2: the climb looks at k = 4 once (its probe rounds) and stops; 4 is no
-  // neighbour of 2, so it is never re-measured.
-  EXPECT_EQ(rounds[4], 3);
+  // k = 3 is slower than k = 2: the climb looks at k = 4 at most once (its probe rounds; not at all when
+  // k = 2 did not beat k = 1 by the time k = 3 was measured) and stops; 4 is no neighbour of 2, so it is
+  // never re-measured.
+  EXPECT_LE(rounds[4], 3);
   EXPECT_EQ(t.best(), 2);
   EXPECT_GT(rounds[2], 300);  // probes of the neighbours aside
 }
@@ -39,10 +61,30 @@ TEST(KTuner, ClimbsToTheFastestAndStaysThere) {
 // A dip at k = 2 (the bundled model: layer 1's catch-up for one extra draft) does not stop the climb.
 TEST(KTuner, ClimbsPastADip) {
   KTuner t(4, 3, 32);
-  const double per_token[] = {1.0, 0.8, 0.85, 0.6, 0.7};  // k = 3 is fastest, k = 2 worse than 1
-  const auto rounds = drive(t, 300, [&](int k, int64_t) { return per_token[k]; }, 5);
+  const std::vector<double> accept = {0.9, 0.8, 0.7, 0.3};
+  const double round[] = {1.0, 1.3, 2.0, 2.0, 2.4};  // k = 3 is fastest, k = 2 worse than 1
+  ASSERT_GT(expected_cost(round[2], accept, 2), expected_cost(round[1], accept, 1));
+  for (int k : {0, 1, 2, 4}) ASSERT_GT(expected_cost(round[k], accept, k), expected_cost(round[3], accept, 3) * 1.05);
+  const auto rounds = drive(t, 300, [&](int k, int64_t) { return round[k]; }, accept, 5);
   EXPECT_EQ(t.best(), 3);
   EXPECT_GT(rounds[3], 200);
+}
+
+// Time per token is a round's time over the tokens expected from each position's acceptance rate, and
+// those rates are shared by every k that drafts that far: a round at k = 1 moves the estimate for k = 2.
+// A position after the first starts from the rate before it, worth two tries.
+TEST(KTuner, PoolsAcceptanceOverTheKsThatDraftAPosition) {
+  KTuner t(3, 1, 1000);
+  t.record(2, 3.0, 2);  // position 1 accepted (rate 1), position 2 rejected: rate (0 + 2 · 1) / (1 + 2)
+  EXPECT_DOUBLE_EQ(t.seconds_per_token(2), 3.0 / (1.0 + 1.0 + 2.0 / 3.0));
+  EXPECT_EQ(t.seconds_per_token(1), 0.0);  // no round at k = 1 yet
+  t.record(1, 1.0, 1);  // position 1 rejected: 0.95 of the older try (decayed) accepted out of 1.95
+  const double rate1 = 0.95 / 1.95, rate2 = (0.0 + 2.0 * rate1) / (1.0 + 2.0);
+  EXPECT_DOUBLE_EQ(t.seconds_per_token(1), 1.0 / (1.0 + rate1));
+  EXPECT_DOUBLE_EQ(t.seconds_per_token(2), 3.0 / (1.0 + rate1 + rate1 * rate2));
+  t.record(3, 4.0, 4);  // all three accepted; position 3 had never been drafted
+  EXPECT_GT(t.seconds_per_token(3), 4.0 / 4.0);
+  EXPECT_LT(t.seconds_per_token(3), 4.0 / 2.0);
 }
 
 TEST(KTuner, SpendsLittleOnDraftsThatAreNeverAccepted) {
@@ -60,16 +102,17 @@ TEST(KTuner, SpendsLittleOnDraftsThatAreNeverAccepted) {
 
 TEST(KTuner, FollowsACostThatChangesWithTheContext) {
   KTuner t(3, 3, 16);
-  // Speculation pays at first (k = 3 best), then the context grows and plain decoding becomes best.
-  const auto cost = [](int k, int64_t r) {
-    const double early[] = {1.0, 0.8, 0.7, 0.6}, late[] = {1.0, 1.1, 1.2, 1.3};
-    return r < 200 ? early[k] : late[k];
-  };
-  int64_t round = 0;
-  const auto by_round = [&](int k, int64_t) { return cost(k, round++); };
-  drive(t, 200, by_round, 3);
+  const std::vector<double> accept = {0.9, 0.8, 0.7};
+  // Speculation pays at first (k = 3 best), then the context grows, verification gets dearer and plain
+  // decoding becomes best.
+  const auto round = [](int k, int64_t r) { return 1.0 + (r < 200 ? 0.2 : 1.0) * k; };
+  ASSERT_LT(expected_cost(round(3, 0), accept, 3), expected_cost(round(2, 0), accept, 2));
+  ASSERT_GT(expected_cost(round(1, 200), accept, 1), 1.0);
+  int64_t r = 0;
+  const auto by_round = [&](int k, int64_t) { return round(k, r++); };
+  drive(t, 200, by_round, accept, 3);
   EXPECT_EQ(t.best(), 3);
-  drive(t, 400, by_round, 4);
+  drive(t, 400, by_round, accept, 4);
   EXPECT_EQ(t.best(), 0);
 }
 
