@@ -140,6 +140,13 @@ TEST(Cli, GenerateJsonHasIdsAndStats) {
   for (const char* k : {"num_drafts", "num_draft_tokens", "num_accepted_tokens", "per_position_acceptance",
                         "mean_acceptance_length", "tokens_per_second"})
     EXPECT_TRUE(j["stats"].contains(k)) << k;
+  // Decode time split: the verify forwards, the MTP catch-up and the draft steps fit inside decode time.
+  const auto& st = j["stats"];
+  EXPECT_GT(st["verify_seconds"].get<double>(), 0.0);
+  EXPECT_GT(st["catch_up_seconds"].get<double>(), 0.0);
+  EXPECT_GT(st["draft_seconds"].get<double>(), 0.0);
+  EXPECT_LE(st["verify_seconds"].get<double>() + st["catch_up_seconds"].get<double>() + st["draft_seconds"].get<double>(),
+            st["decode_seconds"].get<double>());
   EXPECT_NE(r.err.find("mean acceptance length"), std::string::npos);
   // logprobs: the chosen (greedy) token is the best alternative, and logprobs are <= 0
   auto l = nextn("generate --model " + kFixture + " --ids " + ids_arg(ids) + " -n 3 --json --logprobs 2");
@@ -180,6 +187,15 @@ TEST(Cli, BenchJsonHasTheSpecifiedKeys) {
     EXPECT_GT(e["tokens_per_s"].get<double>(), 0.0);
     EXPECT_GE(e["mean_acceptance_length"].get<double>(), 1.0);
     EXPECT_GT(e["speedup"].get<double>(), 0.0);
+    // The shares of decode time: verify, catch-up and draft steps are parts of it (the rest is other work).
+    double parts = 0;
+    for (const char* p : {"verify", "catch_up", "draft"}) {
+      const double f = e["decode_split"][p].get<double>();
+      EXPECT_GE(f, 0.0) << p;
+      parts += f;
+    }
+    EXPECT_GT(e["decode_split"]["verify"].get<double>(), 0.0);
+    EXPECT_LE(parts, 1.0 + 1e-9);
   }
 }
 

@@ -523,9 +523,12 @@ int run_bench(int argc, char** argv) {
                        {"mean_acceptance_length", st.mean_acceptance_length()},
                        {"per_position_acceptance", st.per_position_acceptance()},
                        {"speedup", sp_med},
-                       {"speedup_range", range_json(rk)}});
-      log("  k=%d: %.2f tokens/s (%.2fx [%.2f-%.2f]), mean acceptance length %.2f\n", k, median(tps[k]), sp_med,
-          rk.lo, rk.hi, st.mean_acceptance_length());
+                       {"speedup_range", range_json(rk)},
+                       {"decode_split", {{"verify", st.verify_seconds / st.decode_seconds},
+                                         {"catch_up", st.catch_up_seconds / st.decode_seconds},
+                                         {"draft", st.draft_seconds / st.decode_seconds}}}});
+      log("  k=%d: %.2f tokens/s (%.2fx [%.2f-%.2f]), mean acceptance length %.2f; decode time (last pass): %s\n", k,
+          median(tps[k]), sp_med, rk.lo, rk.hi, st.mean_acceptance_length(), st.round_split_text().c_str());
     }
     const SpecStats& tst = last[5].stats;
     const Range rt = range(ratio[5]);

@@ -107,6 +107,9 @@ nlohmann::json stats_json(const SpecStats& s) {
           {"target_forwards", s.target_forwards},
           {"prefill_seconds", s.prefill_seconds},
           {"decode_seconds", s.decode_seconds},
+          {"verify_seconds", s.verify_seconds},
+          {"catch_up_seconds", s.catch_up_seconds},
+          {"draft_seconds", s.draft_seconds},
           {"rounds_at_k", s.rounds_at_k}};
 }
 
@@ -125,6 +128,8 @@ void print_stats(const SpecStats& s, bool speculated) {
   std::fprintf(stderr, "\n");
   if (!s.rounds_at_k.empty())
     std::fprintf(stderr, "steps per k (k tuned by measured speed; 0 = plain):%s\n", s.rounds_at_k_text().c_str());
+  if (s.decode_seconds > 0)
+    std::fprintf(stderr, "decode time: %s\n", s.round_split_text().c_str());
 }
 
 std::string default_model() {

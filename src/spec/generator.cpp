@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 
 #include "core/error.h"
 #include "spec/k_tuner.h"
@@ -28,6 +29,15 @@ std::string SpecStats::rounds_at_k_text() const {
     out += std::to_string(rounds_at_k[k]);
   }
   return out;
+}
+
+std::string SpecStats::round_split_text() const {
+  const double d = decode_seconds > 0 ? decode_seconds : 1.0;
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "verify %.1f%%, MTP catch-up %.1f%%, draft steps %.1f%%, other %.1f%%",
+                100 * verify_seconds / d, 100 * catch_up_seconds / d, 100 * draft_seconds / d,
+                100 * (decode_seconds - verify_seconds - catch_up_seconds - draft_seconds) / d);
+  return buf;
 }
 
 double SpecStats::mean_acceptance_length() const {
@@ -373,8 +383,14 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
     const int64_t rows = drafted + 1;
     tokens_buf[0] = seq[m];
     for (int s = 0; s < drafted; ++s) tokens_buf[s + 1] = drafts[s];
+    const auto t_verify = Clock::now();
+    if (speculate) {
+      st.catch_up_seconds += catch_seconds;
+      st.draft_seconds += std::chrono::duration<double>(t_verify - t_round).count() - catch_seconds;
+    }
     model_.forward(tokens_buf.data(), rows, target, logits.data(), hidden.data(), /*all_logits=*/true);
     ++st.target_forwards;
+    if (speculate) st.verify_seconds += seconds_since(t_verify);
 
     int accepted = 0;
     for (int i = 0; i < drafted && !stop; ++i) {

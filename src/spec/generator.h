@@ -69,8 +69,13 @@ struct SpecStats {
   // prefill: the target over the prompt, the first token, and the MTP layers over the prompt (speculation
   // only; after the first token is out); decode: everything after.
   double prefill_seconds = 0, decode_seconds = 0;
+  // Where decode time went (speculation only): the target's verify forwards, the MTP layers' catch-up on
+  // verified positions, and the draft steps (MTP forwards past the catch-up, lm_head, picking the token).
+  // The rest of decode_seconds is acceptance and bookkeeping.
+  double verify_seconds = 0, catch_up_seconds = 0, draft_seconds = 0;
   std::vector<int64_t> rounds_at_k;  // tuned k: rounds run with each k (k = 0: plain steps); else empty
   std::string rounds_at_k_text() const;  // " 0:3 1:13 2:9" (empty when k was not tuned)
+  std::string round_split_text() const;  // "verify 82.1%, MTP catch-up 9.6%, draft steps 6.5%, other 1.8%"
 
   double mean_acceptance_length() const;  // 1 + accepted / drafts
   std::vector<double> per_position_acceptance() const;
