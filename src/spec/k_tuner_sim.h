@@ -1,0 +1,72 @@
+// A synthetic machine and text for judging KTuner (its test and bench/k_tuner_bench.cpp): a round at k
+// costs 1 + (verify_per_row + draft_per_step) · k plain steps, times a uniform jitter, and accepts its
+// drafts in order, position i with probability accept[i - 1], until the first rejection. Regret is the
+// tuner's time per token over that of the best fixed k, minus 1.
+#pragma once
+#include <random>
+#include <vector>
+
+#include "spec/k_tuner.h"
+
+namespace nextn::ktuner_sim {
+
+struct Scenario {
+  const char* name;
+  double verify_per_row;  // a (k+1)-row verify costs 1 + verify_per_row · k plain steps
+  double draft_per_step;  // each draft step (catch-up included) costs this many plain steps
+  std::vector<double> accept;  // acceptance of draft position i given the ones before it, i = 1..k_max
+};
+
+// Shapes after the bundled model (2 cores: each verified row adds ~0.28 of a plain step, each draft step
+// ~0.085; 16 cores: verification nearly free), with acceptance like that of its texts.
+inline const std::vector<Scenario>& scenarios() {
+  static const std::vector<Scenario> s = {
+      {"2 cores, easy text (k = 3 best)", 0.28, 0.085, {0.9, 0.85, 0.8, 0.6}},
+      {"2 cores, hard text (k = 1 best)", 0.28, 0.085, {0.6, 0.45, 0.35, 0.3}},
+      {"2 cores, held-out text (k = 2 best)", 0.3, 0.09, {0.8, 0.7, 0.45, 0.35}},
+      {"16 cores, cheap verify (k = 3 best)", 0.1, 0.05, {0.8, 0.7, 0.6, 0.5}},
+      {"speculation never pays (k = 0 best)", 0.5, 0.1, {0.5, 0.4, 0.3, 0.2}},
+  };
+  return s;
+}
+
+inline double round_cost(const Scenario& s, int k) { return 1.0 + (s.verify_per_row + s.draft_per_step) * k; }
+
+// Time per token at a fixed k, in plain steps: a round's cost over the tokens it yields on average.
+inline double fixed_cost(const Scenario& s, int k) {
+  double tokens = 1.0, reach = 1.0;
+  for (int i = 0; i < k; ++i) tokens += (reach *= s.accept[i]);
+  return round_cost(s, k) / tokens;
+}
+
+inline int best_fixed_k(const Scenario& s, int k_max) {
+  int best = 0;
+  for (int k = 1; k <= k_max; ++k)
+    if (fixed_cost(s, k) < fixed_cost(s, best)) best = k;
+  return best;
+}
+
+// Mean regret over `runs` generations of `tokens` tokens (seeds 0..runs-1) with a KTuner(k_max).
+inline double regret(const Scenario& s, int k_max, int tokens, int runs, double jitter) {
+  double sum = 0;
+  for (int run = 0; run < runs; ++run) {
+    std::mt19937 rng(static_cast<uint32_t>(run));
+    std::uniform_real_distribution<double> u(0.0, 1.0), jit(1.0 - jitter, 1.0 + jitter);
+    KTuner tuner(k_max);
+    double seconds = 0;
+    int emitted = 0;
+    while (emitted < tokens) {
+      const int k = tuner.next();
+      int accepted = 0;
+      while (accepted < k && u(rng) < s.accept[accepted]) ++accepted;
+      const double t = round_cost(s, k) * jit(rng);
+      tuner.record(k, t, accepted + 1);
+      seconds += t;
+      emitted += accepted + 1;
+    }
+    sum += seconds / emitted / fixed_cost(s, best_fixed_k(s, k_max)) - 1.0;
+  }
+  return sum / runs;
+}
+
+}  // namespace nextn::ktuner_sim
