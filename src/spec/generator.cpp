@@ -468,7 +468,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
       if (backlog_rows > 0 && catching) deferred_row_seconds = backlog_seconds / double(backlog_rows);
       const double seconds = seconds_since(t_round) - backlog_seconds + (k == 0 ? deferred_row_seconds : 0.0);
       tuner.record(k_chosen, spec.round_seconds_for_tests ? spec.round_seconds_for_tests(k_chosen, emitted) : seconds,
-                   emitted);
+                   emitted, /*drafts_judged=*/k == k_chosen && drafted == k && !stop);
     }
     if (speculate && spec.adaptive && drafted > 0) {
       window.emplace_back(drafted, accepted);

@@ -87,13 +87,13 @@ int KTuner::next() {
   return b;
 }
 
-void KTuner::record(int k, double seconds, int emitted) {
+void KTuner::record(int k, double seconds, int emitted, bool drafts_judged) {
   if (k < 0 || k > k_max_ || emitted <= 0 || !(seconds >= 0)) return;
   seconds_[k] = seconds_[k] * kDecay + seconds;
   weight_[k] = weight_[k] * kDecay + 1.0;
   // emitted - 1 drafts were accepted: positions up to there were, the next (if drafted) was not.
   const int accepted = std::min(k, emitted - 1);
-  for (int i = 1; i <= std::min(k, accepted + 1); ++i) {
+  for (int i = 1; drafts_judged && i <= std::min(k, accepted + 1); ++i) {
     tried_[i - 1] = tried_[i - 1] * kAcceptDecay + 1.0;
     accepted_[i - 1] = accepted_[i - 1] * kAcceptDecay + (i <= accepted ? 1.0 : 0.0);
   }

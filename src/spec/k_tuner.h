@@ -25,7 +25,9 @@ class KTuner {
   explicit KTuner(int k_max, int probe_rounds = 3, int reprobe_interval = 32);
 
   int next();                                   // k for the coming round
-  void record(int k, double seconds, int emitted);  // what the round at k cost and yielded
+  // What the round at k cost and yielded. drafts_judged: false when the round stopped early (end of
+  // output) or drafted fewer than k, so that its tokens say nothing about the acceptance of the positions.
+  void record(int k, double seconds, int emitted, bool drafts_judged = true);
   int best() const;                             // the k with the lowest time per token so far
   double seconds_per_token(int k) const;        // 0 when k was never measured
   const std::vector<int64_t>& rounds() const { return rounds_; }  // rounds run at each k

@@ -125,6 +125,17 @@ TEST(KTuner, StaysCloseToTheBestFixedKOverALongGeneration) {
     EXPECT_LT(ktuner_sim::regret(s, 4, 2000, 50, 0.05), 0.025) << s.name;
 }
 
+// A round cut short (end of output) or with fewer drafts than its k counts for its time, not as evidence
+// about acceptance: with no judged draft yet, every position is taken as accepted.
+TEST(KTuner, RoundsWithUnjudgedDraftsLeaveAcceptanceAlone) {
+  KTuner t(2);
+  t.record(2, 3.0, 1, /*drafts_judged=*/false);
+  EXPECT_EQ(t.rounds()[2], 1);
+  EXPECT_DOUBLE_EQ(t.seconds_per_token(2), 3.0 / 3.0);
+  t.record(2, 3.0, 1);  // judged: position 1 rejected
+  EXPECT_GT(t.seconds_per_token(2), 3.0 / 2.0);
+}
+
 TEST(KTuner, IgnoresEmptyRoundsAndRejectsBadSettings) {
   KTuner t(2);
   const int k = t.next();
