@@ -173,6 +173,10 @@ TEST(Cli, BenchJsonHasTheSpecifiedKeys) {
     ASSERT_TRUE(j.contains(k)) << k;
     EXPECT_GT(j[k].get<double>(), 0.0) << k;
   }
+  // Whether the checkpoint fits in the last-level cache (then decode does not read DRAM).
+  EXPECT_GT(j["checkpoint_bytes"].get<double>(), 0.0);
+  const double llc = j["llc_bytes"].get<double>();
+  EXPECT_EQ(j["fits_in_llc"].get<bool>(), llc > 0 && j["checkpoint_bytes"].get<double>() <= llc);
   EXPECT_EQ(j["verify_cost"]["1"].get<double>(), 1.0);
   EXPECT_EQ(j["verify_bytes"]["1"].get<double>(), 1.0);
   for (int rows = 2; rows <= 8; ++rows) {
