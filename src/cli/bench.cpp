@@ -434,9 +434,7 @@ int run_bench(int argc, char** argv) {
       tps_med, bytes_per_token / 1e6, decode_gbps, 100 * frac_med, repeats, 100 * fr.lo, 100 * fr.hi, br.lo, br.hi);
   // The read bandwidth is DRAM's (a buffer far larger than any cache); a checkpoint that fits in the
   // last-level cache is read from there, and its fraction of DRAM bandwidth is no bound.
-  double checkpoint_bytes = 0;
-  for (const auto& e : std::filesystem::directory_iterator(dir))
-    if (e.is_regular_file() && e.path().extension() == ".safetensors") checkpoint_bytes += double(e.file_size());
+  const double checkpoint_bytes = double(m.checkpoint_bytes());
   const double llc_bytes = double(std::max<long>(0, sysconf(_SC_LEVEL3_CACHE_SIZE)));
   const bool fits_in_llc = llc_bytes > 0 && checkpoint_bytes <= llc_bytes;
   out["checkpoint_bytes"] = checkpoint_bytes;
@@ -533,15 +531,14 @@ int run_bench(int argc, char** argv) {
       const SpecStats& st = last[k].stats;
       const double sp_med = median(ratio[k]);
       const Range rk = range(ratio[k]);
+      const SpecStats::DecodeShares split = st.decode_shares();
       specs.push_back({{"k", k},
                        {"tokens_per_s", median(tps[k])},
                        {"mean_acceptance_length", st.mean_acceptance_length()},
                        {"per_position_acceptance", st.per_position_acceptance()},
                        {"speedup", sp_med},
                        {"speedup_range", range_json(rk)},
-                       {"decode_split", {{"verify", st.verify_seconds / st.decode_seconds},
-                                         {"catch_up", st.catch_up_seconds / st.decode_seconds},
-                                         {"draft", st.draft_seconds / st.decode_seconds}}}});
+                       {"decode_split", {{"verify", split.verify}, {"catch_up", split.catch_up}, {"draft", split.draft}}}});
       log("  k=%d: %.2f tokens/s (%.2fx [%.2f-%.2f]), mean acceptance length %.2f; decode time (last pass): %s\n", k,
           median(tps[k]), sp_med, rk.lo, rk.hi, st.mean_acceptance_length(), st.round_split_text().c_str());
     }

@@ -36,6 +36,7 @@ class SafetensorsFile {
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
   const std::string& path() const { return path_; }
+  size_t file_bytes() const { return file_.size(); }  // the whole file, header included
   // In file order (ascending data offset; ties broken by name).
   const std::vector<TensorView>& tensors() const { return tensors_; }
   // nullptr when absent.

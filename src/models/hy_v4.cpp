@@ -80,6 +80,12 @@ size_t HYV4Model::weight_bytes_with(size_t routed_bytes) const {
   return total;
 }
 
+size_t HYV4Model::checkpoint_bytes() const {
+  size_t total = 0;
+  for (const auto& f : store_.files()) total += f->file_bytes();
+  return total;
+}
+
 size_t HYV4Model::weight_bytes_total() const {
   size_t routed = 0;  // one token: num_experts_per_tok experts per MoE layer
   for (const auto& L : w_.layers)

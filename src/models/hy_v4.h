@@ -164,6 +164,8 @@ class HYV4Model {
   // instead of as one more whole-expert job (1 MB; tests lower it to 0 to run that path on tiny models).
   void set_shared_split_bytes(size_t bytes) { shared_split_bytes_ = bytes; }
   const std::string& dir() const { return dir_; }
+  // Bytes of the checkpoint's safetensors files this model mapped.
+  size_t checkpoint_bytes() const;
   // Bytes of weights a single-token target forward reads (all layers, active experts only, lm_head).
   size_t weight_bytes_total() const;
   // Bytes of weights the last target forward read: as weight_bytes_total(), with the routed experts its

@@ -31,12 +31,18 @@ std::string SpecStats::rounds_at_k_text() const {
   return out;
 }
 
+SpecStats::DecodeShares SpecStats::decode_shares() const {
+  if (!(decode_seconds > 0)) return {0, 0, 0, 0};
+  const double d = decode_seconds;
+  return {verify_seconds / d, catch_up_seconds / d, draft_seconds / d,
+          (d - verify_seconds - catch_up_seconds - draft_seconds) / d};
+}
+
 std::string SpecStats::round_split_text() const {
-  const double d = decode_seconds > 0 ? decode_seconds : 1.0;
+  const DecodeShares s = decode_shares();
   char buf[160];
   std::snprintf(buf, sizeof buf, "verify %.1f%%, MTP catch-up %.1f%%, draft steps %.1f%%, other %.1f%%",
-                100 * verify_seconds / d, 100 * catch_up_seconds / d, 100 * draft_seconds / d,
-                100 * (decode_seconds - verify_seconds - catch_up_seconds - draft_seconds) / d);
+                100 * s.verify, 100 * s.catch_up, 100 * s.draft, 100 * s.other);
   return buf;
 }
 

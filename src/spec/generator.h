@@ -75,6 +75,11 @@ struct SpecStats {
   double verify_seconds = 0, catch_up_seconds = 0, draft_seconds = 0;
   std::vector<int64_t> rounds_at_k;  // tuned k: rounds run with each k (k = 0: plain steps); else empty
   std::string rounds_at_k_text() const;  // " 0:3 1:13 2:9" (empty when k was not tuned)
+  // decode_seconds' shares: verify, catch-up, draft steps, other (all 0 before any decode).
+  struct DecodeShares {
+    double verify, catch_up, draft, other;
+  };
+  DecodeShares decode_shares() const;
   std::string round_split_text() const;  // "verify 82.1%, MTP catch-up 9.6%, draft steps 6.5%, other 1.8%"
 
   double mean_acceptance_length() const;  // 1 + accepted / drafts

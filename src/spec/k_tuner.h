@@ -5,10 +5,9 @@
 // plus k draft steps costs less than the tokens it yields, which varies with the hardware (bandwidth-
 // versus compute-bound), the context length and the text. Each candidate k in 0..k_max (0 = plain
 // decoding) is tried for a few rounds, climbing from k = 0 while a larger k is faster (looking one step
-// past the first k that is not), then the k with the
-// lowest time per emitted token runs, and a neighbour of it is re-measured every `reprobe_interval`
-// rounds (twice as long after each re-measure that changed nothing, up to 8x) so that the choice follows
-// the context as it grows.
+// past the first k that is not), then the k with the lowest time per emitted token runs, and a neighbour
+// of it is re-measured every `reprobe_interval` rounds (twice as long after each re-measure that changed
+// nothing, up to 8x) so that the choice follows the context as it grows.
 // Time per token at k is estimated as (seconds per round at k) / (tokens a round at k yields), two things
 // measured apart: a round's time barely varies, but its tokens swing from 1 to k+1. So the tokens come
 // from the acceptance rate of each draft position given the ones before it, pooled over every round that

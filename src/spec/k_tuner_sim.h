@@ -32,12 +32,15 @@ inline const std::vector<Scenario>& scenarios() {
 
 inline double round_cost(const Scenario& s, int k) { return 1.0 + (s.verify_per_row + s.draft_per_step) * k; }
 
-// Time per token at a fixed k, in plain steps: a round's cost over the tokens it yields on average.
-inline double fixed_cost(const Scenario& s, int k) {
+// Tokens a round at k yields on average: 1 + Σ_j Π_{i<=j} accept[i - 1], j <= k.
+inline double expected_tokens(const std::vector<double>& accept, int k) {
   double tokens = 1.0, reach = 1.0;
-  for (int i = 0; i < k; ++i) tokens += (reach *= s.accept[i]);
-  return round_cost(s, k) / tokens;
+  for (int i = 0; i < k; ++i) tokens += (reach *= accept[i]);
+  return tokens;
 }
+
+// Time per token at a fixed k, in plain steps: a round's cost over the tokens it yields on average.
+inline double fixed_cost(const Scenario& s, int k) { return round_cost(s, k) / expected_tokens(s.accept, k); }
 
 inline int best_fixed_k(const Scenario& s, int k_max) {
   int best = 0;

@@ -36,9 +36,7 @@ std::vector<int64_t> drive(KTuner& t, int rounds, const std::function<double(int
 
 // Seconds per token at k of that machine and text: a round's seconds over the tokens it yields on average.
 double expected_cost(double round_seconds, const std::vector<double>& accept, int k) {
-  double tokens = 1.0, reach = 1.0;
-  for (int i = 0; i < k; ++i) tokens += (reach *= accept[i]);
-  return round_seconds / tokens;
+  return round_seconds / ktuner_sim::expected_tokens(accept, k);
 }
 
 TEST(KTuner, ClimbsToTheFastestAndStaysThere) {
