@@ -68,6 +68,27 @@ int32_t Sampler::argmax(const float* x, int64_t n) {
   return static_cast<int32_t>(best);
 }
 
+void Sampler::softmax_at_temperature(const float* logits, float* probs) const {
+  const int64_t V = vocab_;
+  // softmax(logits / T) in double for the normalizer, stored as float
+  const float inv_t = 1.0f / params_.temperature;
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, logits[i] * inv_t);
+  if (!std::isfinite(mx)) {
+    // logits / T overflowed (a tiny T): the scaled maximum is +-inf and the formula below would give nan
+    // everywhere. Shifting by the largest logit before scaling cannot overflow: (l - max) / T is <= 0,
+    // so the argmax keeps weight exp(0) = 1 and every other token exp(-large) = 0, the limit T -> 0.
+    float lmax = -INFINITY;
+    for (int64_t i = 0; i < V; ++i) lmax = std::max(lmax, logits[i]);
+    for (int64_t i = 0; i < V; ++i) probs[i] = logits[i] == lmax ? 1.0f : std::exp((logits[i] - lmax) * inv_t);
+  } else {
+    for (int64_t i = 0; i < V; ++i) probs[i] = std::exp(logits[i] * inv_t - mx);
+  }
+  double z = 0;
+  for (int64_t i = 0; i < V; ++i) z += probs[i];
+  for (int64_t i = 0; i < V; ++i) probs[i] = static_cast<float>(probs[i] / z);
+}
+
 void Sampler::distribution(const float* logits, float* probs) {
   const int64_t V = vocab_;
   const SamplingParams& p = params_;
@@ -76,16 +97,7 @@ void Sampler::distribution(const float* logits, float* probs) {
     probs[argmax(logits, V)] = 1.0f;
     return;
   }
-  // softmax(logits / T) in double for the normalizer, stored as float
-  const float inv_t = 1.0f / p.temperature;
-  float mx = -INFINITY;
-  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, logits[i] * inv_t);
-  double z = 0;
-  for (int64_t i = 0; i < V; ++i) {
-    probs[i] = std::exp(logits[i] * inv_t - mx);
-    z += probs[i];
-  }
-  for (int64_t i = 0; i < V; ++i) probs[i] = static_cast<float>(probs[i] / z);
+  softmax_at_temperature(logits, probs);
 
   const bool need_sort = (p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f;
   if (need_sort) {

@@ -61,6 +61,10 @@ class Sampler {
   static int32_t argmax(const float* x, int64_t n);  // ties: lowest index
 
  private:
+  // probs = softmax(logits / temperature); a temperature so small that logits / T overflows gives the
+  // limit T -> 0 (all weight on the argmax, shared by tied maxima) instead of nan.
+  void softmax_at_temperature(const float* logits, float* probs) const;
+
   int64_t vocab_;
   SamplingParams params_;
   std::mt19937_64 rng_;

@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "core/error.h"
 
@@ -101,6 +104,66 @@ TEST(Sampler, TemperatureTopKTopPMinP) {
     s.distribution(logits, probs);
     EXPECT_EQ(probs[0], 1.0f);
     EXPECT_EQ(probs[1] + probs[2] + probs[3], 0.0f);
+  }
+}
+
+// A temperature so small that logit / T overflows acts as its limit T -> 0: all weight on the argmax (shared
+// by tied maxima), whatever the sign of the logits; the draw then picks the argmax for every seed.
+TEST(Sampler, TinyTemperatureActsAsGreedy) {
+  const float large[5] = {1.0f, 5.0f, 4.0f, 10.0f, 7.0f};         // 10 / 1e-38 overflows
+  const float negative[4] = {-5.0f, -3.0f, -9.0f, -4.0f};          // every -l / 1e-38 overflows to -inf
+  const float tied[4] = {2.0f, 9.0f, 1.0f, 9.0f};
+  for (float t : {1e-38f, 1e-45f /* subnormal: 1 / T is inf */}) {
+    SamplingParams p;
+    p.temperature = t;
+    float probs[5];
+    Sampler s5(5, p);
+    s5.distribution(large, probs);
+    EXPECT_EQ(probs[3], 1.0f) << t;
+    EXPECT_EQ(probs[0] + probs[1] + probs[2] + probs[4], 0.0f) << t;
+    Sampler s4(4, p);
+    s4.distribution(negative, probs);
+    EXPECT_EQ(probs[1], 1.0f) << t;
+    EXPECT_EQ(probs[0] + probs[2] + probs[3], 0.0f) << t;
+    s4.distribution(tied, probs);
+    EXPECT_EQ(probs[1], 0.5f) << t;
+    EXPECT_EQ(probs[3], 0.5f) << t;
+    EXPECT_EQ(probs[0] + probs[2], 0.0f) << t;
+    for (uint64_t seed = 0; seed < 50; ++seed) {
+      p.seed = seed;
+      Sampler drawn(5, p);
+      drawn.distribution(large, probs);
+      EXPECT_EQ(drawn.sample(probs), 3) << t << " seed " << seed;
+    }
+  }
+}
+
+// Ordinary temperatures keep the exact bits of softmax(l * (1/T) - max) computed as before the overflow
+// guard (the speculative-sampling tests and seeded outputs depend on them).
+TEST(Sampler, NormalTemperatureDistributionIsUnchangedBitForBit) {
+  constexpr int64_t V = 257;
+  std::vector<float> logits(V);
+  for (int64_t i = 0; i < V; ++i) logits[i] = std::sin(0.37f * float(i)) * 12.0f - float(i % 7);
+  for (float t : {0.05f, 0.7f, 1.0f, 1.3f, 40.0f}) {
+    SamplingParams p;
+    p.temperature = t;
+    Sampler s(V, p);
+    std::vector<float> got(V), want(V);
+    s.distribution(logits.data(), got.data());
+    const float inv_t = 1.0f / t;
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < V; ++i) mx = std::max(mx, logits[i] * inv_t);
+    double z = 0;
+    for (int64_t i = 0; i < V; ++i) {
+      volatile float scaled = logits[i] * inv_t;  // rounded as the library rounds it (no fused multiply-add)
+      want[i] = std::exp(scaled - mx);
+      z += want[i];
+    }
+    for (int64_t i = 0; i < V; ++i) want[i] = static_cast<float>(want[i] / z);
+    double z2 = 0;  // the final renormalization (no filter is set, so it divides by the sum)
+    for (int64_t i = 0; i < V; ++i) z2 += want[i];
+    for (int64_t i = 0; i < V; ++i) want[i] = static_cast<float>(want[i] / z2);
+    for (int64_t i = 0; i < V; ++i) ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << "T " << t << " id " << i;
   }
 }
 
