@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <string>
+#include <system_error>
+
+#include "core/error.h"
 
 namespace nextn {
 
@@ -45,16 +49,32 @@ ThreadPool::ThreadPool(int n_threads) {
   min_parallel_work_ = kSplitWork * std::max(1, doublings);
   if (const char* env = std::getenv("NEXTN_MIN_PARALLEL_WORK"); env && *env) min_parallel_work_ = std::atoll(env);
   workers_.reserve(static_cast<size_t>(n_threads_ - 1));
-  for (int i = 1; i < n_threads_; ++i) workers_.emplace_back([this, i] { worker_main(i); });
+  for (int i = 1; i < n_threads_; ++i) {
+    try {
+      workers_.emplace_back([this, i] { worker_main(i); });
+    } catch (const std::system_error& e) {
+      // The workers already started wait on members that are about to be destroyed: stop and join them
+      // first (destroying a condition variable a thread still waits on blocks forever).
+      const int started = static_cast<int>(workers_.size()) + 1;
+      stop_and_join();
+      throw Error("thread pool: the system let only " + std::to_string(started) + " of " +
+                  std::to_string(n_threads_) + " threads start (" + e.what() +
+                  "); ask for fewer (--threads N) or raise the limit that refused them (ulimit -u for processes, "
+                  "or the memory limit: each thread reserves a stack)");
+    }
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_and_join(); }
+
+void ThreadPool::stop_and_join() {
   stop_.store(true, std::memory_order_seq_cst);
   {
     std::lock_guard<std::mutex> lock(mu_);
   }
   start_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
+  workers_.clear();
 }
 
 int ThreadPool::chunk_count(int64_t n, int64_t grain, int threads) {

@@ -37,7 +37,9 @@ class ThreadPool {
   using Fn = ChunkFn;
 
   // n_threads <= 0: std::thread::hardware_concurrency() (at least 1). The caller counts as one thread,
-  // so size() - 1 workers are started.
+  // so size() - 1 workers are started. When the system refuses a thread (a process or memory limit), the
+  // workers already started are stopped and joined and nextn::Error says how many of how many threads
+  // could be started: the pool never runs with fewer threads than asked for.
   explicit ThreadPool(int n_threads = 0);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -76,6 +78,7 @@ class ThreadPool {
   static std::pair<int64_t, int64_t> chunk_range(int64_t n, int chunks, int i);
 
  private:
+  void stop_and_join();
   void worker_main(int index);
   void run_chunk(const Fn& fn, int64_t n, int chunks, int index);
   // The newest published job's sequence number (even, != seen), or 0 once the pool stops.

@@ -2,9 +2,14 @@
 
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <thread>
@@ -171,6 +176,45 @@ TEST(ThreadPool, WakesASleepingWorkerOnlyOnceTheKeptWorkPaysForIt) {
   EXPECT_TRUE(pool.worth_waking(W / 4));  // the kept work reaches kWakeWork
   EXPECT_FALSE(pool.worth_waking(W / 2));  // (the account starts again)
   EXPECT_TRUE(pool.worth_waking(W));       // a large product alone
+}
+
+// A system that refuses threads part-way (a process or memory limit below the count asked for): the
+// constructor joins the workers it started and throws, instead of hanging in the destruction of members
+// the started workers still wait on. Run in a child process under an address-space limit that leaves
+// room for a few thread stacks only; the alarm turns a hang into a failure.
+void construct_pool_under_memory_limit(int threads) {
+  alarm(30);
+  pthread_attr_t attr;
+  size_t stack = 0;
+  pthread_attr_init(&attr);
+  pthread_attr_getstacksize(&attr, &stack);
+  pthread_attr_destroy(&attr);
+  long pages = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  const rlim_t now = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE));
+  const rlim_t limit = now + 3 * (stack + (1 << 16)) + (4 << 20);  // three stacks and some heap
+  const rlimit rl{limit, limit};
+  if (now == 0 || setrlimit(RLIMIT_AS, &rl) != 0) {
+    std::fprintf(stderr, "cannot set the address-space limit\n");
+    std::_Exit(2);
+  }
+  try {
+    ThreadPool pool(threads);
+    std::fprintf(stderr, "all %d threads started\n", pool.size());
+    std::_Exit(0);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::_Exit(3);
+  }
+}
+
+TEST(ThreadPoolDeathTest, ThreadsRefusedPartWayIsAnErrorNotAHang) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(construct_pool_under_memory_limit(64), ::testing::ExitedWithCode(3),
+              "only [0-9]+ of 64 threads start.*--threads");
 }
 
 }  // namespace
