@@ -905,7 +905,11 @@ struct Tokenizer::Impl {
   void load_post_processor(const Ctx& c, const json& pp, const std::string& field);
   void load_decoder(const Ctx& c, const json& d, const std::string& field);
   void load_config(const json& cfg);
+  void check_id_bounds() const;
   void build_id_tables();
+  bool known(int32_t id) const;
+  // Throws Error naming `caller`, the id and the vocabulary size when `id` is not a token.
+  void check_known(int32_t id, const char* caller) const;
 
   void encode_section(std::string_view raw, std::vector<int32_t>& out) const;
   void encode_normalized(std::string_view s, std::vector<int32_t>& out) const;
@@ -1126,7 +1130,25 @@ void Tokenizer::Impl::load_decoder(const Ctx& c, const json& d, const std::strin
   }
 }
 
+// The id tables are dense (a few dozen bytes per id up to the largest), so one id far beyond the number of
+// entries would make a small file allocate gigabytes. Real vocabularies are dense up to small gaps, so an
+// id must stay below twice the number of entries plus a margin.
+void Tokenizer::Impl::check_id_bounds() const {
+  constexpr int64_t kIdMargin = 1024;
+  const int64_t entries = static_cast<int64_t>(vocab.size() + added.size());
+  const int64_t limit = 2 * entries + kIdMargin;
+  auto too_far = [&](int64_t id) {
+    return "id " + std::to_string(id) + " is far beyond the vocabulary (" + std::to_string(entries) +
+           " entries: ids must be below " + std::to_string(limit) + ")";
+  };
+  for (const auto& [tok, id] : vocab)
+    if (id >= limit) fail(source, "model.vocab[\"" + tok + "\"]", too_far(id));
+  for (size_t i = 0; i < added.size(); ++i)
+    if (added[i].id >= limit) fail(source, "added_tokens[" + std::to_string(i) + "].id", too_far(added[i].id));
+}
+
 void Tokenizer::Impl::build_id_tables() {
+  check_id_bounds();
   int64_t max_id = -1;
   for (const auto& [tok, id] : vocab) max_id = std::max<int64_t>(max_id, id);
   for (const AddedToken& a : added) max_id = std::max<int64_t>(max_id, a.id);
@@ -1536,9 +1558,20 @@ std::string_view Tokenizer::token_bytes(int32_t id) const {
   return std::string_view(m.bytes_blob).substr(b, e - b);
 }
 
+bool Tokenizer::Impl::known(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < flags.size() && (flags[static_cast<size_t>(id)] & 1);
+}
+
+void Tokenizer::Impl::check_known(int32_t id, const char* caller) const {
+  if (known(id)) return;
+  throw Error(std::string(caller) + ": token id " + std::to_string(id) + " is not in the vocabulary of '" +
+              source + "' (vocabulary size " + std::to_string(flags.size()) + ")");
+}
+
 std::string Tokenizer::decode(const std::vector<int32_t>& ids, bool skip_special) const {
   std::string bytes;
   for (int32_t id : ids) {
+    impl_->check_known(id, "Tokenizer::decode");
     if (skip_special && is_special(id)) continue;
     bytes += token_bytes(id);
   }
@@ -1581,6 +1614,7 @@ StreamingDecoder::StreamingDecoder(const Tokenizer& tokenizer, bool skip_special
     : tok_(&tokenizer), skip_special_(skip_special) {}
 
 std::string StreamingDecoder::push(int32_t id) {
+  tok_->impl_->check_known(id, "StreamingDecoder::push");
   if (skip_special_ && tok_->is_special(id)) return {};
   pending_ += tok_->token_bytes(id);
   std::string out;

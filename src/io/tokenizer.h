@@ -43,15 +43,19 @@ class Tokenizer {
 
   // `text` must be valid UTF-8 (throws nextn::Error otherwise). Thread-safe.
   std::vector<int32_t> encode(std::string_view text, bool add_special = false) const;
-  // Unknown ids are skipped (as the `tokenizers` library does). Byte sequences that are not
-  // valid UTF-8 come out as U+FFFD (one per maximal invalid subpart, like from_utf8_lossy).
+  // An id that is not a token (negative, past the vocabulary, or a gap in its ids) throws nextn::Error
+  // naming the id and the vocabulary size (the `tokenizers` library skips it silently, which hides
+  // a wrong id or a mismatched tokenizer). Byte sequences that are not valid UTF-8 come out as U+FFFD
+  // (one per maximal invalid subpart, like from_utf8_lossy).
   std::string decode(const std::vector<int32_t>& ids, bool skip_special = false) const;
 
   // Added tokens first, then the model vocabulary; -1 if none.
   int32_t token_to_id(std::string_view token) const;
   // The vocabulary string (byte-level form, e.g. "Ġthe"), or "" for an unknown id.
   std::string id_to_token(int32_t id) const;
-  // Size of the id space: 1 + the largest id of the vocabulary and the added tokens.
+  // Size of the id space: 1 + the largest id of the vocabulary and the added tokens. Loading refuses
+  // ids of 2x the number of entries (+ a small margin) or more, so the id tables stay proportional
+  // to the file.
   size_t vocab_size() const;
   // From tokenizer_config.json; -1 if none.
   int32_t bos_id() const;
@@ -64,6 +68,7 @@ class Tokenizer {
   std::string_view token_bytes(int32_t id) const;
 
  private:
+  friend class StreamingDecoder;  // checks ids as decode() does
   struct Impl;
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
@@ -76,6 +81,7 @@ class Tokenizer {
 class StreamingDecoder {
  public:
   explicit StreamingDecoder(const Tokenizer& tokenizer, bool skip_special = true);
+  // Throws nextn::Error for an id that is not a token, as decode() does.
   std::string push(int32_t id);
   // Emits whatever is held back (an incomplete sequence becomes U+FFFD) and resets.
   std::string flush();

@@ -184,8 +184,10 @@ TEST(Tokenizer, AddedTokensSplitText) {
   EXPECT_EQ(t.decode({259, 300, 264}), "hello<|end|> world");
   EXPECT_EQ(t.decode({259, 300, 264}, true), "hello world");
   EXPECT_EQ(t.decode({301, 259, 304}, true), "<tool>hello");
-  // Unknown ids are skipped.
-  EXPECT_EQ(t.decode({259, 99999, -3, 280}), "hello");
+  // An id that is not a token is an error naming it and the vocabulary size (ids 0..304, 267..299 a gap).
+  expect_error([&] { t.decode({259, 99999}); }, {"99999", "vocabulary size 305"});
+  expect_error([&] { t.decode({-3}); }, {"-3", "vocabulary size 305"});
+  expect_error([&] { t.decode({259, 280}, true); }, {"280", "vocabulary size 305"});
 }
 
 TEST(Tokenizer, AddSpecialUsesTemplateOrConfig) {
@@ -401,6 +403,15 @@ TEST(StreamingDecoder, HoldsBackIncompleteCharacters) {
   EXPECT_EQ(d.flush(), "");
 }
 
+TEST(StreamingDecoder, RefusesIdsThatAreNotTokens) {
+  const Tokenizer t = load(tiny_tokenizer());
+  StreamingDecoder d(t);
+  EXPECT_EQ(d.push(259), "hello");
+  expect_error([&] { d.push(305); }, {"305", "vocabulary size 305"});
+  expect_error([&] { d.push(270); }, {"270"});
+  EXPECT_EQ(d.push(264), " world");  // the decoder is still usable
+}
+
 TEST(StreamingDecoder, MatchesDecodeOnEveryPrefix) {
   const Tokenizer t = load(tiny_tokenizer());
   const std::string text = "héllo 😀 wörld 👨‍👩‍👧 <|end|>日本 ok\t[X] end";
@@ -521,6 +532,25 @@ TEST(TokenizerMalformed, UnsupportedComponents) {
   j = tiny_tokenizer();
   j.erase("model");
   expect_error([&] { load(j); }, {"model", "missing"});
+}
+
+// Ids index dense tables: an id far beyond the number of entries is refused before anything is sized by
+// it (a 10^9 id would otherwise cost tens of GB), naming the entry at fault.
+TEST(TokenizerMalformed, IdFarBeyondTheVocabulary) {
+  json j = tiny_tokenizer();
+  j["added_tokens"][3]["id"] = 1000000000;
+  expect_error([&] { load(j); }, {"tiny", "added_tokens[3].id", "1000000000", "far beyond the vocabulary",
+                                  "272 entries"});
+  j = tiny_tokenizer();
+  j["model"]["vocab"]["aa"] = INT32_MAX - 1;
+  expect_error([&] { load(j); }, {"model.vocab[\"aa\"]", std::to_string(INT32_MAX - 1), "far beyond"});
+  // Gaps of real vocabularies (ids a little past the entries) still load.
+  j = tiny_tokenizer();
+  j["added_tokens"][4]["id"] = 1500;
+  const Tokenizer t = load(j);
+  EXPECT_EQ(t.vocab_size(), 1501u);
+  EXPECT_EQ(t.token_to_id("<s>"), 1500);
+  EXPECT_EQ(t.decode({1500, 259}), "<s>hello");
 }
 
 }  // namespace
