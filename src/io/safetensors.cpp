@@ -54,44 +54,239 @@ bool as_nonneg_int(const json& j, uint64_t* out) {
   return false;
 }
 
-// Parses the header, rejecting duplicate keys in any object (nlohmann keeps the last silently).
-json parse_header(const std::string& path, const char* begin, const char* end) {
-  std::vector<std::set<std::string>> keys;
-  std::string dup;
-  int dup_depth = 0;
-  json::parser_callback_t cb = [&](int depth, json::parse_event_t ev, json& parsed) {
-    switch (ev) {
-      case json::parse_event_t::object_start:
-        keys.emplace_back();
-        break;
-      case json::parse_event_t::object_end:
-        if (!keys.empty()) keys.pop_back();
-        break;
-      case json::parse_event_t::key:
-        if (!keys.empty() && parsed.is_string() && dup.empty()) {
-          if (!keys.back().insert(parsed.get<std::string>()).second) {
-            dup = parsed.get<std::string>();
-            dup_depth = depth;
-          }
-        }
-        break;
-      default:
-        break;
+// Finds the first key that repeats within one JSON object (nlohmann keeps the last silently): a SAX pass
+// with one key set per open object, O(n log n) in the keys. (nlohmann's callback parser could do this
+// while parsing, but after every closed object it scans the parent for discarded values: quadratic in
+// the number of keys.)
+class DuplicateKeyFinder : public json::json_sax_t {
+ public:
+  std::string duplicate;  // the first repeated key, "" if none
+
+  bool start_object(std::size_t) override {
+    keys_.emplace_back();
+    return true;
+  }
+  bool end_object() override {
+    keys_.pop_back();
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (keys_.back().insert(k).second) return true;
+    duplicate = k;
+    return false;  // one duplicate is enough to refuse the file
+  }
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_array(std::size_t) override { return true; }
+  bool end_array() override { return true; }
+  bool parse_error(std::size_t, const std::string&, const json::exception&) override { return false; }
+
+ private:
+  std::vector<std::set<std::string>> keys_;
+};
+
+// Reads a header's top-level object in one SAX pass: each entry (a tensor, or "__metadata__") is built as
+// a small JSON value and handed to on_entry(name, value) as soon as it is complete, so the whole header
+// never exists as one document (with ~100k tensors, building and freeing it took most of the time).
+// Duplicate keys inside an entry are refused here; duplicate tensor names are the caller's to find.
+class HeaderReader final : public json::json_sax_t {
+ public:
+  using EntryFn = std::function<void(const std::string& name, const json& value)>;
+  HeaderReader(const std::string& path, EntryFn on_entry) : path_(path), on_entry_(std::move(on_entry)) {}
+
+  // Throws Error naming the file for invalid JSON, a header that is not an object, or what on_entry throws.
+  void read(const char* begin, const char* end) {
+    const bool ok = json::sax_parse(begin, end, this);
+    if (not_object_) throw Error(file_prefix(path_) + "header is not a JSON object");
+    if (!ok) throw Error(file_prefix(path_) + "header is not valid JSON: " + parse_error_);
+  }
+
+  bool start_object(std::size_t) override { return open(json::object()); }
+  bool start_array(std::size_t) override { return open(json::array()); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& k) override {
+    if (depth_ == 1) {
+      name_ = k;
+    } else {
+      if (open_.back()->contains(k)) throw Error(file_prefix(path_) + "duplicate key '" + k + "' in header");
+      key_ = k;
     }
     return true;
+  }
+  bool null() override { return value(nullptr); }
+  bool boolean(bool v) override { return value(v); }
+  bool number_integer(number_integer_t v) override { return value(v); }
+  bool number_unsigned(number_unsigned_t v) override { return value(v); }
+  bool number_float(number_float_t v, const string_t&) override { return value(v); }
+  bool string(string_t& v) override { return value(std::move(v)); }
+  bool binary(binary_t& v) override { return value(json::binary(v)); }
+  bool parse_error(std::size_t, const std::string&, const json::exception& e) override {
+    parse_error_ = e.what();
+    return false;
+  }
+
+ private:
+  // Adds v where the parser is: the entry itself (depth 1) or into the innermost open container.
+  json* place(json&& v) {
+    if (open_.empty()) {
+      entry_ = std::move(v);
+      return &entry_;
+    }
+    json& parent = *open_.back();
+    if (parent.is_array()) {
+      parent.push_back(std::move(v));
+      return &parent.back();
+    }
+    return &(parent[key_] = std::move(v));
+  }
+  bool open(json&& container) {
+    if (depth_++ == 0) {
+      if (!container.is_object()) return not_object();
+      return true;
+    }
+    open_.push_back(place(std::move(container)));
+    return true;
+  }
+  bool close() {
+    --depth_;
+    if (depth_ == 0) return true;
+    open_.pop_back();
+    if (depth_ == 1) on_entry_(name_, entry_);
+    return true;
+  }
+  bool value(json&& v) {
+    if (depth_ == 0) return not_object();
+    place(std::move(v));
+    if (depth_ == 1) on_entry_(name_, entry_);
+    return true;
+  }
+  bool not_object() {
+    not_object_ = true;
+    return false;
+  }
+
+  const std::string& path_;
+  EntryFn on_entry_;
+  int depth_ = 0;           // open containers, the top-level object included
+  std::vector<json*> open_;  // the open containers below the top level, innermost last
+  std::string name_, key_;   // the current entry's name; the pending key of the innermost object
+  json entry_;
+  bool not_object_ = false;
+  std::string parse_error_;
+};
+
+// The "__metadata__" entry: an object of strings.
+json read_metadata(const std::string& path, const json& entry) {
+  if (!entry.is_object()) throw Error(file_prefix(path) + "\"__metadata__\" is not an object");
+  for (auto m = entry.begin(); m != entry.end(); ++m) {
+    if (!m.value().is_string()) {
+      throw Error(file_prefix(path) + "\"__metadata__\" value for '" + m.key() + "' is not a string");
+    }
+  }
+  return entry;
+}
+
+// One tensor's header entry, checked against the data section: a view of its bytes.
+TensorView read_tensor_entry(const std::string& path, const std::string& name, const json& entry,
+                             const uint8_t* data_start, uint64_t data_size) {
+  const std::string where = tensor_prefix(path, name);
+  if (name.empty()) throw Error(file_prefix(path) + "tensor with an empty name");
+  if (!entry.is_object()) throw Error(where + "entry is not a JSON object");
+
+  TensorView tv;
+  tv.name = name;
+
+  const auto dt = entry.find("dtype");
+  if (dt == entry.end()) throw Error(where + "missing \"dtype\"");
+  if (!dt->is_string()) throw Error(where + "\"dtype\" is not a string");
+  const std::string dts = dt->get<std::string>();
+  if (!parse_dtype(dts, &tv.dtype)) throw Error(where + "unknown dtype '" + dts + "'");
+
+  const auto sh = entry.find("shape");
+  if (sh == entry.end()) throw Error(where + "missing \"shape\"");
+  if (!sh->is_array()) throw Error(where + "\"shape\" is not an array");
+  uint64_t numel = 1;
+  bool overflow = false;
+  for (const json& d : *sh) {
+    uint64_t v;
+    if (!as_nonneg_int(d, &v)) {
+      throw Error(where + "shape dimension " + d.dump() + " is not a non-negative integer");
+    }
+    tv.shape.push_back(static_cast<int64_t>(v));
+    if (!overflow && __builtin_mul_overflow(numel, v, &numel)) overflow = true;
+  }
+  // numel must fit in int64 (TensorView::numel), and numel * element size in uint64.
+  uint64_t expect_bytes = 0;
+  if (overflow || numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+      __builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(tv.dtype)), &expect_bytes)) {
+    throw Error(where + "shape " + tv.shape_str() + " overflows the element count");
+  }
+
+  const auto off = entry.find("data_offsets");
+  if (off == entry.end()) throw Error(where + "missing \"data_offsets\"");
+  uint64_t begin = 0, end = 0;
+  if (!off->is_array() || off->size() != 2 || !as_nonneg_int((*off)[0], &begin) ||
+      !as_nonneg_int((*off)[1], &end)) {
+    throw Error(where + "\"data_offsets\" " + off->dump() + " is not two non-negative integers");
+  }
+  if (begin > end) {
+    throw Error(where + "\"data_offsets\" begin " + std::to_string(begin) + " > end " +
+                std::to_string(end));
+  }
+  if (end > data_size) {
+    throw Error(where + "\"data_offsets\" end " + std::to_string(end) +
+                " is past the end of the data section (" + std::to_string(data_size) +
+                " bytes); file truncated?");
+  }
+  if (end - begin != expect_bytes) {
+    throw Error(where + "byte size " + std::to_string(end - begin) + " does not match dtype " + dts +
+                " and shape " + tv.shape_str() + " (expected " + std::to_string(expect_bytes) + " bytes)");
+  }
+  tv.nbytes = static_cast<size_t>(end - begin);
+  tv.data = data_start + begin;
+  return tv;
+}
+
+// The indices of `tensors` in file order (ascending offset, then end, then name), refusing overlapping
+// non-empty byte ranges: a sort and one sweep.
+std::vector<size_t> file_order(const std::string& path, const std::vector<TensorView>& tensors,
+                               const uint8_t* data_start) {
+  struct Range {
+    uint64_t begin, end;
+    size_t index;
   };
-  json header;
-  try {
-    header = json::parse(begin, end, cb);
-  } catch (const json::exception& e) {
-    throw Error(file_prefix(path) + "header is not valid JSON: " + e.what());
+  std::vector<Range> ranges;
+  ranges.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const uint64_t begin = static_cast<uint64_t>(static_cast<const uint8_t*>(tensors[i].data) - data_start);
+    ranges.push_back({begin, begin + tensors[i].nbytes, i});
   }
-  if (!header.is_object()) throw Error(file_prefix(path) + "header is not a JSON object");
-  if (!dup.empty()) {
-    if (dup_depth == 1) throw Error(tensor_prefix(path, dup) + "duplicate tensor name in header");
-    throw Error(file_prefix(path) + "duplicate key '" + dup + "' in header");
+  std::sort(ranges.begin(), ranges.end(), [&](const Range& a, const Range& b) {
+    if (a.begin != b.begin) return a.begin < b.begin;
+    if (a.end != b.end) return a.end < b.end;
+    return tensors[a.index].name < tensors[b.index].name;
+  });
+  const Range* prev = nullptr;
+  for (const Range& r : ranges) {
+    if (r.begin == r.end) continue;
+    if (prev != nullptr && r.begin < prev->end) {
+      throw Error(file_prefix(path) + "tensors '" + tensors[prev->index].name + "' [" +
+                  std::to_string(prev->begin) + ", " + std::to_string(prev->end) + ") and '" +
+                  tensors[r.index].name + "' [" + std::to_string(r.begin) + ", " + std::to_string(r.end) +
+                  ") overlap");
+    }
+    if (prev == nullptr || r.end > prev->end) prev = &r;
   }
-  return header;
+  std::vector<size_t> order;
+  order.reserve(ranges.size());
+  for (const Range& r : ranges) order.push_back(r.index);
+  return order;
 }
 
 }  // namespace
@@ -116,116 +311,38 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), file_(p
                 " bytes); file truncated?");
   }
   const char* hbegin = reinterpret_cast<const char*>(file_.data() + 8);
-  const json header = parse_header(path, hbegin, hbegin + header_len);
-
   const uint8_t* data_start = file_.data() + 8 + header_len;
   const uint64_t data_size = file_size - 8 - header_len;
 
-  struct Range {
-    uint64_t begin, end;
-    size_t index;
-  };
-  std::vector<Range> ranges;
-  tensors_.reserve(header.size());
-
-  for (auto it = header.begin(); it != header.end(); ++it) {
-    const std::string& name = it.key();
-    const json& entry = it.value();
-    if (name == kMetadataKey) {
-      if (!entry.is_object()) throw Error(file_prefix(path) + "\"__metadata__\" is not an object");
-      for (auto m = entry.begin(); m != entry.end(); ++m) {
-        if (!m.value().is_string()) {
-          throw Error(file_prefix(path) + "\"__metadata__\" value for '" + m.key() +
-                      "' is not a string");
-        }
-      }
-      metadata_ = entry;
-      continue;
+  bool seen_metadata = false;
+  HeaderReader reader(path, [&](const std::string& name, const json& entry) {
+    if (name != kMetadataKey) {
+      tensors_.push_back(read_tensor_entry(path, name, entry, data_start, data_size));
+      return;
     }
-    const std::string where = tensor_prefix(path, name);
-    if (name.empty()) throw Error(file_prefix(path) + "tensor with an empty name");
-    if (!entry.is_object()) throw Error(where + "entry is not a JSON object");
-
-    TensorView tv;
-    tv.name = name;
-
-    const auto dt = entry.find("dtype");
-    if (dt == entry.end()) throw Error(where + "missing \"dtype\"");
-    if (!dt->is_string()) throw Error(where + "\"dtype\" is not a string");
-    const std::string dts = dt->get<std::string>();
-    if (!parse_dtype(dts, &tv.dtype)) throw Error(where + "unknown dtype '" + dts + "'");
-
-    const auto sh = entry.find("shape");
-    if (sh == entry.end()) throw Error(where + "missing \"shape\"");
-    if (!sh->is_array()) throw Error(where + "\"shape\" is not an array");
-    uint64_t numel = 1;
-    bool overflow = false;
-    for (const json& d : *sh) {
-      uint64_t v;
-      if (!as_nonneg_int(d, &v)) {
-        throw Error(where + "shape dimension " + d.dump() + " is not a non-negative integer");
-      }
-      tv.shape.push_back(static_cast<int64_t>(v));
-      if (!overflow && __builtin_mul_overflow(numel, v, &numel)) overflow = true;
-    }
-    // numel must fit in int64 (TensorView::numel), and numel * element size in uint64.
-    uint64_t expect_bytes = 0;
-    if (overflow || numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-        __builtin_mul_overflow(numel, static_cast<uint64_t>(dtype_size(tv.dtype)), &expect_bytes)) {
-      throw Error(where + "shape " + tv.shape_str() + " overflows the element count");
-    }
-
-    const auto off = entry.find("data_offsets");
-    if (off == entry.end()) throw Error(where + "missing \"data_offsets\"");
-    uint64_t begin = 0, end = 0;
-    if (!off->is_array() || off->size() != 2 || !as_nonneg_int((*off)[0], &begin) ||
-        !as_nonneg_int((*off)[1], &end)) {
-      throw Error(where + "\"data_offsets\" " + off->dump() + " is not two non-negative integers");
-    }
-    if (begin > end) {
-      throw Error(where + "\"data_offsets\" begin " + std::to_string(begin) + " > end " +
-                  std::to_string(end));
-    }
-    if (end > data_size) {
-      throw Error(where + "\"data_offsets\" end " + std::to_string(end) +
-                  " is past the end of the data section (" + std::to_string(data_size) +
-                  " bytes); file truncated?");
-    }
-    if (end - begin != expect_bytes) {
-      throw Error(where + "byte size " + std::to_string(end - begin) + " does not match dtype " +
-                  dts + " and shape " + tv.shape_str() + " (expected " +
-                  std::to_string(expect_bytes) + " bytes)");
-    }
-    tv.nbytes = static_cast<size_t>(end - begin);
-    tv.data = data_start + begin;
-    ranges.push_back({begin, end, tensors_.size()});
-    tensors_.push_back(std::move(tv));
-  }
-
-  // Overlap check over the non-empty byte ranges, in offset order.
-  std::sort(ranges.begin(), ranges.end(), [&](const Range& a, const Range& b) {
-    if (a.begin != b.begin) return a.begin < b.begin;
-    if (a.end != b.end) return a.end < b.end;
-    return tensors_[a.index].name < tensors_[b.index].name;
+    if (seen_metadata) throw Error(tensor_prefix(path, name) + "duplicate tensor name in header");
+    seen_metadata = true;
+    metadata_ = read_metadata(path, entry);
   });
-  const Range* prev = nullptr;
-  for (const Range& r : ranges) {
-    if (r.begin == r.end) continue;
-    if (prev != nullptr && r.begin < prev->end) {
-      throw Error(file_prefix(path) + "tensors '" + tensors_[prev->index].name + "' [" +
-                  std::to_string(prev->begin) + ", " + std::to_string(prev->end) + ") and '" +
-                  tensors_[r.index].name + "' [" + std::to_string(r.begin) + ", " +
-                  std::to_string(r.end) + ") overlap");
-    }
-    if (prev == nullptr || r.end > prev->end) prev = &r;
-  }
+  reader.read(hbegin, hbegin + header_len);
+
+  // Names are unique (checked before the ranges, so that a repeated entry is reported as such).
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    if (!by_name_.emplace(tensors_[i].name, i).second)
+      throw Error(tensor_prefix(path, tensors_[i].name) + "duplicate tensor name in header");
+
+  const std::vector<size_t> order = file_order(path, tensors_, data_start);
 
   // Store the views in file order.
   std::vector<TensorView> ordered;
+  std::vector<size_t> position(tensors_.size());
   ordered.reserve(tensors_.size());
-  for (const Range& r : ranges) ordered.push_back(std::move(tensors_[r.index]));
+  for (size_t i : order) {
+    position[i] = ordered.size();
+    ordered.push_back(std::move(tensors_[i]));
+  }
   tensors_ = std::move(ordered);
-  for (size_t i = 0; i < tensors_.size(); ++i) by_name_.emplace(tensors_[i].name, i);
+  for (auto& [name, index] : by_name_) index = position[index];
 }
 
 const TensorView* SafetensorsFile::find(std::string_view name) const {
@@ -268,6 +385,13 @@ WeightStore WeightStore::open_dir(const std::string& dir) {
       throw Error("index '" + ip + "' is not valid JSON: " + e.what());
     }
     if (!index.is_object()) throw Error("index '" + ip + "' is not a JSON object");
+    {
+      const char* b = reinterpret_cast<const char*>(raw.data());
+      DuplicateKeyFinder dups;
+      json::sax_parse(b, b + raw.size(), &dups);
+      if (!dups.duplicate.empty())
+        throw Error("index '" + ip + "': key '" + dups.duplicate + "' appears twice in one object");
+    }
     const auto wm = index.find("weight_map");
     if (wm == index.end() || !wm->is_object()) {
       throw Error("index '" + ip + "' has no \"weight_map\" object");
@@ -356,9 +480,7 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<in
                             const void* data, size_t nbytes) {
   if (name.empty()) throw Error("SafetensorsWriter: empty tensor name");
   if (name == kMetadataKey) throw Error("SafetensorsWriter: reserved tensor name '" + name + "'");
-  for (const Entry& e : entries_) {
-    if (e.name == name) throw Error("SafetensorsWriter: duplicate tensor '" + name + "'");
-  }
+  if (names_.count(name)) throw Error("SafetensorsWriter: duplicate tensor '" + name + "'");
   uint64_t numel = 1;
   for (int64_t d : shape) {
     if (d < 0 || __builtin_mul_overflow(numel, static_cast<uint64_t>(d), &numel)) {
@@ -380,6 +502,7 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<in
     const uint8_t* p = static_cast<const uint8_t*>(data);
     e.bytes.assign(p, p + nbytes);
   }
+  names_.insert(name);
   entries_.push_back(std::move(e));
 }
 

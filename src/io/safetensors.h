@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -118,6 +119,7 @@ struct SafetensorsWriter {
     std::vector<uint8_t> bytes;
   };
   std::vector<Entry> entries_;
+  std::set<std::string, std::less<>> names_;  // of entries_, for the duplicate check
 };
 
 }  // namespace nextn

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -403,6 +404,14 @@ TEST(SafetensorsMalformed, DuplicateNamesInHeader) {
   expect_malformed("dup.safetensors", raw_file(header, zeros(8)), {"'dup'", "duplicate"});
 }
 
+TEST(SafetensorsMalformed, DuplicateKeysInsideAnEntry) {
+  expect_malformed("dupkey.safetensors",
+                   raw_file(R"({"t":{"dtype":"F32","dtype":"F16","shape":[1],"data_offsets":[0,4]}})", zeros(4)),
+                   {"duplicate key 'dtype'"});
+  expect_malformed("dupmeta.safetensors", raw_file(R"({"__metadata__":{"k":"a","k":"b"}})", ""),
+                   {"duplicate key 'k'"});
+}
+
 TEST(SafetensorsMalformed, BadMetadata) {
   expect_malformed("meta.safetensors", raw_file(R"({"__metadata__": [1]})", ""), {"__metadata__"});
   expect_malformed("meta2.safetensors", raw_file(R"({"__metadata__": {"k": 1}})", ""),
@@ -497,6 +506,14 @@ TEST(SafetensorsMalformed, BadIndexJson) {
   expect_error([&] { WeightStore::open_dir(dir); }, {index, "../s1.safetensors"});
 }
 
+TEST(SafetensorsMalformed, IndexNamesATensorTwice) {
+  const std::string dir = make_test_dir();
+  write_two_shards(dir);
+  const std::string index = dir + "/model.safetensors.index.json";
+  write_bytes(index, R"({"weight_map": {"a": "s1.safetensors", "b": "s2.safetensors", "a": "s2.safetensors"}})");
+  expect_error([&] { WeightStore::open_dir(dir); }, {index, "'a'", "twice"});
+}
+
 TEST(SafetensorsMalformed, CorruptShardNamesTheShard) {
   const std::string dir = make_test_dir();
   write_two_shards(dir);
@@ -514,6 +531,100 @@ TEST(SafetensorsMalformed, GetMissingTensor) {
   expect_error([&] { store.get("model.layers.0.mlp.gate_proj.weight"); },
                {"missing tensor 'model.layers.0.mlp.gate_proj.weight' in checkpoint " + dir});
   expect_error([&] { store.file_of("nope"); }, {"'nope'", dir});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checkpoints with many tensors (MoE checkpoints with split experts carry ~100k): the header and the
+// index are parsed in O(n log n); a quadratic step would run into the test timeout. The time itself is
+// measured in bench/safetensors_bench.cpp.
+
+// The name of tensor i, zero-padded so that name order is index order.
+std::string many_name(size_t i) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "model.t%07zu.weight", i);
+  return buf;
+}
+
+// A header of n one-float F32 tensors listed in name order, tensor i stored at slot (i * 7919) % n of the
+// data section (7919 is prime, so the slots are a permutation and the file order differs from the name
+// order). `last_begin` overrides the last tensor's byte range start when set.
+std::string many_tensors_header(size_t n, uint64_t last_begin = UINT64_MAX) {
+  std::string h = "{";
+  h.reserve(n * 64);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t begin = i + 1 == n && last_begin != UINT64_MAX ? last_begin : (i * 7919) % n * 4;
+    if (i) h += ',';
+    h += "\"" + many_name(i) + "\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" +
+         std::to_string(begin) + "," + std::to_string(begin + 4) + "]}";
+  }
+  return h + "}";
+}
+
+TEST(Safetensors, HeaderWith300kTensors) {
+  constexpr size_t kN = 300'000;
+  const std::string path = make_test_dir() + "/many.safetensors";
+  std::string data(kN * 4, '\0');
+  for (size_t i = 0; i < kN; ++i) {
+    const float v = static_cast<float>(i);
+    std::memcpy(&data[(i * 7919) % kN * 4], &v, 4);
+  }
+  write_bytes(path, raw_file(many_tensors_header(kN), data));
+  const SafetensorsFile f(path);
+  ASSERT_EQ(f.tensors().size(), kN);
+  for (size_t i = 1; i < kN; ++i) ASSERT_LT(f.tensors()[i - 1].data, f.tensors()[i].data) << i;  // file order
+  for (size_t i : {size_t(0), size_t(1), kN / 2, kN - 1}) {
+    const TensorView* t = f.find(many_name(i));
+    ASSERT_NE(t, nullptr) << i;
+    float v;
+    std::memcpy(&v, t->data, 4);
+    EXPECT_EQ(v, static_cast<float>(i));
+  }
+  // Every check still runs at that size: the last tensor moved onto the first one's bytes is an overlap.
+  write_bytes(path, raw_file(many_tensors_header(kN, 0), data));
+  expect_open_error(path, {"'" + many_name(0) + "'", "'" + many_name(kN - 1) + "'", "overlap"});
+}
+
+TEST(Safetensors, IndexWith100kTensors) {
+  constexpr size_t kN = 100'000, kShards = 4;
+  const std::string dir = make_test_dir();
+  std::vector<std::string> shard_headers(kShards, "{");
+  std::vector<size_t> shard_count(kShards, 0);
+  std::string weight_map = "{";
+  for (size_t i = 0; i < kN; ++i) {
+    const size_t s = i % kShards;
+    const std::string shard = "model-0000" + std::to_string(s + 1) + "-of-0000" + std::to_string(kShards) +
+                              ".safetensors";
+    const size_t slot = shard_count[s]++;
+    if (slot) shard_headers[s] += ',';
+    shard_headers[s] += "\"" + many_name(i) + "\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" +
+                        std::to_string(slot * 4) + "," + std::to_string(slot * 4 + 4) + "]}";
+    if (i) weight_map += ',';
+    weight_map += "\"" + many_name(i) + "\":\"" + shard + "\"";
+  }
+  for (size_t s = 0; s < kShards; ++s)
+    write_bytes(dir + "/model-0000" + std::to_string(s + 1) + "-of-0000" + std::to_string(kShards) + ".safetensors",
+                raw_file(shard_headers[s] + "}", zeros(shard_count[s] * 4)));
+  write_bytes(dir + "/model.safetensors.index.json", "{\"weight_map\":" + weight_map + "}}");
+  const WeightStore store = WeightStore::open_dir(dir);
+  EXPECT_EQ(store.size(), kN);
+  EXPECT_EQ(store.files().size(), kShards);
+  EXPECT_EQ(store.file_of(many_name(kN - 1)), dir + "/model-00004-of-00004.safetensors");
+  EXPECT_NE(store.find(many_name(kN / 2)), nullptr);
+}
+
+// The writer checks names against a set, not a list: many tensors are written in O(n log n) too.
+TEST(Safetensors, WriterWithManyTensors) {
+  constexpr size_t kN = 100'000;
+  SafetensorsWriter w;
+  const float v = 1.5f;
+  for (size_t i = 0; i < kN; ++i) w.add_f32(many_name(i), {1}, &v);
+  EXPECT_EQ(w.size(), kN);
+  expect_error([&] { w.add_f32(many_name(kN / 2), {1}, &v); }, {"duplicate tensor '" + many_name(kN / 2) + "'"});
+  const std::string path = make_test_dir() + "/written.safetensors";
+  w.write(path);
+  const SafetensorsFile f(path);
+  ASSERT_EQ(f.tensors().size(), kN);
+  EXPECT_EQ(*static_cast<const float*>(f.find(many_name(kN - 1))->data), 1.5f);
 }
 
 TEST(MappedFile, MapsAndMoves) {
