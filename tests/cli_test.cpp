@@ -1,11 +1,13 @@
 // The nextn command line: help, usage errors (exit 2), load errors (exit 1), outputs.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
@@ -22,7 +24,10 @@ struct Run {
 };
 
 Run nextn(const std::string& args) {
-  const std::string err_file = ::testing::TempDir() + "/nextn_cli_stderr.txt";
+  // One stderr file per call and process: ctest runs these tests in parallel processes.
+  static int calls = 0;
+  const std::string err_file = ::testing::TempDir() + "/nextn_cli_stderr_" + std::to_string(::getpid()) + "_" +
+                               std::to_string(calls++) + ".txt";
   const std::string cmd = std::string(NEXTN_CLI_PATH) + " " + args + " 2>" + err_file + " </dev/null";
   Run r{};
   FILE* p = popen(cmd.c_str(), "r");
@@ -36,10 +41,36 @@ Run nextn(const std::string& args) {
     while ((n = fread(buf.data(), 1, buf.size(), f)) > 0) r.err.append(buf.data(), n);
     fclose(f);
   }
+  std::remove(err_file.c_str());
   return r;
 }
 
 const std::string kFixture = testing::fixture_dir("a_fp32");
+const std::string kBundled = std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny";
+
+// Expects exit status 2 (a usage error) with `message` on stderr.
+void expect_usage_error(const std::string& args, const std::string& message) {
+  const Run r = nextn(args);
+  EXPECT_EQ(r.status, 2) << args << "\n" << r.err;
+  EXPECT_NE(r.err.find(message), std::string::npos) << args << "\nstderr: " << r.err;
+}
+
+// A scratch copy of the a_fp32 fixture checkpoint (config + weights), for tests that add files to it.
+std::string fixture_copy(const std::string& name) {
+  namespace fs = std::filesystem;
+  const std::string dir = ::testing::TempDir() + "/nextn_cli_" + name + "_" + std::to_string(::getpid());
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  for (const char* f : {"config.json", "model.safetensors"}) fs::copy_file(kFixture + "/" + f, dir + "/" + f);
+  return dir;
+}
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
 
 std::string ids_arg(const std::vector<int32_t>& ids) {
   std::string s;
@@ -247,6 +278,148 @@ TEST(Cli, InspectExitCodeTellsLoadability) {
   EXPECT_NE((bad.out + bad.err).find("model.layers.0.self_attn.q_a_proj.weight"), std::string::npos);
   EXPECT_NE((bad.out + bad.err).find("lacks"), std::string::npos);
   std::filesystem::remove_all(broken);
+}
+
+// Every integer option is range-checked as a 64-bit value: nothing is cut to 32 bits on the way (-n 4294967297
+// once generated 1 token, --speculative-tokens 4294967298 ran with k = 2).
+TEST(Cli, IntegerOptionsAreRangeChecked) {
+  const std::string gen = "generate --model " + kFixture + " --ids 1,2 ";
+  expect_usage_error(gen + "-n 4294967297", "--max-tokens must be in 0..2147483647, got 4294967297");
+  expect_usage_error(gen + "-n 2147483648", "--max-tokens must be in 0..2147483647, got 2147483648");
+  expect_usage_error(gen + "--max-tokens 99999999999999999999999", "--max-tokens must be in 0..2147483647");
+  expect_usage_error(gen + "-n 5x", "--max-tokens expects an integer, got '5x'");
+  expect_usage_error(gen + "--speculative-tokens 4294967298", "--speculative-tokens must be in 1..8, got 4294967298");
+  expect_usage_error(gen + "--logprobs 4294967299", "--logprobs must be in 0..20, got 4294967299");
+  expect_usage_error(gen + "--top-k -1", "--top-k must be in 0..");
+  expect_usage_error(gen + "--top-k 4294967296", "--top-k must be in 0..2147483647, got 4294967296");
+  expect_usage_error(gen + "--seed -1", "--seed must be in 0..18446744073709551615, got -1");
+  expect_usage_error(gen + "--seed 18446744073709551616", "--seed must be in 0..18446744073709551615");
+  expect_usage_error(gen + "--relaxed-acceptance 4294967297,0.1", "--relaxed-acceptance N must be in 1..");
+  expect_usage_error(gen + "--relaxed-acceptance 3,x", "--relaxed-acceptance DELTA expects a number, got 'x'");
+  expect_usage_error(gen + "--relaxed-acceptance 3,nan", "--relaxed-acceptance DELTA must be a finite number");
+  for (const char* cmd : {"generate --ids 1,2", "logits --ids 1,2 --output /tmp/x.safetensors", "bench"}) {
+    const std::string c = std::string(cmd) + " --model " + kFixture;
+    expect_usage_error(c + " --threads -3", "--threads must be in 0..");
+    expect_usage_error(c + " --threads 100000", "--threads must be in 0..");
+    expect_usage_error(c + " --threads 4294967298", "--threads must be in 0..");
+  }
+  // The whole seed range is accepted, and --threads 0 means all cores (as --help says).
+  auto r = nextn(gen + "-n 2 --temperature 1 --seed 18446744073709551615 --threads 0 --json");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(nextn("generate --help").out.find("0: all cores"), std::string::npos);
+}
+
+TEST(Cli, RealOptionsAreRangeChecked) {
+  const std::string gen = "generate --model " + kFixture + " --ids 1,2 ";
+  expect_usage_error(gen + "--top-p 2", "--top-p must be a finite number in (0, 1], got 2");
+  expect_usage_error(gen + "--top-p 0", "--top-p must be a finite number in (0, 1], got 0");
+  expect_usage_error(gen + "--temperature -1", "--temperature must be a finite number >= 0, got -1");
+  expect_usage_error(gen + "--temperature nan", "--temperature must be a finite number >= 0, got nan");
+  expect_usage_error(gen + "--temperature inf", "--temperature must be a finite number >= 0, got inf");
+  expect_usage_error(gen + "--temperature 1e39", "--temperature must be a finite number >= 0, got 1e39");
+  expect_usage_error(gen + "--min-p -0.5", "--min-p must be a finite number in [0, 1]");
+  expect_usage_error(gen + "--repetition-penalty 0", "--repetition-penalty must be a finite number > 0");
+  expect_usage_error(gen + "--presence-penalty 3", "--presence-penalty must be a finite number in [-2, 2]");
+  expect_usage_error(gen + "--adaptive 2", "--adaptive must be a finite number in [0, 1]");
+  expect_usage_error(gen + "--temperature 0.5x", "--temperature expects a number, got '0.5x'");
+}
+
+// A temperature so small that logit / T overflows float behaves as its limit: the greedy tokens.
+TEST(Cli, TinyTemperatureGivesTheGreedyTokens) {
+  testing::Reference ref(kFixture);
+  auto ids = ref.ids("input_ids");
+  auto greedy = ref.ids("greedy_ids");
+  for (const char* t : {"1e-38", "1e-45"}) {
+    auto r = nextn("generate --model " + kFixture + " --ids " + ids_arg(ids) + " -n 6 --json --ignore-eos --temperature " +
+                   t + " --seed 3");
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(nlohmann::json::parse(r.out)["ids"].get<std::vector<int32_t>>(),
+              std::vector<int32_t>(greedy.begin(), greedy.begin() + 6)) << t;
+  }
+}
+
+// bench checks every option before it measures anything (the bad --oracle-acceptance came after ~10 s).
+TEST(Cli, BenchRefusesBadOptionsBeforeAnyWork) {
+  const std::string bench = "bench --model " + kFixture + " ";
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--oracle-acceptance 2", "--oracle-acceptance must be a finite number in [0, 1], got 2"},
+           {"--repeats 0", "--repeats must be in 1..100, got 0"},
+           {"--tokens 4294967297", "--tokens must be in 1.."},
+           {"--prompt-tokens 0", "--prompt-tokens must be in 1.."},
+           {"--tokens 300000", "max_position_embeddings"},
+           {"--dtype fp8", "--dtype applies to --synthetic checkpoints only"},
+           {"--mlp dense", "--mlp applies to --synthetic"},
+           {"stray", "unexpected argument 'stray'"}}) {
+    const auto r = nextn(bench + args + " --json");
+    EXPECT_EQ(r.status, 2) << args << "\n" << r.err;
+    EXPECT_NE(r.err.find(message), std::string::npos) << args << "\nstderr: " << r.err;
+    EXPECT_EQ(r.out, "") << args;  // nothing measured
+  }
+  expect_usage_error("bench --synthetic --mlp wide", "--mlp must be moe or dense, got 'wide'");
+}
+
+// detokenize: an id outside the vocabulary is an error naming it and the vocabulary size (it was dropped).
+TEST(Cli, DetokenizeRefusesIdsOutsideTheVocabulary) {
+  auto r = nextn("detokenize --model " + kBundled + " --ids 71,99999");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("token id 99999"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("vocabulary size 2048"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
+// A tokenizer.json whose ids run far past its entries is refused by name (it once allocated 16 GB).
+TEST(Cli, TokenizerWithAnAbsurdIdIsALoadError) {
+  auto j = nlohmann::json::parse(read_text(kBundled + "/tokenizer.json"));
+  ASSERT_GE(j["added_tokens"].size(), 1u);
+  j["added_tokens"][0]["id"] = 1000000000;
+  const std::string path = ::testing::TempDir() + "/nextn_cli_bad_tokenizer_" + std::to_string(::getpid()) + ".json";
+  write_text(path, j.dump());
+  auto r = nextn("tokenize --tokenizer " + path + " --text hi");
+  EXPECT_EQ(r.status, 1);
+  for (const char* part : {"added_tokens[0].id", "1000000000", "far beyond the vocabulary"})
+    EXPECT_NE(r.err.find(part), std::string::npos) << part << "\n" << r.err;
+  std::filesystem::remove(path);
+}
+
+// logits --output never overwrites the checkpoint it reads, nor adds a .safetensors file to its folder.
+TEST(Cli, LogitsRefusesToWriteIntoTheCheckpoint) {
+  namespace fs = std::filesystem;
+  const std::string dir = fixture_copy("logits_out");
+  const std::string weights = read_text(dir + "/model.safetensors");
+  const std::string link = dir + "_link.safetensors";
+  fs::remove(link);
+  fs::create_symlink(dir + "/model.safetensors", link);
+  for (const auto& [out, message] : std::vector<std::pair<std::string, std::string>>{
+           {dir + "/model.safetensors", "checkpoint folder"},
+           {dir + "/extra.safetensors", "checkpoint folder"},
+           {dir + "/config.json", "checkpoint's own file"},
+           {link, "checkpoint's own file"}})
+    expect_usage_error("logits --model " + dir + " --ids 1,2 --output " + out, message);
+  EXPECT_EQ(read_text(dir + "/model.safetensors"), weights);
+  EXPECT_FALSE(fs::exists(dir + "/extra.safetensors"));
+  fs::remove(link);
+  fs::remove_all(dir);
+}
+
+// An unusable generation_config.json is not fatal but is reported, naming the file and what is wrong.
+TEST(Cli, MalformedGenerationConfigWarns) {
+  const std::string dir = fixture_copy("gen_config");
+  for (const auto& [text, message] : std::vector<std::pair<std::string, std::string>>{
+           {"{\"num_speculative_tokens\": ", "not valid JSON"},
+           {"[1, 2]", "not a JSON object"},
+           {"{\"num_speculative_tokens\": \"4\"}", "num_speculative_tokens is \"4\", not an integer"},
+           {"{\"num_speculative_tokens\": 4294967299}", "num_speculative_tokens 4294967299 is outside 1..8"}}) {
+    write_text(dir + "/generation_config.json", text);
+    auto r = nextn("generate --model " + dir + " --ids 1,2 -n 1 --json");
+    EXPECT_EQ(r.status, 0) << text << "\n" << r.err;
+    EXPECT_NE(r.err.find("warning: " + dir + "/generation_config.json: " + message), std::string::npos)
+        << text << "\nstderr: " << r.err;
+  }
+  write_text(dir + "/generation_config.json", "{\"num_speculative_tokens\": 2}");
+  auto ok = nextn("generate --model " + dir + " --ids 1,2 -n 1 --json");
+  EXPECT_EQ(ok.status, 0) << ok.err;
+  EXPECT_EQ(ok.err.find("warning"), std::string::npos) << ok.err;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -1,8 +1,15 @@
 #include "cli/args.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <system_error>
+#include <thread>
 
 namespace nextn::cli {
 
@@ -50,24 +57,95 @@ std::vector<std::string> Args::all(const std::string& name) const {
   return it == values_.end() ? std::vector<std::string>{} : it->second;
 }
 
-int64_t Args::get_int(const std::string& name, int64_t def) const {
-  if (!has(name)) return def;
-  const std::string s = get(name);
-  char* end = nullptr;
-  errno = 0;
-  long long v = std::strtoll(s.c_str(), &end, 10);
-  if (s.empty() || *end || errno) throw UsageError("--" + name + " expects an integer, got '" + s + "'");
+namespace {
+
+constexpr double kFloatMax = RealRange{0}.hi;
+
+std::string number_text(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", v);
+  return buf;
+}
+
+std::string range_text(const RealRange& r) {
+  if (r.hi >= kFloatMax) return std::string(r.lo_open ? "> " : ">= ") + number_text(r.lo);
+  return "in " + std::string(r.lo_open ? "(" : "[") + number_text(r.lo) + ", " + number_text(r.hi) + "]";
+}
+
+}  // namespace
+
+int64_t parse_int(const std::string& text, const std::string& what, int64_t lo, int64_t hi) {
+  const auto out_of_range = [&] {
+    return UsageError(what + " must be in " + std::to_string(lo) + ".." + std::to_string(hi) + ", got " + text);
+  };
+  int64_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (ec == std::errc::result_out_of_range && ptr == end) throw out_of_range();
+  if (text.empty() || ec != std::errc() || ptr != end)
+    throw UsageError(what + " expects an integer, got '" + text + "'");
+  if (v < lo || v > hi) throw out_of_range();
   return v;
 }
 
-double Args::get_double(const std::string& name, double def) const {
-  if (!has(name)) return def;
-  const std::string s = get(name);
+double parse_double(const std::string& text, const std::string& what, const RealRange& range) {
   char* end = nullptr;
   errno = 0;
-  double v = std::strtod(s.c_str(), &end);
-  if (s.empty() || *end || errno) throw UsageError("--" + name + " expects a number, got '" + s + "'");
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end || std::isspace(static_cast<unsigned char>(text[0])))
+    throw UsageError(what + " expects a number, got '" + text + "'");
+  // (an underflow to 0 or a subnormal is kept: it is the value's limit; an overflow is out of range)
+  const bool in_range = std::isfinite(v) && (range.lo_open ? v > range.lo : v >= range.lo) && v <= range.hi;
+  if (!in_range) throw UsageError(what + " must be a finite number " + range_text(range) + ", got " + text);
   return v;
+}
+
+int Args::get_int(const std::string& name, int def, int lo, int hi) const {
+  if (!has(name)) return def;
+  return static_cast<int>(parse_int(get(name), "--" + name, lo, hi));
+}
+
+uint64_t Args::get_uint64(const std::string& name, uint64_t def) const {
+  if (!has(name)) return def;
+  const std::string s = get(name);
+  const std::string what = "--" + name;
+  uint64_t v = 0;
+  const char* end = s.data() + s.size();
+  const auto [ptr, ec] = std::from_chars(s.data(), end, v);
+  const bool negative = !s.empty() && s[0] == '-';
+  if (negative || (ec == std::errc::result_out_of_range && ptr == end))
+    throw UsageError(what + " must be in 0.." + std::to_string(UINT64_MAX) + ", got " + s);
+  if (s.empty() || ec != std::errc() || ptr != end) throw UsageError(what + " expects an integer, got '" + s + "'");
+  return v;
+}
+
+double Args::get_double(const std::string& name, double def, const RealRange& range) const {
+  if (!has(name)) return def;
+  return parse_double(get(name), "--" + name, range);
+}
+
+int max_threads() {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return std::min(1024, std::max(4, 4 * cores));
+}
+
+int thread_count(const Args& a) { return a.get_int("threads", 0, 0, max_threads()); }
+
+void check_output_outside_checkpoint(const std::string& output, const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path out(output);
+  const fs::path folder = out.has_parent_path() ? out.parent_path() : fs::path(".");
+  if (out.extension() == ".safetensors" && fs::equivalent(folder, model_dir, ec))
+    throw UsageError("--output " + output + " is a .safetensors file in the checkpoint folder " + model_dir +
+                     " (it would overwrite the checkpoint or be read as a shard of it): write it elsewhere");
+  if (!fs::exists(out, ec)) return;
+  for (fs::directory_iterator it(model_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code same_ec;
+    if (fs::equivalent(out, it->path(), same_ec))
+      throw UsageError("--output " + output + " is the checkpoint's own file " + it->path().string() +
+                       ": write it elsewhere");
+  }
 }
 
 std::vector<int32_t> parse_id_list(const std::string& s, const std::string& what) {

@@ -44,7 +44,7 @@ and speculative.
   --cache-dir DIR    where synthetic checkpoints live (default ~/.cache/nextn)
   --tokens N         decode tokens per measurement (default 64)
   --prompt-tokens N  prompt length (default 64)
-  --threads N        worker threads (default: all cores)
+  --threads N        worker threads, 1 to 4x the cores (default, or 0: all cores)
   --repeats N        passes (default 3; one pass is at the mercy of a noisy machine): decode is measured
                      N times, each right after a bandwidth measurement of its own, and speculation in N
                      interleaved passes over plain, k = 1..4 and tuned k; reported are the medians of the
@@ -349,6 +349,60 @@ std::vector<int32_t> bench_prompt(const std::string& dir, int64_t vocab, int n) 
   return ids;
 }
 
+// Every option of a bench run, checked before any measurement starts (a bad value is refused at once,
+// not after minutes of benchmarking).
+struct BenchOptions {
+  bool json = false, synthetic = false, fp8 = false, dense = false;
+  std::string dir;  // the checkpoint (for --synthetic: where it is written once)
+  int n_tokens = 64, n_prompt = 64, repeats = 3, threads = 0;
+  bool oracle = false;
+  double oracle_p = 0.7;
+};
+
+// Positions a run uses beyond prompt and generated tokens: verify steps of up to 8 rows and drafts.
+constexpr int kBenchExtraPositions = 16;
+
+BenchOptions parse_bench_options(const Args& a) {
+  BenchOptions o;
+  o.json = a.has("json");
+  o.synthetic = a.has("synthetic");
+  if (o.synthetic && a.has("model")) throw UsageError("give --model or --synthetic, not both");
+  for (const char* only_synthetic : {"dtype", "mlp", "cache-dir"})
+    if (!o.synthetic && a.has(only_synthetic))
+      throw UsageError(std::string("--") + only_synthetic + " applies to --synthetic checkpoints only");
+  const std::string dtype = a.get("dtype", "bf16"), mlp = a.get("mlp", "moe");
+  if (dtype != "bf16" && dtype != "fp8") throw UsageError("--dtype must be bf16 or fp8, got '" + dtype + "'");
+  if (mlp != "moe" && mlp != "dense") throw UsageError("--mlp must be moe or dense, got '" + mlp + "'");
+  o.fp8 = dtype == "fp8";
+  o.dense = mlp == "dense";
+  constexpr int kMaxTokens = 1 << 20;  // further bounded by the checkpoint's context below
+  o.n_tokens = a.get_int("tokens", 64, 1, kMaxTokens);
+  o.n_prompt = a.get_int("prompt-tokens", 64, 1, kMaxTokens);
+  o.repeats = a.get_int("repeats", 3, 1, 100);
+  o.threads = thread_count(a);
+  o.oracle = a.has("oracle-acceptance");
+  o.oracle_p = a.get_double("oracle-acceptance", 0.7, {0, 1});
+  if (o.synthetic) {
+    const char* home = std::getenv("HOME");
+    const std::string cache = a.get("cache-dir", std::string(home ? home : "/tmp") + "/.cache/nextn");
+    o.dir = cache + "/synthetic-hy4-v2-" + dtype + (o.dense ? "-dense" : "");
+  } else {
+    o.dir = a.get("model", NEXTN_DEFAULT_MODEL);
+  }
+  return o;
+}
+
+// What the options ask of the checkpoint (its context, MTP layers for --oracle-acceptance), from its config.
+void check_against_config(const BenchOptions& o, const HYV4Config& c) {
+  const int64_t positions = int64_t(o.n_prompt) + o.n_tokens + kBenchExtraPositions;
+  if (positions > c.max_position_embeddings)
+    throw UsageError("--prompt-tokens " + std::to_string(o.n_prompt) + " + --tokens " + std::to_string(o.n_tokens) +
+                     " (+ " + std::to_string(kBenchExtraPositions) + " for verify steps and drafts) exceed " +
+                     o.dir + "'s max_position_embeddings " + std::to_string(c.max_position_embeddings));
+  if (o.oracle && c.num_nextn_predict_layers < 1)
+    throw UsageError("--oracle-acceptance needs a checkpoint with MTP layers; " + o.dir + " has none");
+}
+
 }  // namespace
 
 int run_bench(int argc, char** argv) {
@@ -358,35 +412,25 @@ int run_bench(int argc, char** argv) {
     std::fputs(kBenchUsage, stdout);
     return 0;
   }
-  if (a.has("synthetic") && a.has("model")) throw UsageError("give --model or --synthetic, not both");
-  const std::string dtype = a.get("dtype", "bf16");
-  if (dtype != "bf16" && dtype != "fp8") throw UsageError("--dtype must be bf16 or fp8");
-  const int n_tokens = int(a.get_int("tokens", 64));
-  const int n_prompt = int(a.get_int("prompt-tokens", 64));
-  if (n_tokens < 1 || n_prompt < 1) throw UsageError("--tokens and --prompt-tokens must be >= 1");
-  const int repeats = int(a.get_int("repeats", 3));
-  if (repeats < 1 || repeats > 100) throw UsageError("--repeats must be in [1, 100]");
-  const bool json = a.has("json");
-  ThreadPool pool(int(a.get_int("threads", 0)));
+  if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
+  const BenchOptions o = parse_bench_options(a);
+  if (o.synthetic) {
+    check_against_config(o, parse_hy_v4_config(synthetic_config(o.fp8, o.dense), "synthetic checkpoint"));
+    if (!std::filesystem::exists(o.dir + "/model.safetensors")) {
+      std::fprintf(stderr, "writing synthetic checkpoint to %s ...\n", o.dir.c_str());
+      write_synthetic(o.dir, o.fp8, o.dense);
+    }
+  } else {
+    check_against_config(o, load_hy_v4_config(o.dir));
+  }
+  const std::string& dir = o.dir;
+  const int n_tokens = o.n_tokens, n_prompt = o.n_prompt, repeats = o.repeats;
+  const bool json = o.json;
+  ThreadPool pool(o.threads);
   auto log = [&](const char* fmt, auto... args) {
     if (!json) std::fprintf(stdout, fmt, args...);
     std::fflush(stdout);
   };
-
-  std::string dir;
-  if (a.has("synthetic")) {
-    const char* home = std::getenv("HOME");
-    const std::string cache = a.get("cache-dir", std::string(home ? home : "/tmp") + "/.cache/nextn");
-    const bool dense = a.get("mlp", "moe") == "dense";
-    if (a.get("mlp", "moe") != "moe" && !dense) throw UsageError("--mlp must be moe or dense");
-    dir = cache + "/synthetic-hy4-v2-" + dtype + (dense ? "-dense" : "");
-    if (!std::filesystem::exists(dir + "/model.safetensors")) {
-      std::fprintf(stderr, "writing synthetic checkpoint to %s ...\n", dir.c_str());
-      write_synthetic(dir, dtype == "fp8", dense);
-    }
-  } else {
-    dir = a.get("model", NEXTN_DEFAULT_MODEL);
-  }
 
   nlohmann::json out;
   const double bw = measure_read_bandwidth(pool);
@@ -553,9 +597,8 @@ int run_bench(int argc, char** argv) {
         median(ratio[5]), rt.lo, rt.hi, tst.rounds_at_k_text().c_str());
   }
   out["speculative"] = specs;
-  if (a.has("oracle-acceptance") && m.num_mtp_layers() > 0) {
-    const double p = a.get_double("oracle-acceptance", 0.7);
-    if (!(p >= 0 && p <= 1)) throw UsageError("--oracle-acceptance must be in [0, 1]");
+  if (o.oracle && m.num_mtp_layers() > 0) {
+    const double p = o.oracle_p;
     SamplingParams sp;
     sp.max_tokens = n_tokens;
     SpecOptions plain;

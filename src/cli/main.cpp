@@ -59,7 +59,7 @@ sampled output is distributed exactly as the target's.
                             sampling keeps k = K fixed, so that --seed reproduces its output.
   --no-speculate            plain decoding
   --no-draft-probs          verify as if the draft were one-hot (exact, lower acceptance; for comparison)
-  --temperature T           0 = greedy (default 0)
+  --temperature T           0 = greedy (default 0); tiny values act as their limit, greedy
   --top-k K, --top-p P, --min-p P, --seed S
   --repetition-penalty R, --presence-penalty P, --frequency-penalty F
   --stop TEXT               stop before this text (repeatable; not included in the output)
@@ -68,7 +68,7 @@ sampled output is distributed exactly as the target's.
   --ignore-eos              do not stop at the checkpoint's eos token
   --relaxed-acceptance N,D  LOSSY: also accept drafts in the target's top-N within D of its top probability
   --adaptive THRESHOLD      shrink k while the rolling acceptance rate is under THRESHOLD (probe later)
-  --threads N               worker threads (default: all cores)
+  --threads N               worker threads, 1 to 4x the cores (default, or 0: all cores)
 )";
 
 const char* kTokenizeUsage = R"(usage: nextn tokenize [--model DIR | --tokenizer FILE] --text TEXT
@@ -87,7 +87,7 @@ MTP layer 0 over the prompt, position p fed token p+1 and the target's hidden st
   --ids LIST      prompt token ids, comma separated
   --output FILE   output .safetensors path
   --draft         also write draft_logits
-  --threads N     worker threads (default: all cores)
+  --threads N     worker threads, 1 to 4x the cores (default, or 0: all cores)
 )";
 
 [[noreturn]] void usage_exit(const char* usage, const std::string& msg) {
@@ -138,17 +138,28 @@ std::string default_model() {
 }
 
 // k when --speculative-tokens is not given: generation_config.json's "num_speculative_tokens", else 3.
+// A file that cannot be used is not fatal (generation does not need it) but is never ignored silently.
 int default_speculative_tokens(const std::string& dir) {
-  std::ifstream f(dir + "/generation_config.json");
+  const std::string path = dir + "/generation_config.json";
+  std::ifstream f(path);
   if (!f) return 3;
-  const auto j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
-  if (j.is_object() && j.contains("num_speculative_tokens") && j["num_speculative_tokens"].is_number_integer()) {
-    const int k = j["num_speculative_tokens"].get<int>();
-    if (k >= 1 && k <= 8) return k;
-    std::fprintf(stderr, "nextn: warning: %s/generation_config.json: num_speculative_tokens %d outside 1..8, using 3\n",
-                 dir.c_str(), k);
+  auto warn = [&](const std::string& why) {
+    std::fprintf(stderr, "nextn: warning: %s: %s; using num_speculative_tokens 3\n", path.c_str(), why.c_str());
+    return 3;
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    return warn(std::string("not valid JSON (") + e.what() + ")");
   }
-  return 3;
+  if (!j.is_object()) return warn("not a JSON object");
+  const auto it = j.find("num_speculative_tokens");
+  if (it == j.end()) return 3;
+  if (!it->is_number_integer()) return warn("num_speculative_tokens is " + it->dump() + ", not an integer");
+  const int64_t k = it->get<int64_t>();  // (an unsigned value past int64 reads as negative: out of range too)
+  if (k < 1 || k > 8) return warn("num_speculative_tokens " + it->dump() + " is outside 1..8");
+  return static_cast<int>(k);
 }
 
 bool has_tokenizer(const std::string& dir) { return std::filesystem::exists(dir + "/tokenizer.json"); }
@@ -165,18 +176,17 @@ int run_generate(int argc, char** argv) {
   if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
   if (a.has("ids") && a.has("prompt")) throw UsageError("give either --prompt or --ids, not both");
   SamplingParams sp;
-  sp.max_tokens = static_cast<int>(a.get_int("max-tokens", 64));
-  sp.temperature = static_cast<float>(a.get_double("temperature", 0.0));
-  sp.top_k = static_cast<int>(a.get_int("top-k", 0));
-  sp.top_p = static_cast<float>(a.get_double("top-p", 1.0));
-  sp.min_p = static_cast<float>(a.get_double("min-p", 0.0));
-  sp.seed = static_cast<uint64_t>(a.get_int("seed", 0));
-  sp.repetition_penalty = static_cast<float>(a.get_double("repetition-penalty", 1.0));
-  sp.presence_penalty = static_cast<float>(a.get_double("presence-penalty", 0.0));
-  sp.frequency_penalty = static_cast<float>(a.get_double("frequency-penalty", 0.0));
+  sp.max_tokens = a.get_int("max-tokens", 64, 0, INT32_MAX);
+  sp.temperature = static_cast<float>(a.get_double("temperature", 0.0, {0}));
+  sp.top_k = a.get_int("top-k", 0, 0, INT32_MAX);
+  sp.top_p = static_cast<float>(a.get_double("top-p", 1.0, {0, 1, /*lo_open=*/true}));
+  sp.min_p = static_cast<float>(a.get_double("min-p", 0.0, {0, 1}));
+  sp.seed = a.get_uint64("seed", 0);
+  sp.repetition_penalty = static_cast<float>(a.get_double("repetition-penalty", 1.0, {0, RealRange{0}.hi, true}));
+  sp.presence_penalty = static_cast<float>(a.get_double("presence-penalty", 0.0, {-2, 2}));
+  sp.frequency_penalty = static_cast<float>(a.get_double("frequency-penalty", 0.0, {-2, 2}));
   sp.stop = a.all("stop");
-  sp.logprobs = static_cast<int>(a.get_int("logprobs", -1));
-  if (a.has("logprobs") && (sp.logprobs < 0 || sp.logprobs > 20)) throw UsageError("--logprobs must be in 0..20");
+  sp.logprobs = a.get_int("logprobs", -1, 0, 20);
   for (const auto& s : sp.stop)
     if (s.empty()) throw UsageError("--stop needs a non-empty text");
   for (const auto& s : a.all("stop-id")) {
@@ -192,24 +202,20 @@ int run_generate(int argc, char** argv) {
   so.enabled = !a.has("no-speculate");
   const bool k_auto = a.has("speculative-tokens") && a.get("speculative-tokens") == "auto";
   const bool k_given = a.has("speculative-tokens") && !k_auto;
-  so.num_speculative_tokens = k_given ? static_cast<int>(a.get_int("speculative-tokens", 3)) : 3;
+  so.num_speculative_tokens = k_given ? a.get_int("speculative-tokens", 3, 1, 8) : 3;
   so.use_draft_probs = !a.has("no-draft-probs");
   if (a.has("relaxed-acceptance")) {
     const std::string v = a.get("relaxed-acceptance");
     const auto comma = v.find(',');
     if (comma == std::string::npos) throw UsageError("--relaxed-acceptance expects N,DELTA (e.g. 3,0.1)");
     so.relaxed = true;
-    try {
-      so.relaxed_top_n = std::stoi(v.substr(0, comma));
-      so.relaxed_delta = std::stof(v.substr(comma + 1));
-    } catch (const std::exception&) {
-      throw UsageError("--relaxed-acceptance expects N,DELTA (e.g. 3,0.1)");
-    }
+    so.relaxed_top_n = static_cast<int>(parse_int(v.substr(0, comma), "--relaxed-acceptance N", 1, INT32_MAX));
+    so.relaxed_delta = static_cast<float>(parse_double(v.substr(comma + 1), "--relaxed-acceptance DELTA", {0, 1}));
   }
   if (a.has("adaptive")) {
     if (k_auto) throw UsageError("--speculative-tokens auto and --adaptive are alternatives: give one");
     so.adaptive = true;
-    so.adaptive_threshold = static_cast<float>(a.get_double("adaptive", 0.3));
+    so.adaptive_threshold = static_cast<float>(a.get_double("adaptive", 0.3, {0, 1}));
   }
   so.tune_k = !k_given && !so.adaptive;  // applies to greedy decoding only
   try {
@@ -238,7 +244,7 @@ int run_generate(int argc, char** argv) {
   }
   if (!sp.stop.empty() && !tok) throw UsageError("--stop needs a tokenizer (the model has no tokenizer.json)");
 
-  ThreadPool pool(static_cast<int>(a.get_int("threads", 0)));
+  ThreadPool pool(thread_count(a));
   HYV4Model model(model_dir, &pool);
   model.prefault(/*progress=*/true);
   if (!a.has("ignore-eos"))
@@ -340,8 +346,9 @@ int run_logits(int argc, char** argv) {
   }
   for (const char* req : {"model", "ids", "output"})
     if (!a.has(req)) throw UsageError(std::string("--") + req + " is required");
+  check_output_outside_checkpoint(a.get("output"), a.get("model"));
   auto ids = parse_id_list(a.get("ids"), "--ids");
-  ThreadPool pool(static_cast<int>(a.get_int("threads", 0)));
+  ThreadPool pool(thread_count(a));
   HYV4Model model(a.get("model"), &pool);
   const int64_t T = ids.size(), V = model.config().vocab_size, H = model.config().hidden_size;
   KVCache cache = model.new_cache(T);
