@@ -100,12 +100,31 @@ void require_positive(int64_t v, const std::string& name, const std::string& src
   if (v <= 0) fail(src, "field '" + name + "' must be positive, got " + std::to_string(v));
 }
 
-void require_non_negative(double v, const std::string& name, const std::string& src) {
-  if (!(v >= 0)) {
-    std::ostringstream os;
-    os << v;
-    fail(src, "field '" + name + "' must be non-negative, got " + os.str());
-  }
+void require_at_most(int64_t v, int64_t limit, const std::string& name, const std::string& src) {
+  if (v > limit)
+    fail(src, "field '" + name + "' is " + std::to_string(v) + ", more than nextn supports (" + std::to_string(limit) +
+                  ")");
+}
+
+std::string number_text(double v) {
+  std::ostringstream os;
+  os << v;
+  return os.str();
+}
+
+// A float field's meaningful range; `open_low` excludes `lo`. The forward computes in float32, so a value
+// must also be finite there (1e300 is finite as a double and infinite as a float).
+void require_range(double v, double lo, bool open_low, double hi, const std::string& name, const std::string& src,
+                   const std::string& meaning) {
+  const bool above_low = open_low ? v > lo : v >= lo;
+  if (above_low && v <= hi && std::isfinite(static_cast<float>(v))) return;
+  fail(src, "field '" + name + "' is " + number_text(v) + ", outside " + (open_low ? "(" : "[") + number_text(lo) +
+                ", " + number_text(hi) + "] (" + meaning + ")");
+}
+
+void require_float_finite(double v, const std::string& name, const std::string& src) {
+  if (!std::isfinite(static_cast<float>(v)))
+    fail(src, "field '" + name + "' is " + number_text(v) + ", not a finite float32");
 }
 
 // Per-layer list: null/absent -> default; otherwise a list of num_layers allowed strings.
@@ -214,17 +233,28 @@ void parse_rope(const json& j, HYV4Config& c, const std::string& src) {
       fail(src, "field '" + dname + "' holds per-layer-type parameters ('" + lt + "'), which nextn does not support");
 
   // rope_theta: the dict's own value, else top-level rope_theta, else 10000.
+  std::string theta_field = field("rope_theta");
   if (const json* v = find(dict, "rope_theta")) {
-    r.theta = as_double(*v, field("rope_theta"), src);
+    r.theta = as_double(*v, theta_field, src);
   } else if (const json* t = find(j, "rope_theta")) {
-    r.theta = as_double(*t, "rope_theta", src);
+    theta_field = "rope_theta";
+    r.theta = as_double(*t, theta_field, src);
   }
-  if (!(r.theta > 0)) fail(src, "field '" + field("rope_theta") + "' must be positive");
+  if (!(r.theta > 0)) fail(src, "field '" + theta_field + "' must be positive");
+  // theta^(-2i/dim) must fall from 1 (theta <= 1 has no meaning; theta -> 0 divides by zero in float32).
+  require_range(r.theta, 1.0, true, std::numeric_limits<float>::max(), theta_field, src, "the RoPE base wavelength");
 
   if (const json* v = find(dict, "rope_type")) {
     r.type = as_string(*v, field("rope_type"), src);
   } else if (const json* t = find(dict, "type")) {
     r.type = as_string(*t, field("type"), src);
+  }
+  {
+    // transformers rotates only head_dim * partial_rotary_factor dims; nextn rotates all of qk_rope_head_dim.
+    double prf = 1.0;
+    if (const json* v = find(dict, "partial_rotary_factor")) prf = as_double(*v, field("partial_rotary_factor"), src);
+    else if (const json* t = find(j, "partial_rotary_factor")) prf = as_double(*t, "partial_rotary_factor", src);
+    if (prf != 1.0) fail(src, "field 'partial_rotary_factor' != 1 is not supported (got " + number_text(prf) + ")");
   }
 
   if (r.type == "default") {
@@ -237,22 +267,18 @@ void parse_rope(const json& j, HYV4Config& c, const std::string& src) {
                   "' (nextn supports: default, yarn)");
 
   // ---- yarn ----
-  {
-    double prf = 1.0;
-    if (const json* v = find(dict, "partial_rotary_factor")) prf = as_double(*v, field("partial_rotary_factor"), src);
-    else if (const json* t = find(j, "partial_rotary_factor")) prf = as_double(*t, "partial_rotary_factor", src);
-    if (prf != 1.0) fail(src, "field 'partial_rotary_factor' != 1 is not supported for yarn rope");
-  }
-  if (r.theta <= 1) fail(src, "field '" + field("rope_theta") + "' must be > 1 for yarn rope");
 
   // Pre-training context: a top-level value has priority, then the dict, then max_position_embeddings.
   r.original_max_position_embeddings = c.max_position_embeddings;
   if (const json* t = find(j, "original_max_position_embeddings")) {
     r.original_max_position_embeddings = as_int64(*t, "original_max_position_embeddings", src);
     require_positive(r.original_max_position_embeddings, "original_max_position_embeddings", src);
+    require_at_most(r.original_max_position_embeddings, HYV4Limits::kSize, "original_max_position_embeddings", src);
   } else if (const json* v = find(dict, "original_max_position_embeddings")) {
     r.original_max_position_embeddings = as_int64(*v, field("original_max_position_embeddings"), src);
     require_positive(r.original_max_position_embeddings, field("original_max_position_embeddings"), src);
+    require_at_most(r.original_max_position_embeddings, HYV4Limits::kSize, field("original_max_position_embeddings"),
+                    src);
   }
 
   const json* fv = find(dict, "factor");
@@ -263,6 +289,10 @@ void parse_rope(const json& j, HYV4Config& c, const std::string& src) {
     r.factor = as_double(*fv, field("factor"), src);
   }
   if (!(r.factor > 0)) fail(src, "field '" + field("factor") + "' must be positive");
+  require_float_finite(r.factor, field("factor"), src);
+  if (r.factor < 1)  // transformers warns too: yarn stretches the pre-training context by `factor`
+    c.warnings.push_back("field '" + field("factor") + "' is " + number_text(r.factor) +
+                         " < 1: yarn then shortens the context it was trained for");
 
   auto optional_number = [&](const std::string& k, double& out) {
     const json* v = find(dict, k);
@@ -278,6 +308,15 @@ void parse_rope(const json& j, HYV4Config& c, const std::string& src) {
   b = 0;
   if (optional_number("beta_slow", b) && b != 0) r.beta_slow = b;
   if (const json* v = find(dict, "truncate")) r.truncate = v->is_null() ? false : as_bool(*v, field("truncate"), src);
+  // The ramp between the betas' correction dims takes log(rotations): they must be positive, fast above slow.
+  require_range(r.beta_fast, 0.0, true, 1e6, field("beta_fast"), src, "rotations at the fast end of the yarn ramp");
+  require_range(r.beta_slow, 0.0, true, 1e6, field("beta_slow"), src, "rotations at the slow end of the yarn ramp");
+  if (r.beta_fast < r.beta_slow)
+    fail(src, "field '" + field("beta_fast") + "' (" + number_text(r.beta_fast) + ") is below '" + field("beta_slow") +
+                  "' (" + number_text(r.beta_slow) + "): the yarn ramp would run backwards");
+  require_range(r.mscale, 0.0, false, 100.0, field("mscale"), src, "yarn's magnitude correction coefficient");
+  require_range(r.mscale_all_dim, 0.0, false, 100.0, field("mscale_all_dim"), src,
+                "yarn's magnitude correction coefficient");
 
   double af = 0;
   if (optional_number("attention_factor", af)) {
@@ -288,6 +327,10 @@ void parse_rope(const json& j, HYV4Config& c, const std::string& src) {
     r.attention_factor = yarn_mscale(r.factor, 1.0);
   }
 
+  // cos and sin are multiplied by it (on queries and keys): zero, a sign flip or an overflow has no meaning.
+  require_range(r.attention_factor, 0.0, true, 100.0, field("attention_factor"), src,
+                "yarn's scale of cos and sin, explicit or from mscale / mscale_all_dim");
+
   compute_yarn_inv_freq(r);
 
   double scale = std::pow(static_cast<double>(c.qk_head_dim), -0.5);
@@ -296,6 +339,93 @@ void parse_rope(const json& j, HYV4Config& c, const std::string& src) {
     scale = scale * m * m;
   }
   c.attn_scale = scale;
+}
+
+// Every float field against its meaning in transformers' HYV4 (values that would make the float32 forward
+// infinite or NaN, or that mean nothing, are errors).
+void validate_floats(HYV4Config& c, const std::string& src) {
+  // An RMSNorm of an all-zero row (the MTP layer's embedding at position 0) divides by sqrt(eps).
+  require_range(c.rms_norm_eps, 0.0, true, 1.0, "rms_norm_eps", src, "the epsilon of every RMSNorm and LayerNorm");
+  require_range(c.hc_eps, 0.0, false, 1.0, "hc_eps", src, "the epsilon added to the hyper-connection gates");
+  require_range(c.hc_magnitude, 0.0, true, 100.0, "hc_magnitude", src, "the scale of the hyper-connection post gates");
+  require_range(c.routed_scaling_factor, 0.0, true, 100.0, "routed_scaling_factor", src,
+                "the scale of the routed experts' weights");
+  require_float_finite(c.swiglu_limit, "swiglu_limit", src);
+  require_float_finite(c.learnable_sink_init, "learnable_sink_init", src);
+  if (c.swiglu_limit < 0)
+    c.warnings.push_back("field 'swiglu_limit' is " + number_text(c.swiglu_limit) +
+                         ": the routed experts' SwiGLU clamp is off (as in transformers for any value <= 0)");
+}
+
+// Sizes: positive (where transformers needs them to be) and within HYV4Limits.
+void validate_sizes(const HYV4Config& c, const std::string& src) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"vocab_size", c.vocab_size}, {"hidden_size", c.hidden_size}, {"intermediate_size", c.intermediate_size},
+      {"moe_intermediate_size", c.moe_intermediate_size}, {"max_position_embeddings", c.max_position_embeddings},
+      {"kv_lora_rank", c.kv_lora_rank}, {"index_topk", c.index_topk}};
+  for (const auto& [name, v] : sizes) {
+    require_positive(v, name, src);
+    require_at_most(v, HYV4Limits::kSize, name, src);
+  }
+  if (c.q_lora_rank != -1) {
+    require_positive(c.q_lora_rank, "q_lora_rank", src);
+    require_at_most(c.q_lora_rank, HYV4Limits::kSize, "q_lora_rank", src);
+  }
+  const std::pair<const char*, int64_t> heads_and_dims[] = {
+      {"num_attention_heads", c.num_attention_heads}, {"qk_nope_head_dim", c.qk_nope_head_dim},
+      {"qk_rope_head_dim", c.qk_rope_head_dim},       {"v_head_dim", c.v_head_dim},
+      {"index_head_dim", c.index_head_dim},           {"index_n_heads", c.index_n_heads}};
+  for (const auto& [name, v] : heads_and_dims) {
+    require_positive(v, name, src);
+    require_at_most(v, HYV4Limits::kHeadCountOrDim, name, src);
+  }
+  require_positive(c.num_hidden_layers, "num_hidden_layers", src);
+  require_at_most(c.num_hidden_layers, HYV4Limits::kLayers, "num_hidden_layers", src);
+  require_at_most(c.num_nextn_predict_layers, HYV4Limits::kMtpLayers, "num_nextn_predict_layers", src);
+  require_positive(c.n_routed_experts, "n_routed_experts", src);
+  require_at_most(c.n_routed_experts, HYV4Limits::kCount, "n_routed_experts", src);
+  if (c.n_shared_experts < 0)
+    fail(src, "field 'n_shared_experts' must be non-negative, got " + std::to_string(c.n_shared_experts));
+  require_at_most(c.n_shared_experts, HYV4Limits::kCount, "n_shared_experts", src);
+  require_positive(c.num_experts_per_tok, "num_experts_per_tok", src);
+  require_positive(c.n_group, "n_group", src);
+  require_at_most(c.n_group, HYV4Limits::kExpertGroups, "n_group", src);
+  require_positive(c.topk_group, "topk_group", src);
+  require_positive(c.hc_mult, "hc_mult", src);
+  require_at_most(c.hc_mult, HYV4Limits::kCount, "hc_mult", src);
+  if (c.qk_rope_head_dim % 2 != 0)
+    fail(src, "field 'qk_rope_head_dim' must be even, got " + std::to_string(c.qk_rope_head_dim));
+  if (c.n_routed_experts % c.n_group != 0)
+    fail(src, "field 'n_routed_experts' (" + std::to_string(c.n_routed_experts) + ") must be divisible by 'n_group' (" +
+                  std::to_string(c.n_group) + ")");
+  if (c.topk_group > c.n_group)
+    fail(src, "field 'topk_group' (" + std::to_string(c.topk_group) + ") must not exceed 'n_group' (" +
+                  std::to_string(c.n_group) + ")");
+  if (c.num_experts_per_tok > c.n_routed_experts)
+    fail(src, "field 'num_experts_per_tok' (" + std::to_string(c.num_experts_per_tok) +
+                  ") must not exceed 'n_routed_experts' (" + std::to_string(c.n_routed_experts) + ")");
+  // Token ids are int32 in the engine; an id that does not fit would be truncated into another token.
+  auto token_id = [&](int64_t id, const std::string& name) {
+    if (id < -1 || id > std::numeric_limits<int32_t>::max())
+      fail(src, "field '" + name + "' is " + std::to_string(id) + ", not a token id");
+  };
+  token_id(c.pad_token_id, "pad_token_id");
+  token_id(c.bos_token_id, "bos_token_id");
+  for (int64_t id : c.eos_token_ids) {
+    if (id == -1) fail(src, "field 'eos_token_id' holds -1, not a token id");
+    token_id(id, "eos_token_id");
+  }
+}
+
+// The size fields transformers defaults that config.json leaves out (HYV4Config::defaulted).
+std::vector<std::string> defaulted_sizes(const json& j) {
+  std::vector<std::string> out;
+  for (const char* k : {"vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+                        "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                        "v_head_dim", "index_head_dim", "index_n_heads", "hc_mult", "n_shared_experts"})
+    if (!find(j, k)) out.emplace_back(k);
+  if (!find(j, "n_routed_experts") && !find(j, "num_local_experts")) out.emplace_back("n_routed_experts");
+  return out;
 }
 
 void parse_quant(const json& j, HYV4Config& c, const std::string& src) {
@@ -319,6 +449,7 @@ void parse_quant(const json& j, HYV4Config& c, const std::string& src) {
     for (size_t i = 0; i < v->size(); ++i) {
       int64_t x = as_int64((*v)[i], name + "[" + std::to_string(i) + "]", src);
       require_positive(x, name + "[" + std::to_string(i) + "]", src);
+      require_at_most(x, HYV4Limits::kSize, name + "[" + std::to_string(i) + "]", src);
       qc.weight_block_size.push_back(x);
     }
   }
@@ -355,6 +486,10 @@ bool HYV4Config::is_sparse_mlp(int layer) const {
   if (layer < 0 || layer >= static_cast<int>(mlp_layer_types.size()))
     throw Error("HYV4Config::is_sparse_mlp: layer " + std::to_string(layer) + " out of range");
   return mlp_layer_types[layer] == "sparse";
+}
+
+bool HYV4Config::is_defaulted(const std::string& field) const {
+  return std::find(defaulted.begin(), defaulted.end(), field) != defaulted.end();
 }
 
 bool HYV4Config::has_own_indexer(int layer) const {
@@ -433,42 +568,9 @@ HYV4Config parse_hy_v4_config(const json& j, const std::string& src) {
   else if (const json* t = find(j, "torch_dtype"); t && !t->is_null())
     c.torch_dtype = as_string(*t, "torch_dtype", src);
 
-  // Sizes.
-  require_positive(c.vocab_size, "vocab_size", src);
-  require_positive(c.hidden_size, "hidden_size", src);
-  require_positive(c.intermediate_size, "intermediate_size", src);
-  require_positive(c.moe_intermediate_size, "moe_intermediate_size", src);
-  require_positive(c.num_hidden_layers, "num_hidden_layers", src);
-  require_positive(c.num_attention_heads, "num_attention_heads", src);
-  require_positive(c.max_position_embeddings, "max_position_embeddings", src);
-  require_positive(c.n_routed_experts, "n_routed_experts", src);
-  if (c.n_shared_experts < 0)
-    fail(src, "field 'n_shared_experts' must be non-negative, got " + std::to_string(c.n_shared_experts));
-  require_positive(c.num_experts_per_tok, "num_experts_per_tok", src);
-  require_positive(c.n_group, "n_group", src);
-  require_positive(c.topk_group, "topk_group", src);
-  if (c.q_lora_rank != -1) require_positive(c.q_lora_rank, "q_lora_rank", src);
-  require_positive(c.kv_lora_rank, "kv_lora_rank", src);
-  require_positive(c.qk_nope_head_dim, "qk_nope_head_dim", src);
-  require_positive(c.qk_rope_head_dim, "qk_rope_head_dim", src);
-  if (c.qk_rope_head_dim % 2 != 0)
-    fail(src, "field 'qk_rope_head_dim' must be even, got " + std::to_string(c.qk_rope_head_dim));
-  require_positive(c.v_head_dim, "v_head_dim", src);
-  require_positive(c.index_topk, "index_topk", src);
-  require_positive(c.index_head_dim, "index_head_dim", src);
-  require_positive(c.index_n_heads, "index_n_heads", src);
-  require_positive(c.hc_mult, "hc_mult", src);
-  require_non_negative(c.rms_norm_eps, "rms_norm_eps", src);
-  require_non_negative(c.hc_eps, "hc_eps", src);
-  if (c.n_routed_experts % c.n_group != 0)
-    fail(src, "field 'n_routed_experts' (" + std::to_string(c.n_routed_experts) + ") must be divisible by 'n_group' (" +
-                  std::to_string(c.n_group) + ")");
-  if (c.topk_group > c.n_group)
-    fail(src, "field 'topk_group' (" + std::to_string(c.topk_group) + ") must not exceed 'n_group' (" +
-                  std::to_string(c.n_group) + ")");
-  if (c.num_experts_per_tok > c.n_routed_experts)
-    fail(src, "field 'num_experts_per_tok' (" + std::to_string(c.num_experts_per_tok) +
-                  ") must not exceed 'n_routed_experts' (" + std::to_string(c.n_routed_experts) + ")");
+  validate_sizes(c, src);
+  validate_floats(c, src);
+  c.defaulted = defaulted_sizes(j);
 
   // Derived values.
   c.num_key_value_heads = c.num_attention_heads;

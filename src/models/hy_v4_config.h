@@ -86,10 +86,29 @@ struct HYV4Config {
   std::string mtp_quant_algo;  // empty if absent
   QuantConfig quant;
   std::string torch_dtype;  // from "dtype" (preferred) or "torch_dtype"; empty if absent
+  // Size fields config.json does not set, so that transformers' defaults apply: a load error over a tensor
+  // shape names the defaulted field it contradicts.
+  std::vector<std::string> defaulted;
+  // Accepted values that change what the model computes in a way worth a line on stderr (e.g. a negative
+  // swiglu_limit turns the clamp off); the loader reports them with its own warnings.
+  std::vector<std::string> warnings;
 
   bool is_sparse_mlp(int layer) const;    // mlp_layer_types[layer] == "sparse"
   bool has_own_indexer(int layer) const;  // indexer_types[layer] == "full"
   bool swiglu_clamped() const { return swiglu_limit > 0; }
+  bool is_defaulted(const std::string& field) const;
+};
+
+// Largest sizes nextn accepts from a config, before any tensor is seen: they keep every product of two sizes
+// within int64 and what the config itself allocates (per-layer lists, RoPE tables) small. Each size is then
+// checked against the checkpoint's tensors, which bound what loading and the forward allocate.
+struct HYV4Limits {
+  static constexpr int64_t kSize = 2147483647;       // vocab, hidden, intermediate, LoRA ranks, positions, top-k
+  static constexpr int64_t kHeadCountOrDim = 65536;  // heads, head dims
+  static constexpr int64_t kLayers = 1024;           // num_hidden_layers
+  static constexpr int64_t kMtpLayers = 64;          // num_nextn_predict_layers
+  static constexpr int64_t kCount = 1024;            // n_routed_experts (router buffers), n_shared_experts, hc_mult
+  static constexpr int64_t kExpertGroups = 256;      // n_group (router buffers)
 };
 
 // Parses an already-loaded config.json; `source` (normally the file path) prefixes every error.

@@ -494,6 +494,96 @@ TEST(HYV4Config, RopeErrors) {
                {"rope_parameters", "deepseek_sparse_attention"});
 }
 
+TEST(HYV4Config, FloatFieldsOutsideTheirMeaningAreErrorsNamingFieldAndValue) {
+  struct Case {
+    json config;
+    std::vector<std::string> needles;
+  };
+  auto rope = [](json params) {
+    json y = yarn_config(1.0, 1.0);
+    for (auto& [k, v] : params.items()) y["rope_parameters"][k] = v;
+    return y;
+  };
+  const Case cases[] = {
+      {with(base(), "rms_norm_eps", 1e300), {"'rms_norm_eps' is 1e+300", "(0, 1]"}},  // float32 infinity
+      {with(base(), "rms_norm_eps", 0.0), {"'rms_norm_eps' is 0"}},                    // 0 / 0 on a zero row
+      {with(base(), "rms_norm_eps", -1e-5), {"'rms_norm_eps'"}},
+      {with(base(), "hc_eps", -1.0), {"'hc_eps' is -1"}},
+      {with(base(), "hc_eps", 2.0), {"'hc_eps' is 2"}},
+      {with(base(), "hc_magnitude", 0), {"'hc_magnitude' is 0"}},
+      {with(base(), "hc_magnitude", 1e30), {"'hc_magnitude' is 1e+30"}},
+      {with(base(), "routed_scaling_factor", 1e38), {"'routed_scaling_factor' is 1e+38", "(0, 100]"}},
+      {with(base(), "routed_scaling_factor", -2.5), {"'routed_scaling_factor' is -2.5"}},
+      {with(base(), "swiglu_limit", 1e300), {"'swiglu_limit' is 1e+300", "not a finite float32"}},
+      {with(base(), "learnable_sink_init", -1e39), {"'learnable_sink_init' is -1e+39"}},
+      {with(base(), "rope_parameters", json{{"rope_theta", 1e-300}}), {"'rope_parameters.rope_theta' is 1e-300"}},
+      {with(base(), "rope_theta", 0.5), {"'rope_theta' is 0.5"}},
+      {with(base(), "rope_parameters", json{{"rope_theta", 1e39}}), {"'rope_parameters.rope_theta' is 1e+39"}},
+      {with(base(), "partial_rotary_factor", 0.5), {"partial_rotary_factor", "0.5"}},
+      {rope({{"attention_factor", -1e308}}), {"'rope_parameters.attention_factor' is -1e+308"}},
+      {rope({{"attention_factor", 0.0}}), {"'rope_parameters.attention_factor' is 0"}},
+      {rope({{"beta_fast", 1.0}, {"beta_slow", 32.0}}),
+       {"'rope_parameters.beta_fast' (1) is below 'rope_parameters.beta_slow' (32)"}},
+      {rope({{"beta_slow", -1.0}}), {"'rope_parameters.beta_slow' is -1"}},
+      {rope({{"mscale", -1.0}}), {"'rope_parameters.mscale' is -1"}},
+      {rope({{"mscale_all_dim", 1e9}}), {"'rope_parameters.mscale_all_dim' is 1e+09"}},
+      {rope({{"factor", 1e39}}), {"'rope_parameters.factor' is 1e+39"}},
+      // derived from mscale / mscale_all_dim: (0.1 * 100 * ln(1e6) + 1) / (0.1 * 1e-9 * ln(1e6) + 1)
+      {rope({{"factor", 1e6}, {"mscale", 100.0}, {"mscale_all_dim", 1e-9}}),
+       {"'rope_parameters.attention_factor' is 139.1", "from mscale / mscale_all_dim"}},
+  };
+  for (const Case& c : cases) expect_error(c.config, c.needles);
+}
+
+TEST(HYV4Config, OddButMeaningfulFloatValuesAreAcceptedWithAWarning) {
+  HYV4Config c = parse(with(base(), "swiglu_limit", -1.0));
+  EXPECT_FALSE(c.swiglu_clamped());
+  ASSERT_EQ(c.warnings.size(), 1u);
+  EXPECT_NE(c.warnings[0].find("'swiglu_limit' is -1: the routed experts' SwiGLU clamp is off"), std::string::npos)
+      << c.warnings[0];
+  EXPECT_TRUE(parse(with(base(), "swiglu_limit", 0.0)).warnings.empty());  // 0: off, the documented way
+
+  json y = yarn_config(1.0, 1.0);
+  y["rope_parameters"]["factor"] = 0.5;
+  const HYV4Config d = parse(y);
+  ASSERT_EQ(d.warnings.size(), 1u);
+  EXPECT_NE(d.warnings[0].find("'rope_parameters.factor' is 0.5 < 1"), std::string::npos) << d.warnings[0];
+  EXPECT_TRUE(parse(yarn_config(1.0, 1.0)).warnings.empty());
+  EXPECT_TRUE(parse(base()).warnings.empty());
+}
+
+TEST(HYV4Config, SizesBeyondWhatNextnSupportsAreErrors) {
+  expect_error(with(base(), "hidden_size", int64_t(1) << 40), {"'hidden_size' is 1099511627776", "more than nextn"});
+  expect_error(with(base(), "vocab_size", int64_t(1) << 31), {"'vocab_size' is 2147483648"});
+  expect_error(with(base(), "num_hidden_layers", 100000), {"'num_hidden_layers' is 100000"});
+  expect_error(with(base(), "num_nextn_predict_layers", 1000), {"'num_nextn_predict_layers' is 1000"});
+  expect_error(with(base(), "qk_rope_head_dim", 1 << 20), {"'qk_rope_head_dim' is 1048576"});
+  expect_error(with(base(), "num_attention_heads", 1 << 20), {"'num_attention_heads' is 1048576"});
+  expect_error(with(with(base(), "n_routed_experts", 2048), "num_experts_per_tok", 8), {"'n_routed_experts' is 2048"});
+  expect_error(with(with(base(), "n_routed_experts", 1024), "n_group", 512), {"'n_group' is 512"});
+  expect_error(with(base(), "hc_mult", 1 << 20), {"'hc_mult' is 1048576"});
+  expect_error(with(base(), "index_topk", int64_t(1) << 40), {"'index_topk' is 1099511627776"});
+  expect_error(with(base(), "quantization_config", json{{"weight_block_size", {int64_t(1) << 40, 128}}}),
+               {"weight_block_size[0]"});
+  expect_error(with(base(), "eos_token_id", int64_t(1) << 33), {"'eos_token_id' is 8589934592", "not a token id"});
+  expect_error(with(base(), "eos_token_id", json::array({2, -1})), {"'eos_token_id' holds -1"});
+  expect_error(with(base(), "bos_token_id", -7), {"'bos_token_id' is -7"});
+  // The largest accepted values parse (nothing is allocated by their size).
+  HYV4Config c = parse(with(with(base(), "index_topk", 2147483647), "max_position_embeddings", 2147483647));
+  EXPECT_EQ(c.index_topk, 2147483647);
+}
+
+TEST(HYV4Config, RecordsTheSizeFieldsThatTookTransformersDefaults) {
+  const HYV4Config d = parse(base());
+  for (const char* f : {"vocab_size", "hidden_size", "num_hidden_layers", "n_routed_experts", "kv_lora_rank"})
+    EXPECT_TRUE(d.is_defaulted(f)) << f;
+  json j = with(with(base(), "hidden_size", 64), "num_local_experts", 16);
+  const HYV4Config c = parse(j);
+  EXPECT_FALSE(c.is_defaulted("hidden_size"));
+  EXPECT_FALSE(c.is_defaulted("n_routed_experts"));  // set through its alias
+  EXPECT_TRUE(c.is_defaulted("vocab_size"));
+}
+
 class HYV4ConfigFiles : public ::testing::Test {
  protected:
   void SetUp() override {
