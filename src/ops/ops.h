@@ -38,7 +38,10 @@ struct Linear {
 
 namespace ops {
 
-// y[M, w.out] = x[M, w.in] · wᵀ (+ bias). x rows are contiguous with stride x_stride (default w.in).
+// y[M, w.out] = x[M, w.in] · wᵀ (+ bias). x rows are contiguous with stride x_stride (default w.in), y rows
+// y_stride apart (default w.out): x holds (M - 1) · x_stride + w.in floats, y (M - 1) · y_stride + w.out,
+// and only those are read or written. The weight's bytes are those of `out` rows of row_stride elements, the
+// last row `in` long; FP8 scales hold ceil((scale_row0 + out) / block_out) rows of scale_cols entries.
 void matmul(ThreadPool* pool, const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride = -1,
             int64_t y_stride = -1);
 
@@ -60,7 +63,7 @@ void matmul_transposed(const float* x, const Linear& w, float* y);
 // w decoded once for up to 6 rows; each row's values are those of the one-row call.
 void matmul_transposed(const float* x, int64_t M, int64_t x_stride, const Linear& w, float* y, int64_t y_stride);
 
-// Dequantizes row r of w into out[w.in].
+// Dequantizes row r of w into out[w.in] (exactly w.in floats written).
 void dequant_row(const Linear& w, int64_t r, float* out);
 
 }  // namespace ops
@@ -86,24 +89,28 @@ void rope_tables(const float* inv_freq, int64_t half, int64_t position, float at
 void swiglu(const float* gate, const float* up, int64_t n, float limit, float* out);
 // out[i] = x[i] * sigmoid(g[i]).
 void mul_sigmoid(const float* x, const float* g, int64_t n, float* out);
-// DSA indexer scores: out[j] = Σ_h w[h] · relu(q[h] · keys[j]) for q [heads, dim], keys [n, dim].
+// DSA indexer scores: out[j] = Σ_h w[h] · relu(q[h] · keys[j]) for q [heads, dim], w [heads], keys [n, dim],
+// out [n] (the kernel's own scratch is per thread).
 void indexer_scores(const float* q, const float* w, int64_t heads, int64_t dim, const float* keys, int64_t n,
                     float* out);
 // In place: x[j] <- exp(scale·x[j] - m) / (exp(sink - m) + Σ_i exp(scale·x[i] - m)), m the largest of sink
 // and scale·x (an attention sink: a logit in the normalization with no value).
 void softmax_with_sink(float* x, int64_t n, float scale, float sink);
 // out[i] = Σ_j p[j] · row(j)[i] for i < dim, j ascending; row(j) = rows + (idx ? idx[j] : j) * stride.
+// Reads p[n], idx[n] and the first dim floats of each row(j); writes out[dim].
 void weighted_row_sum(const float* p, const float* rows, int64_t n, int64_t dim, int64_t stride, float* out,
                       const int32_t* idx = nullptr);
 // out[h * out_stride + j] = q[h * q_stride, +dim) · row(j)[0, dim) for h < heads, j < n, with row(j) = rows +
 // (idx ? idx[j] : j) * row_stride: attention scores over selected cache rows without gathering them. The
-// values are those of ops::matmul(q, heads, rows gathered as an f32 weight).
+// values are those of ops::matmul(q, heads, rows gathered as an f32 weight). Reads the first dim floats of
+// each q row and row(j); writes out[h * out_stride + j] only.
 void gathered_dots(const float* q, int64_t heads, int64_t q_stride, const float* rows, int64_t row_stride,
                    const int32_t* idx, int64_t n, int64_t dim, float* out, int64_t out_stride);
 inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 float dot(const float* a, const float* b, int64_t n);
 // Indices of the k largest values of x[0..n) (ties: lower index first), written ascending.
-// Returns the count min(k, n). scratch must hold n floats.
+// Returns the count min(k, n) (0 for k <= 0): out must hold that many indices, and nothing past them is
+// written. scratch must hold n floats.
 int64_t topk_ascending(const float* x, int64_t n, int64_t k, int32_t* out, float* scratch);
 
 }  // namespace nextn::ops

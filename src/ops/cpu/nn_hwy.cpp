@@ -312,7 +312,10 @@ int64_t TopkAscending(const float* x, int64_t n, int64_t k, int32_t* out, float*
       continue;
     }
     ties -= neq;
-    m += static_cast<int64_t>(hn::CompressStore(hn::Iota(di, static_cast<int32_t>(i)), hn::Or(hn::Gt(kv, tv), eq), di, out + m));
+    // CompressBlendedStore writes only the selected lanes; CompressStore may write all N (it does on
+    // targets without a native compress-store, AVX2 and the scalar ones), past out's k slots.
+    m += static_cast<int64_t>(
+        hn::CompressBlendedStore(hn::Iota(di, static_cast<int32_t>(i)), hn::Or(hn::Gt(kv, tv), eq), di, out + m));
   }
   for (; i < n; ++i) scalar(i);
   return m;
