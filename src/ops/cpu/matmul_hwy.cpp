@@ -43,6 +43,7 @@
 
 #include "ops/cpu/matmul_kernels.h"
 #include "ops/cpu/reduce-inl.h"
+#include "ops/cpu/target_env.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
@@ -884,6 +885,9 @@ void matmul_transposed(const float* x, int64_t M, int64_t x_stride, const Weight
 }
 const char* active_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 int64_t compiled_targets() { return HWY_TARGETS; }
+
+// NEXTN_CPU_TARGET is applied before main, so before the first kernel call of any program with these kernels.
+[[maybe_unused]] const bool kCpuTargetApplied = (cpu_target::apply_env(), true);
 
 }  // namespace nextn::matmul_kernels
 #endif  // HWY_ONCE

@@ -23,6 +23,7 @@
 #include "hwy/contrib/math/math-inl.h"
 #include "ops/ops.h"
 #include "ops/cpu/reduce-inl.h"
+#include "ops/cpu/target_env.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
@@ -335,6 +336,9 @@ HWY_EXPORT(GatheredDots);
 HWY_EXPORT(Swiglu);
 HWY_EXPORT(MulSigmoid);
 HWY_EXPORT(TopkAscending);
+
+// NEXTN_CPU_TARGET is applied before main (also when these kernels are linked without the matmul ones).
+[[maybe_unused]] const bool kCpuTargetApplied = (cpu_target::apply_env(), true);
 
 }  // namespace nextn::nn_kernels
 
