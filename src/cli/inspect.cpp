@@ -1,4 +1,4 @@
-// `nextn inspect DIR [--json]`: prints what loading the checkpoint in DIR involves (architecture, sizes,
+// `nextn inspect DIR [--json] [--scan]`: prints what loading the checkpoint in DIR involves (architecture, sizes,
 // layer kinds, quantization, MTP layers, tensor naming) and every warning or error the loader would give.
 #include <cstdio>
 #include <cstring>
@@ -12,13 +12,15 @@ namespace nextn::cli {
 namespace {
 
 const char kUsage[] =
-    "usage: nextn inspect DIR [--json]\n"
+    "usage: nextn inspect DIR [--json] [--scan]\n"
     "\n"
     "Describes the HY V4 checkpoint in DIR (config.json + *.safetensors) without loading it: architecture,\n"
     "sizes (parameters, bytes by dtype), layer kinds, quantization, MTP layers (naming, mtp_quant_algo),\n"
     "tensor-name form, and the warnings and errors loading it would give.\n"
     "\n"
     "  --json     print one JSON object instead of text\n"
+    "  --scan     also read every value and name each tensor holding NaN or inf (reads the whole checkpoint;\n"
+    "             such a checkpoint is reported as not loadable)\n"
     "  -h, --help print this help\n"
     "\n"
     "Exit status: 0 when the checkpoint loads, 1 when loading would fail, 2 on bad arguments.\n";
@@ -27,7 +29,7 @@ const char kUsage[] =
 
 int run_inspect(int argc, char** argv) {
   std::string dir;
-  bool json = false;
+  bool json = false, scan = false;
   // argv as main() received it: argv[1] is the command name (tolerated absent).
   const int first = argc > 1 && std::strcmp(argv[1], "inspect") == 0 ? 2 : 1;
   for (int i = first; i < argc; ++i) {
@@ -38,6 +40,8 @@ int run_inspect(int argc, char** argv) {
     }
     if (std::strcmp(a, "--json") == 0) {
       json = true;
+    } else if (std::strcmp(a, "--scan") == 0) {
+      scan = true;
     } else if (a[0] == '-' && a[1] != '\0') {
       std::fprintf(stderr, "nextn inspect: unknown option '%s'\n%s", a, kUsage);
       return 2;
@@ -52,7 +56,7 @@ int run_inspect(int argc, char** argv) {
     std::fprintf(stderr, "nextn inspect: missing DIR\n%s", kUsage);
     return 2;
   }
-  const CheckpointInfo info = inspect_checkpoint(dir);
+  const CheckpointInfo info = inspect_checkpoint(dir, scan);
   if (json)
     std::printf("%s\n", checkpoint_info_json(info).dump(2).c_str());
   else

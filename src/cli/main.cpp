@@ -354,6 +354,7 @@ int run_logits(int argc, char** argv) {
   KVCache cache = model.new_cache(T);
   std::vector<float> logits(T * V), hidden(T * H);
   model.forward(ids.data(), T, cache, logits.data(), hidden.data());
+  require_finite(logits.data(), T, V, "logits: not writing " + a.get("output") + ": the target's logits");
   SafetensorsWriter w;
   w.add_f32("logits", {T, V}, logits.data());
   if (a.has("draft")) {
@@ -362,6 +363,7 @@ int run_logits(int argc, char** argv) {
     KVCache dc = model.new_draft_cache(T);
     std::vector<float> dl((T - 1) * V);
     model.draft_forward(0, ids.data() + 1, hidden.data(), T - 1, 0, dc, dl.data(), nullptr);
+    require_finite(dl.data(), T - 1, V, "logits: not writing " + a.get("output") + ": MTP layer 0's draft_logits");
     w.add_f32("draft_logits", {T - 1, V}, dl.data());
   }
   w.write(a.get("output"));

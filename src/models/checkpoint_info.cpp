@@ -3,9 +3,12 @@
 #include "models/checkpoint_info.h"
 
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <sstream>
+
+#include <unistd.h>
 
 #include "core/error.h"
 
@@ -35,16 +38,16 @@ bool is_mtp_tensor(const std::string& n, int num_hidden_layers) {
   return std::stoi(n.substr(i, j - i)) >= num_hidden_layers;
 }
 
-std::string human_bytes(int64_t b) {
+std::string human_bytes(double b) {
   char buf[64];
-  if (b >= (int64_t(1) << 30))
-    std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(int64_t(1) << 30));
-  else if (b >= (int64_t(1) << 20))
-    std::snprintf(buf, sizeof buf, "%.2f MiB", double(b) / double(1 << 20));
+  if (b >= double(int64_t(1) << 30))
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(int64_t(1) << 30));
+  else if (b >= double(1 << 20))
+    std::snprintf(buf, sizeof buf, "%.2f MiB", b / double(1 << 20));
   else if (b >= 1024)
-    std::snprintf(buf, sizeof buf, "%.1f KiB", double(b) / 1024.0);
+    std::snprintf(buf, sizeof buf, "%.1f KiB", b / 1024.0);
   else
-    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(b));
+    std::snprintf(buf, sizeof buf, "%.0f B", b);
   return buf;
 }
 
@@ -57,9 +60,89 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return r;
 }
 
+// How many of the n elements at `data` (element type T, possibly unaligned) `is_bad` flags, and the first.
+template <class T, class IsBad>
+NonFiniteCount count_bad(const void* data, int64_t n, IsBad is_bad) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  auto at = [&](int64_t i) {
+    T v;
+    std::memcpy(&v, bytes + i * int64_t(sizeof(T)), sizeof(T));
+    return is_bad(v);
+  };
+  NonFiniteCount c;
+  for (int64_t i = 0; i < n; ++i) c.count += at(i) ? 1 : 0;  // (no early exit: the loop vectorizes)
+  for (int64_t i = 0; c.count > 0 && i < n; ++i)
+    if (at(i)) {
+      c.first = i;
+      break;
+    }
+  return c;
+}
+
+// NaN / inf of one tensor, by the bit patterns of its dtype; false when the dtype holds none (integers).
+bool scan_tensor(const TensorView& t, NonFiniteCount& out) {
+  const int64_t n = t.numel();
+  switch (t.dtype) {
+    case DType::F32:
+      out = count_bad<uint32_t>(t.data, n, [](uint32_t v) { return (v & 0x7f800000u) == 0x7f800000u; });
+      return true;
+    case DType::F64:
+      out = count_bad<uint64_t>(t.data, n,
+                                [](uint64_t v) { return (v & 0x7ff0000000000000ull) == 0x7ff0000000000000ull; });
+      return true;
+    case DType::BF16:
+      out = count_bad<uint16_t>(t.data, n, [](uint16_t v) { return (v & 0x7f80u) == 0x7f80u; });
+      return true;
+    case DType::F16:
+      out = count_bad<uint16_t>(t.data, n, [](uint16_t v) { return (v & 0x7c00u) == 0x7c00u; });
+      return true;
+    case DType::F8_E4M3:  // float8_e4m3fn has no inf; S.1111.111 is NaN
+      out = count_bad<uint8_t>(t.data, n, [](uint8_t v) { return (v & 0x7fu) == 0x7fu; });
+      return true;
+    case DType::F8_E8M0:
+      out = count_bad<uint8_t>(t.data, n, [](uint8_t v) { return v == 0xffu; });
+      return true;
+    case DType::U8:  // raw ue8m0 exponents when the tensor is a block scale (the loader reads them so)
+      if (!is_scale_tensor(t.name)) return false;
+      out = count_bad<uint8_t>(t.data, n, [](uint8_t v) { return v == 0xffu; });
+      return true;
+    default:
+      return false;
+  }
+}
+
+// A whole-context KV cache's size, and a warning when this machine could not hold it (generate refuses a
+// prompt + max_tokens whose caches do not fit in memory).
+void note_context_cache(CheckpointInfo& info, LoadReport& r) {
+  const HYV4Config& c = info.config;
+  const double key = double(c.kv_lora_rank + c.qk_rope_head_dim), index_key = double(c.index_head_dim);
+  double floats_per_position = double(c.num_nextn_predict_layers) * (key + index_key);
+  for (int i = 0; i < c.num_hidden_layers; ++i) floats_per_position += key + (c.has_own_indexer(i) ? index_key : 0);
+  const double bytes_per_position = floats_per_position * sizeof(float);
+  info.context_cache_bytes = bytes_per_position * double(c.max_position_embeddings);
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  const double ram = pages > 0 && page > 0 ? double(pages) * double(page) : 0;
+  if (ram > 0 && info.context_cache_bytes > ram)
+    r.warnings.push_back("KV caches for the whole context (max_position_embeddings " +
+                         std::to_string(c.max_position_embeddings) + ") take " + human_bytes(info.context_cache_bytes) +
+                         ", more than this machine's memory (" + human_bytes(ram) + "): generate refuses a prompt + "
+                         "max_tokens beyond about " + std::to_string(int64_t(ram / bytes_per_position)) + " tokens");
+}
+
 }  // namespace
 
-CheckpointInfo inspect_checkpoint(const std::string& dir) {
+std::vector<NonFiniteTensor> scan_non_finite(const WeightStore& store) {
+  std::vector<NonFiniteTensor> found;
+  for (const std::string& name : store.names()) {
+    const TensorView* t = store.find(name);
+    NonFiniteCount bad;
+    if (!scan_tensor(*t, bad) || bad.count == 0) continue;
+    found.push_back({name, store.file_of(name), dtype_name(t->dtype), bad.count, bad.first});
+  }
+  return found;
+}
+
+CheckpointInfo inspect_checkpoint(const std::string& dir, bool scan) {
   CheckpointInfo info;
   info.dir = dir;
   LoadReport& r = info.report;
@@ -113,6 +196,15 @@ CheckpointInfo inspect_checkpoint(const std::string& dir) {
   info.quant = resolve_quant_plan(info.config, scratch);
   HYV4Weights w;
   bind_hy_v4_weights(info.config, *store, w, r);
+  if (r.ok()) note_context_cache(info, r);
+  if (scan) {
+    info.scanned = true;
+    info.scanned_tensors = static_cast<int64_t>(store->size());
+    info.non_finite = scan_non_finite(*store);
+    for (const NonFiniteTensor& t : info.non_finite)
+      r.errors.push_back("tensor '" + t.name + "' in " + t.file + " (" + t.dtype + ") has " + std::to_string(t.count) +
+                         " non-finite value(s) (NaN or inf), the first at index " + std::to_string(t.first));
+  }
   info.loadable = r.ok();
   return info;
 }
@@ -146,6 +238,8 @@ nlohmann::json checkpoint_info_json(const CheckpointInfo& info) {
         {"index_head_dim", c.index_head_dim},
         {"index_topk", c.index_topk},
         {"hc_mult", c.hc_mult},
+        {"max_position_embeddings", c.max_position_embeddings},
+        {"context_cache_bytes", info.context_cache_bytes},
         {"tensors", info.num_tensors},
         {"params", info.params},
         {"mtp_params", info.mtp_params},
@@ -184,6 +278,12 @@ nlohmann::json checkpoint_info_json(const CheckpointInfo& info) {
     };
     j["tensor_names"] = {{"forms", r.name_forms}, {"features", r.name_features}, {"expert_layout", r.expert_layout}};
   }
+  if (info.scanned) {
+    json bad = json::array();
+    for (const NonFiniteTensor& t : info.non_finite)
+      bad.push_back({{"tensor", t.name}, {"file", t.file}, {"dtype", t.dtype}, {"count", t.count}, {"first_index", t.first}});
+    j["scan"] = {{"tensors", info.scanned_tensors}, {"non_finite", bad}};
+  }
   j["infos"] = r.infos;
   j["warnings"] = r.warnings;
   j["missing"] = r.missing;
@@ -207,6 +307,9 @@ std::string checkpoint_info_text(const CheckpointInfo& info) {
       << c.n_routed_experts << " routed (top-" << c.num_experts_per_tok << ", I " << c.moe_intermediate_size << ") + "
       << c.n_shared_experts << " shared, dense I " << c.intermediate_size << ", indexer " << c.index_n_heads << "x"
       << c.index_head_dim << " top-" << c.index_topk << ", hc_mult " << c.hc_mult << "\n";
+    if (info.context_cache_bytes > 0)
+      o << "context:       " << c.max_position_embeddings << " positions; KV caches of a whole-context sequence "
+        << human_bytes(info.context_cache_bytes) << "\n";
     o << "tensors:       " << info.num_tensors << ", " << info.params << " params (MTP " << info.mtp_params << "), "
       << human_bytes(info.total_bytes) << "\n";
     for (const auto& [dt, b] : info.bytes_by_dtype)
@@ -240,6 +343,11 @@ std::string checkpoint_info_text(const CheckpointInfo& info) {
       << r.expert_layout << "\n";
     for (const auto& f : r.name_features) o << "  " << f << "\n";
   }
+  if (info.scanned)
+    o << "scan:          " << info.scanned_tensors << " tensors read, "
+      << (info.non_finite.empty() ? std::string("no NaN or inf")
+                                  : std::to_string(info.non_finite.size()) + " with NaN or inf (errors below)")
+      << "\n";
   for (const auto& s : r.infos) o << "info: " << s << "\n";
   for (const auto& s : r.warnings) o << "warning: " << s << "\n";
   if (!r.ok()) o << "error: " << r.error_message(info.dir) << "\n";

@@ -55,6 +55,18 @@ QuantPlan resolve_quant_plan(const HYV4Config& c, LoadReport& report);
 // checkpoint problems: they are collected in `report`. `w` is only usable when report.ok().
 void bind_hy_v4_weights(const HYV4Config& c, const WeightStore& store, HYV4Weights& w, LoadReport& report);
 
+// A tensor holding NaN or inf (for its dtype: f32 / f64 / bf16 / f16 exponent all ones, e4m3 0x7f / 0xff,
+// e8m0 and ue8m0 (U8) scales 0xff).
+struct NonFiniteTensor {
+  std::string name, file, dtype;
+  int64_t count = 0;  // values that are NaN or inf
+  int64_t first = -1;  // flat index of the first
+};
+
+// Reads every value of every float tensor in `store` (and of U8 block scales, read as ue8m0) and lists the
+// tensors with non-finite values, in name order. Reads the whole checkpoint: `nextn inspect --scan`.
+std::vector<NonFiniteTensor> scan_non_finite(const WeightStore& store);
+
 // Everything `nextn inspect DIR` reports.
 struct CheckpointInfo {
   std::string dir;
@@ -72,11 +84,18 @@ struct CheckpointInfo {
 
   QuantPlan quant;
   LoadReport report;
+  // Bytes of the KV caches (target and MTP layers) of one sequence as long as the context
+  // (max_position_embeddings): the most a generation allocates for them (0 when the binding failed).
+  double context_cache_bytes = 0;
+  bool scanned = false;                   // every value was read (--scan)
+  int64_t scanned_tensors = 0;
+  std::vector<NonFiniteTensor> non_finite;  // when scanned; each is also an error in `report`
   bool loadable = false;
 };
 
-// Opens DIR's config and tensors and runs the loader's binding without keeping the model.
-CheckpointInfo inspect_checkpoint(const std::string& dir);
+// Opens DIR's config and tensors and runs the loader's binding without keeping the model; with `scan`, also
+// reads every value (scan_non_finite) and counts a non-finite one as an error.
+CheckpointInfo inspect_checkpoint(const std::string& dir, bool scan = false);
 nlohmann::json checkpoint_info_json(const CheckpointInfo& info);
 std::string checkpoint_info_text(const CheckpointInfo& info);
 

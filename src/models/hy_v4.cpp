@@ -4,6 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
+#include <new>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/profile.h"
@@ -22,6 +26,67 @@ struct AttentionScratch {
   int64_t kr() const { return kvl + rope; }  // a key: latent, then rotated rope part
   int64_t floats() const { return nh * kmax; }  // scores of all heads of one query row
 };
+
+NonFiniteCount count_non_finite(const float* x, int64_t n) {
+  NonFiniteCount c;
+  if (all_finite(x, n)) return c;
+  for (int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(x[i])) {
+      if (c.count++ == 0) c.first = i;
+    }
+  return c;
+}
+
+bool all_finite(const float* x, int64_t n) {
+  // The largest magnitude's bits: an exponent of all ones (inf, NaN) is the only pattern at or above 0x7f800000.
+  uint32_t worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, 4);
+    worst = std::max(worst, bits & 0x7fffffffu);
+  }
+  return worst < 0x7f800000u;
+}
+
+void require_finite(const float* x, int64_t rows, int64_t cols, const std::string& what) {
+  if (all_finite(x, rows * cols)) return;
+  const NonFiniteCount bad = count_non_finite(x, rows * cols);
+  throw Error(what + " hold " + std::to_string(bad.count) + " non-finite value(s) (NaN or inf), the first at row " +
+              std::to_string(bad.first / cols) + ", column " + std::to_string(bad.first % cols) +
+              "; check the checkpoint with `nextn inspect --scan`");
+}
+
+namespace {
+
+// a * b for sizes, or nextn::Error naming `what` when it does not fit in int64.
+int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
+  int64_t r;
+  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r)) throw Error(what + ": size overflows int64");
+  return r;
+}
+
+int64_t checked_add(int64_t a, int64_t b, const std::string& what) {
+  int64_t r;
+  if (__builtin_add_overflow(a, b, &r)) throw Error(what + ": size overflows int64");
+  return r;
+}
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(int64_t(1) << 30));
+  return buf;
+}
+
+// Refuses `bytes` beyond this machine's physical memory before allocating them (what cannot be resident would
+// swap or be killed, never run).
+void require_memory(int64_t bytes, const std::string& what) {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return;
+  const int64_t ram = int64_t(pages) * int64_t(page);
+  if (bytes > ram) throw Error(what + " needs " + gib(bytes) + ", more than this machine's memory (" + gib(ram) + ")");
+}
+
+}  // namespace
 
 HYV4Model::~HYV4Model() = default;
 
@@ -98,34 +163,50 @@ size_t HYV4Model::weight_bytes_total() const {
 size_t HYV4Model::last_forward_weight_bytes() const { return weight_bytes_with(last_routed_bytes_); }
 
 KVCache HYV4Model::new_cache(int64_t capacity) const {
-  std::vector<LayerCache> layers(w_.layers.size());
-  for (size_t i = 0; i < layers.size(); ++i) {
-    LayerCache& lc = layers[i];
-    lc.kv_lora = cfg_.kv_lora_rank;
-    lc.rope = cfg_.qk_rope_head_dim;
-    lc.keys.assign(capacity * lc.key_width(), 0.0f);
-    if (w_.layers[i].attn.has_indexer) {
-      lc.index_dim = cfg_.index_head_dim;
-      lc.index_k.assign(capacity * lc.index_dim, 0.0f);
-    }
-  }
-  return KVCache(capacity, std::move(layers));
+  std::vector<bool> indexer_keys(w_.layers.size());
+  for (size_t i = 0; i < indexer_keys.size(); ++i) indexer_keys[i] = w_.layers[i].attn.has_indexer;
+  return make_cache(capacity, indexer_keys, "KV cache");
 }
 
 KVCache HYV4Model::new_draft_cache(int64_t capacity) const {
-  std::vector<LayerCache> layers(1);
-  for (LayerCache& lc : layers) {
-    lc.kv_lora = cfg_.kv_lora_rank;
-    lc.rope = cfg_.qk_rope_head_dim;
-    lc.index_dim = cfg_.index_head_dim;
-    lc.keys.assign(capacity * lc.key_width(), 0.0f);
-    lc.index_k.assign(capacity * lc.index_dim, 0.0f);
+  return make_cache(capacity, {true}, "MTP draft KV cache");
+}
+
+KVCache HYV4Model::make_cache(int64_t capacity, const std::vector<bool>& indexer_keys, const char* what) const {
+  const int64_t context = cfg_.max_position_embeddings;
+  if (capacity < 0 || capacity > context)
+    throw Error(std::string(what) + " of " + std::to_string(capacity) +
+                " positions: outside the model's context (max_position_embeddings = " + std::to_string(context) + ")");
+  const int64_t key_width = cfg_.kv_lora_rank + cfg_.qk_rope_head_dim, index_dim = cfg_.index_head_dim;
+  int64_t floats = 0;
+  for (bool has_index : indexer_keys)
+    floats = checked_add(floats, checked_mul(capacity, key_width + (has_index ? index_dim : 0), what), what);
+  const std::string described = std::string("a ") + what + " of " + std::to_string(capacity) + " positions";
+  require_memory(checked_mul(floats, int64_t(sizeof(float)), what), described);
+  std::vector<LayerCache> layers(indexer_keys.size());
+  try {
+    for (size_t i = 0; i < layers.size(); ++i) {
+      LayerCache& lc = layers[i];
+      lc.kv_lora = cfg_.kv_lora_rank;
+      lc.rope = cfg_.qk_rope_head_dim;
+      lc.keys.assign(capacity * lc.key_width(), 0.0f);
+      if (indexer_keys[i]) {
+        lc.index_dim = index_dim;
+        lc.index_k.assign(capacity * lc.index_dim, 0.0f);
+      }
+    }
+  } catch (const std::bad_alloc&) {
+    throw Error("cannot allocate " + described + " (" + gib(floats * int64_t(sizeof(float))) + ")");
   }
   return KVCache(capacity, std::move(layers));
 }
 
 // ---------------------------------------------------------------------------------------------------
 // Forward
+
+int64_t HYV4Model::topk_stride() const {
+  return std::min<int64_t>(std::max<int64_t>(cfg_.index_topk, 1), ws_max_seq_);
+}
 
 void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   if (S <= ws_.rows && max_seq <= ws_max_seq_) return;
@@ -135,50 +216,69 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   const int64_t H = c.hidden_size, C = c.hc_mult, nh = c.num_attention_heads;
   const int64_t I2 = std::max(2 * c.moe_intermediate_size * std::max(1, c.n_shared_experts), 2 * c.intermediate_size);
   const int threads = pool_ ? pool_->size() : 1;
+  const int64_t topk = std::min<int64_t>(std::max<int64_t>(c.index_topk, 1), max_seq);  // topk_stride() once grown
+  // Every buffer's size is a product of checked factors, and their sum must fit in memory, before any of them
+  // is allocated (a prompt of the whole context has [S, max_seq] index scores).
+  const std::string what = "the forward's workspace for " + std::to_string(S) + " rows over " +
+                           std::to_string(max_seq) + " positions";
+  int64_t bytes = 0;
+  std::vector<std::function<void()>> allocations;
+  auto plan = [&](auto& buf, std::initializer_list<int64_t> dims) {
+    using T = typename std::decay_t<decltype(buf)>::value_type;
+    int64_t n = 1;
+    for (int64_t d : dims) n = checked_mul(n, d, what);
+    bytes = checked_add(bytes, checked_mul(n, int64_t(sizeof(T)), what), what);
+    allocations.push_back([&buf, n] { buf.assign(static_cast<size_t>(n), T{}); });
+  };
   HYV4Workspace& w = ws_;
-  w.rows = S;
-  ws_max_seq_ = max_seq;
-  w.streams.assign(S * C * H, 0);
-  w.x.assign(S * H, 0);
-  w.xn.assign(S * H, 0);
-  w.y.assign(S * H, 0);
-  w.mixes.assign(S * 2 * C, 0);
-  w.q_resid.assign(S * c.q_lora_rank, 0);
-  w.q.assign(S * nh * c.qk_head_dim, 0);
-  w.kv_a.assign(S * (c.kv_lora_rank + c.qk_rope_head_dim), 0);
-  w.gate.assign(S * nh * c.v_head_dim, 0);
-  w.attn.assign(S * nh * c.v_head_dim, 0);
-  w.iq.assign(S * c.index_n_heads * c.index_head_dim, 0);
-  w.ik.assign(S * c.index_head_dim, 0);
-  w.iw.assign(S * c.index_n_heads, 0);
-  w.topk.assign(S * std::max<int64_t>(c.index_topk, 1), 0);
-  w.topk_count.assign(S, 0);
-  w.ffn_a.assign(S * I2, 0);
-  w.ffn_b.assign(S * I2, 0);
-  w.router.assign(S * c.n_routed_experts, 0);
-  w.expert_ids.assign(S * c.num_experts_per_tok, 0);
-  w.expert_w.assign(S * c.num_experts_per_tok, 0);
-  w.gathered.assign(S * c.num_experts_per_tok * H, 0);
-  w.expert_out.assign(S * std::max(1, c.num_experts_per_tok) * H, 0);
-  w.expert_rows.assign(S * c.num_experts_per_tok, 0);
+  plan(w.streams, {S, C, H});
+  plan(w.x, {S, H});
+  plan(w.xn, {S, H});
+  plan(w.y, {S, H});
+  plan(w.mixes, {S, 2 * C});
+  plan(w.q_resid, {S, c.q_lora_rank});
+  plan(w.q, {S, nh, c.qk_head_dim});
+  plan(w.kv_a, {S, c.kv_lora_rank + c.qk_rope_head_dim});
+  plan(w.gate, {S, nh, c.v_head_dim});
+  plan(w.attn, {S, nh, c.v_head_dim});
+  plan(w.iq, {S, c.index_n_heads, c.index_head_dim});
+  plan(w.ik, {S, c.index_head_dim});
+  plan(w.iw, {S, c.index_n_heads});
+  plan(w.topk, {S, topk});
+  plan(w.topk_count, {S});
+  plan(w.ffn_a, {S, I2});
+  plan(w.ffn_b, {S, I2});
+  plan(w.router, {S, c.n_routed_experts});
+  plan(w.expert_ids, {S, c.num_experts_per_tok});
+  plan(w.expert_w, {S, c.num_experts_per_tok});
+  plan(w.gathered, {S, c.num_experts_per_tok, H});
+  plan(w.expert_out, {S, std::max(1, c.num_experts_per_tok), H});
+  plan(w.expert_rows, {S, c.num_experts_per_tok});
   const int64_t I_moe = std::max<int64_t>(c.moe_intermediate_size,
                                           c.moe_intermediate_size * std::max(1, c.n_shared_experts));
-  w.expert_jobs.assign(c.n_routed_experts + 1, ExpertJob{});
-  w.expert_scratch.assign(threads * 2 * S * I_moe, 0);
-  w.moe_act.assign((S * c.num_experts_per_tok + S) * 2 * I_moe, 0);
-  w.shared_out.assign(S * H, 0);
-  w.rope_cs.assign(std::max<int64_t>(c.qk_rope_head_dim, 2), 0);
-  w.hidden.assign(S * H, 0);
-  w.mtp_in.assign(S * 2 * H, 0);
-  w.post_gates.assign(S * C, 0);  // post gates [S, C]
-  const AttentionScratch sz{nh, c.kv_lora_rank, c.qk_rope_head_dim, c.v_head_dim,
-                            std::min<int64_t>(std::max<int64_t>(c.index_topk, 1), max_seq)};
-  w.att_scratch.assign(threads * sz.floats(), 0);  // per thread, one query row at a time
-  w.att_q.assign(S * nh * sz.kr(), 0);
-  w.att_o.assign(S * nh * sz.kvl, 0);
-  w.att_v.assign(S * nh * sz.vd, 0);
-  w.idx_scratch.assign(S * max_seq, 0);
-  w.idx_tmp.assign(S * max_seq, 0);
+  plan(w.expert_jobs, {c.n_routed_experts + 1});
+  plan(w.expert_scratch, {threads, 2, S, I_moe});
+  plan(w.moe_act, {S, c.num_experts_per_tok + 1, 2, I_moe});
+  plan(w.shared_out, {S, H});
+  plan(w.rope_cs, {std::max<int64_t>(c.qk_rope_head_dim, 2)});
+  plan(w.hidden, {S, H});
+  plan(w.mtp_in, {S, 2 * H});
+  plan(w.post_gates, {S, C});  // post gates [S, C]
+  const AttentionScratch sz{nh, c.kv_lora_rank, c.qk_rope_head_dim, c.v_head_dim, topk};
+  plan(w.att_scratch, {threads, sz.floats()});  // per thread, one query row at a time
+  plan(w.att_q, {S, nh, sz.kr()});
+  plan(w.att_o, {S, nh, sz.kvl});
+  plan(w.att_v, {S, nh, sz.vd});
+  plan(w.idx_scratch, {S, max_seq});
+  plan(w.idx_tmp, {S, max_seq});
+  require_memory(bytes, what);
+  try {
+    for (const auto& allocate : allocations) allocate();
+  } catch (const std::bad_alloc&) {
+    throw Error("cannot allocate " + what + " (" + gib(bytes) + ")");
+  }
+  w.rows = S;
+  ws_max_seq_ = max_seq;
 }
 
 // streams [S, C, H] -> x [S, H] (weighted by the pre gates); post gates -> post_gates [S, C]
@@ -266,7 +366,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
 
   prof.next(profile::kIndexer);
   // DSA indexer: top-k key positions per query row (ascending), or reuse the previous full layer's.
-  const int64_t K = std::max<int64_t>(c.index_topk, 1);
+  const int64_t K = topk_stride();  // index_topk, or every position when there are fewer
   auto force_rows = [&](int64_t s0) {
     const int64_t n = std::min<int64_t>(forced->count, K);
     for (int64_t s = s0; s < S; ++s) {
@@ -346,8 +446,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   // value is computed by the same kernels in the same order either way (they are batch invariant).
   const Linear& kvb = a.kv_b_proj;
   const float scale = static_cast<float>(c.attn_scale);
-  const int64_t Kmax = std::min<int64_t>(K, ws_max_seq_);
-  const AttentionScratch sz{nh, kvl, rope, vd, Kmax};
+  const AttentionScratch sz{nh, kvl, rope, vd, K};
   const int64_t kr = sz.kr();
   float* qcat = ws_.att_q.data();  // [S, nh, kr]
   float* olat = ws_.att_o.data();  // [S, nh, kvl]
@@ -388,7 +487,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     }
   };
 
-  const int64_t row_work = nh * ((nope + vd) * kvl + Kmax * (2 * kvl + rope));  // multiply-adds per row
+  const int64_t row_work = nh * ((nope + vd) * kvl + K * (2 * kvl + rope));  // multiply-adds per row
   const int threads = pool_ ? pool_->size() : 1;
   const bool few_rows = S < 2 * threads && S <= kHeadParallelRows;
   ThreadPool* hpool = pool_for(S * row_work);
@@ -738,7 +837,7 @@ void HYV4Model::draft_forward(int layer, const int32_t* tokens, const float* h_p
   ops::rms_norm(ws_.x.data(), S, H, m.block.input_norm.data(), eps, ws_.xn.data());
   attention(m.block, dcache.layer(0), S, slot0, pos0, forced);
   if (last_topk_positions) {
-    const int64_t K = std::max<int64_t>(c.index_topk, 1);
+    const int64_t K = topk_stride();
     const int32_t* row = ws_.topk.data() + (S - 1) * K;
     last_topk_positions->assign(row, row + ws_.topk_count[S - 1]);
     for (int32_t& p : *last_topk_positions) p += static_cast<int32_t>(dcache.base_position());

@@ -24,6 +24,17 @@ namespace nextn {
 
 class ThreadPool;
 
+// NaN and ±inf among n floats: how many, and the index of the first (-1 when none).
+struct NonFiniteCount {
+  int64_t count = 0, first = -1;
+};
+NonFiniteCount count_non_finite(const float* x, int64_t n);
+// Whether all n floats are finite: one pass the compiler vectorizes (cheap next to the matmul that made them).
+bool all_finite(const float* x, int64_t n);
+// Throws nextn::Error "<what> hold N non-finite value(s) (NaN or inf), the first at row r, column c" when
+// the [rows, cols] matrix x has any.
+void require_finite(const float* x, int64_t rows, int64_t cols, const std::string& what);
+
 struct HyperConnectionWeights {  // attn_hc / ffn_hc (fp32, tiny)
   Linear fn;                     // [2C, C*H]
   std::vector<float> base;       // [2C]
@@ -177,6 +188,9 @@ class HYV4Model {
   // terminal on stderr, large checkpoints show a progress bar.
   void prefault(bool progress) const;
 
+  // Caches for `capacity` positions, at most the model's context (max_position_embeddings). Their bytes are
+  // computed with overflow checks and must fit in this machine's memory, else nextn::Error says how much
+  // they need.
   KVCache new_cache(int64_t capacity) const;      // target layers
   KVCache new_draft_cache(int64_t capacity) const;  // one MTP layer (each draft layer has its own)
 
@@ -202,6 +216,11 @@ class HYV4Model {
 
  private:
   void ensure_workspace(int64_t S, int64_t max_seq);
+  // Row stride of the top-k selections: index_topk, but never more than the workspace's positions (a query
+  // cannot select more keys than there are).
+  int64_t topk_stride() const;
+  // A cache of `capacity` positions for `layers` (true: the layer has an indexer key).
+  KVCache make_cache(int64_t capacity, const std::vector<bool>& indexer_keys, const char* what) const;
   void hyper_pre(const HyperConnectionWeights& hc, int64_t S);  // streams -> x, mixes (post in mixes[C..])
   void hyper_post(int64_t S);                                   // streams += post ⊗ y
   // x: [S, H] normed input -> ws_.y [S, H]

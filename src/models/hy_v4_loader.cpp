@@ -238,6 +238,19 @@ class Binder {
 
   bool has(const std::string& canon) const { return canon_.count(canon) != 0; }
 
+  // The tensor with this canonical name, not marked as used, or nullptr.
+  const TensorView* peek(const std::string& canon) const {
+    auto it = canon_.find(canon);
+    return it == canon_.end() ? nullptr : store_.find(it->second);
+  }
+
+  // Whether any tensor of decoder layer i is in the checkpoint.
+  bool has_layer(int i) const {
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    auto it = canon_.lower_bound(prefix);
+    return it != canon_.end() && starts_with(it->first, prefix);
+  }
+
   // The tensor with this canonical name (marked as used), or nullptr.
   const TensorView* take(const std::string& canon) {
     auto it = canon_.find(canon);
@@ -268,9 +281,11 @@ class Binder {
 
   std::vector<float> vec(const std::string& name, int64_t n) { return vec_any({name}, n); }
 
-  // A 1-D tensor known under several names (aliases); exactly one may be present.
+  // A 1-D tensor known under several names (aliases); exactly one may be present. Copied to f32 only once its
+  // shape is the checkpoint's (a size from config.json allocates nothing the file does not hold), and checked
+  // for NaN / inf (norms, sinks, gates and biases are small: the copy reads them anyway). Empty on any problem.
   std::vector<float> vec_any(const std::vector<std::string>& names, int64_t n) {
-    std::vector<float> out(n, 0.0f);
+    std::vector<float> out;
     std::vector<const TensorView*> found;
     for (const auto& nm : names)
       if (const TensorView* t = take(nm)) found.push_back(t);
@@ -288,8 +303,96 @@ class Binder {
       error("tensors '" + found[0]->name + "' and '" + found[1]->name + "' name the same parameter");
       return out;
     }
-    if (check(found[0], {n}, false)) convert_to_f32(found[0]->dtype, found[0]->data, out.data(), n);
+    if (!check(found[0], {n}, false)) return out;
+    out.resize(static_cast<size_t>(n));
+    convert_to_f32(found[0]->dtype, found[0]->data, out.data(), n);
+    if (!finite_values(found[0], out.data(), n)) out.clear();
     return out;
+  }
+
+  // False (with an error naming the tensor) when a value copied out of tensor t is NaN or infinite.
+  bool finite_values(const TensorView* t, const float* v, int64_t n) {
+    const NonFiniteCount bad = count_non_finite(v, n);
+    if (bad.count == 0) return true;
+    error("tensor '" + t->name + "' in " + store_.file_of(t->name) + " has " + std::to_string(bad.count) +
+          " non-finite value(s) (NaN or inf), the first at index " + std::to_string(bad.first));
+    return false;
+  }
+
+  // A stored tensor the model does not read (a tied head's copy): marked as used with its block scale, so
+  // that it is not reported as unknown. Returns it, or nullptr when absent.
+  const TensorView* take_unread(const std::string& wname) {
+    const TensorView* t = take(wname);
+    if (t)
+      for (const std::string& sn : scale_names(wname)) take(sn);
+    return t;
+  }
+
+  // The config's sizes against the tensors that show them directly (the embedding shows vocab_size and
+  // hidden_size, a norm its width, ...), before any other check: a size config.json leaves out (transformers'
+  // default) or gets wrong is one error naming the field, not a shape error per tensor that uses it.
+  bool sizes_fit_tensors(const HYV4Config& c, const std::string& cfg_file) {
+    const size_t before = r_.errors.size();
+    std::set<std::string> reported;
+    // Axis `axis` of the rank-`rank` tensor `canon` should be scale * c.<field> + offset.
+    auto witness = [&](const std::string& canon, size_t rank, size_t axis, const std::string& field, int64_t value,
+                       int64_t scale = 1, int64_t offset = 0) {
+      const TensorView* t = peek(canon);
+      if (!t || t->shape.size() != rank || reported.count(field)) return;
+      const int64_t found = t->shape[axis];
+      if (found == scale * value + offset) return;
+      reported.insert(field);
+      const bool implied = found > offset && (found - offset) % scale == 0;
+      const std::string shown = "tensor '" + t->name + "' " + list_string(t->shape) + " in " + store_.file_of(t->name);
+      const std::string fits = implied ? " (" + field + " = " + std::to_string((found - offset) / scale) + ")" : "";
+      if (c.is_defaulted(field))
+        error(cfg_file + ": field '" + field + "' is missing, and transformers' default " + std::to_string(value) +
+              " does not fit " + shown + fits);
+      else
+        error(cfg_file + ": field '" + field + "' is " + std::to_string(value) + ", which does not fit " + shown + fits);
+    };
+    const int64_t H = c.hidden_size, nh = c.num_attention_heads;
+    witness("model.embed_tokens.weight", 2, 0, "vocab_size", c.vocab_size);
+    witness("model.embed_tokens.weight", 2, 1, "hidden_size", H);
+    witness("model.norm.weight", 1, 0, "hidden_size", H);
+    if (!c.tie_word_embeddings) witness("lm_head.weight", 2, 0, "vocab_size", c.vocab_size);
+    const std::string a = "model.layers.0.self_attn.";
+    witness(a + "sinks", 1, 0, "num_attention_heads", nh);
+    if (c.q_lora_rank > 0) witness(a + "q_a_layernorm.weight", 1, 0, "q_lora_rank", c.q_lora_rank);
+    witness(a + "kv_a_layernorm.weight", 1, 0, "kv_lora_rank", c.kv_lora_rank);
+    witness(a + "kv_a_proj_with_mqa.weight", 2, 0, "qk_rope_head_dim", c.qk_rope_head_dim, 1, c.kv_lora_rank);
+    witness(a + "gate_proj.weight", 2, 0, "v_head_dim", c.v_head_dim, nh);
+    witness(a + "kv_b_proj.weight", 2, 0, "qk_nope_head_dim", c.qk_nope_head_dim, nh, nh * c.v_head_dim);
+    witness(a + "indexer.k_norm.weight", 1, 0, "index_head_dim", c.index_head_dim);
+    witness(a + "indexer.weights_proj.weight", 2, 0, "index_n_heads", c.index_n_heads);
+    witness("model.layers.0.attn_hc.base", 1, 0, "hc_mult", c.hc_mult, 2);
+    for (int i = 0; i < L_; ++i) {
+      const std::string m = "model.layers." + std::to_string(i) + ".mlp.";
+      if (!c.is_sparse_mlp(i)) {
+        witness(m + "down_proj.weight", 2, 1, "intermediate_size", c.intermediate_size);
+        continue;
+      }
+      witness(m + "gate.weight", 2, 0, "n_routed_experts", c.n_routed_experts);
+      witness(m + "experts.down_proj", 3, 2, "moe_intermediate_size", c.moe_intermediate_size);
+      witness(m + "experts.0.down_proj.weight", 2, 1, "moe_intermediate_size", c.moe_intermediate_size);
+      witness(m + "shared_experts.down_proj.weight", 2, 1, "n_shared_experts", c.n_shared_experts,
+              c.moe_intermediate_size);
+    }
+    // Layers that end before the last one (a default of 34 layers for a smaller checkpoint would list every
+    // tensor of the layers it lacks); a checkpoint without any layer is a list of missing tensors instead.
+    int top = -1;
+    for (int i = 0; i < L_; ++i)
+      if (has_layer(i)) top = i;
+    if (top >= 0 && top < L_ - 1) {
+      const std::string found = "its layers end at model.layers." + std::to_string(top) + ".*";
+      if (c.is_defaulted("num_hidden_layers"))
+        error(cfg_file + ": field 'num_hidden_layers' is missing, and transformers' default " + std::to_string(L_) +
+              " does not fit the checkpoint: " + found);
+      else
+        error(cfg_file + ": field 'num_hidden_layers' is " + std::to_string(L_) + ", but the checkpoint has no "
+              "model.layers." + std::to_string(L_ - 1) + ".* tensors: " + found);
+    }
+    return r_.errors.size() == before;
   }
 
   // `prefix`.weight of shape [out, in] (+ FP8 block scale, + `prefix`.bias when asked).
@@ -368,6 +471,7 @@ class Binder {
     for (const Part& part : parts) want_bias |= part.bias != nullptr;
     if (want_bias) {
       const std::vector<float> fb = vec(p + fused + ".bias", total);
+      if (fb.size() != static_cast<size_t>(total)) return out;  // (the problem is in the report)
       int64_t off = 0;
       for (size_t i = 0; i < parts.size(); ++i) {
         if (parts[i].bias) {
@@ -649,10 +753,11 @@ void load_ffn(Binder& b, const HYV4Config& c, const std::string& p, bool sparse,
 }
 
 // An FP8 Linear dequantized into `buf` (the values the kernels would use): BF16 when every value is exactly
-// representable in it, else F32.
-Linear dequantized(const Linear& q, std::vector<uint8_t>& buf) {
+// representable in it, else F32. `bad` counts the NaN / inf among them.
+Linear dequantized(const Linear& q, std::vector<uint8_t>& buf, NonFiniteCount& bad) {
   std::vector<float> f(static_cast<size_t>(q.out * q.in));
   for (int64_t r = 0; r < q.out; ++r) ops::dequant_row(q, r, f.data() + r * q.in);
+  bad = count_non_finite(f.data(), q.out * q.in);
   const bool bf16 = std::all_of(f.begin(), f.end(), [](float v) { return round_to_bf16(v) == v; });
   Linear d;
   d.dtype = bf16 ? DType::BF16 : DType::F32;
@@ -703,7 +808,16 @@ void load_attention(Binder& b, const HYV4Config& c, const std::string& p, bool o
   ix.k_norm_w = b.vec(ip + "k_norm.weight", c.index_head_dim);
   ix.k_norm_b = b.vec(ip + "k_norm.bias", c.index_head_dim);
   // An FP8 wk is dequantized once (vLLM keeps the indexer's key projection unquantized).
-  if (ix.wk.dtype == DType::F8_E4M3 && ix.wk.data && ix.wk.scale) ix.wk = dequantized(ix.wk, ix.wk_dequant);
+  if (ix.wk.dtype == DType::F8_E4M3 && ix.wk.data && ix.wk.scale) {
+    NonFiniteCount bad;
+    ix.wk = dequantized(ix.wk, ix.wk_dequant, bad);
+    if (bad.count > 0) {  // the copy is made anyway: its NaN / inf (from a weight or a scale) cost nothing to find
+      const TensorView* t = b.peek(ip + "wk.weight");
+      b.error("FP8 tensor '" + (t ? t->name : ip + "wk.weight") + "' dequantizes to " + std::to_string(bad.count) +
+              " non-finite value(s) (NaN or inf in its weights or block scales), the first at index " +
+              std::to_string(bad.first));
+    }
+  }
 }
 
 }  // namespace
@@ -799,6 +913,7 @@ QuantPlan resolve_quant_plan(const HYV4Config& c, LoadReport& r) {
 
 void bind_hy_v4_weights(const HYV4Config& c, const WeightStore& store, HYV4Weights& w, LoadReport& r) {
   const std::string cfg_file = store.dir() + "/config.json";
+  for (const std::string& warning : c.warnings) r.warnings.push_back(cfg_file + ": " + warning);
   if (c.q_lora_rank <= 0)
     r.errors.push_back(cfg_file + ": q_lora_rank must be set (HY V4 attention always uses the q LoRA path)");
   if (c.hidden_act != "silu")
@@ -811,6 +926,7 @@ void bind_hy_v4_weights(const HYV4Config& c, const WeightStore& store, HYV4Weigh
 
   const int64_t H = c.hidden_size, V = c.vocab_size, C = c.hc_mult;
   Binder b(c, store, plan, r);
+  if (!b.sizes_fit_tensors(c, cfg_file)) return;
 
   w.embed = b.named_linear("model.embed_tokens.weight", "model.embed_tokens", V, H, Role::Either);
   w.layers.assign(c.num_hidden_layers, DecoderLayerWeights{});
@@ -833,8 +949,11 @@ void bind_hy_v4_weights(const HYV4Config& c, const WeightStore& store, HYV4Weigh
   w.hc_head_scale = b.vec("model.hc_head.hc_scale", 1);
   w.final_norm = b.vec("model.norm.weight", H);
   if (c.tie_word_embeddings) {
+    // transformers ties the head to the embedding and never reads a stored lm_head.weight (docs/checkpoints.md).
     w.lm_head = w.embed;
-    b.take("lm_head.weight");  // a stored copy of the tied head is not needed (and not worth a warning)
+    if (const TensorView* t = b.take_unread("lm_head.weight"))
+      r.warnings.push_back("tie_word_embeddings is true: tensor '" + t->name + "' in " + store.file_of(t->name) +
+                           " is not used (the lm_head is model.embed_tokens.weight, as transformers ties them)");
   } else {
     w.lm_head = b.named_linear("lm_head.weight", "lm_head", V, H, Role::Either);
   }

@@ -112,12 +112,25 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
   const bool speculate = spec.enabled && nL > 0;
   const int k_max = speculate ? spec.num_speculative_tokens : 0;
   const int64_t n = prompt.size();
-  const int64_t capacity = n + params.max_tokens + k_max + 2;
+  // Prompt and output share the model's context (as OpenAI-style servers count it): a longer prompt is an
+  // error, a max_tokens past the context is cut to what is left, so no cache outgrows the context.
+  const int64_t context = c.max_position_embeddings;
+  if (n > context)
+    throw Error("generate: the prompt has " + std::to_string(n) + " tokens, more than the model's context of " +
+                std::to_string(context) + " (max_position_embeddings)");
+  const int64_t max_tokens = std::min<int64_t>(params.max_tokens, context - n);
+  if (max_tokens < params.max_tokens)
+    std::fprintf(stderr, "nextn: note: max_tokens %lld is more than the context leaves (%lld of %lld after the prompt's "
+                 "%lld tokens): generating at most %lld tokens\n", (long long)params.max_tokens,
+                 (long long)(context - n), (long long)context, (long long)n, (long long)max_tokens);
+  // The last position a forward reads is n + max_tokens - 2 (the last token is emitted, never fed back); the
+  // slack past it is for the verify and draft rows of a round.
+  const int64_t capacity = std::min<int64_t>(n + max_tokens + k_max + 2, context);
 
   GenerationResult res;
   SpecStats& st = res.stats;
   st.prompt_tokens = n;
-  if (params.max_tokens == 0) {
+  if (max_tokens == 0) {
     res.finish_reason = "length";
     return res;
   }
@@ -149,8 +162,10 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
   std::vector<bool> stale(nL, false);
   std::vector<float> stage((catch_max + 1) * H);  // chained inputs of a draft layer's catch-up
   std::vector<int32_t> tokens_buf(catch_max + 1), topk0, forced_slots;
-  topk0.reserve(std::max<int64_t>(c.index_topk, 1));  // (filled per round: no growth in the loop)
-  forced_slots.reserve(std::max<int64_t>(c.index_topk, 1));
+  // (filled per round: no growth in the loop; a selection never holds more positions than the cache)
+  const int64_t topk_max = std::min<int64_t>(std::max<int64_t>(c.index_topk, 1), capacity);
+  topk0.reserve(topk_max);
+  forced_slots.reserve(topk_max);
   double catch_seconds = 0;  // draft catch-up forwards of the current round
   std::vector<float> step_h(H), draft_logits(V), q((k_max + 1) * V), p(V), resid(V);
   std::vector<int32_t> drafts(k_max + 1);
@@ -172,10 +187,23 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
       stop = true;
       res.finish_reason = "stop";
     }
-    if (!stop && int64_t(res.ids.size()) >= params.max_tokens) {
+    if (!stop && int64_t(res.ids.size()) >= max_tokens) {
       stop = true;
       res.finish_reason = "length";
     }
+  };
+  // NaN or inf in a row of logits (a non-finite weight, or one that overflows) would be sampled as token 0 or
+  // as garbage: generation stops at the first such row the sampler is about to read, naming the forward.
+  auto require_finite_target = [&](const float* raw, int64_t pos) {
+    if (!all_finite(raw, V))
+      throw Error("generate: the target forward at position " + std::to_string(pos) +
+                  " produced non-finite logits (NaN or inf); check the checkpoint with `nextn inspect --scan`");
+  };
+  auto require_finite_draft = [&](const float* raw, int step, int layer, int64_t pos) {
+    if (!all_finite(raw, V))
+      throw Error("generate: MTP draft step " + std::to_string(step) + " (MTP layer " + std::to_string(layer) +
+                  ", position " + std::to_string(pos) +
+                  ") produced non-finite logits (NaN or inf); check the checkpoint with `nextn inspect --scan`");
   };
   // Target choice for one row of raw logits (penalties from the current history).
   auto target_dist = [&](const float* raw, float* probs) {
@@ -272,6 +300,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
   model_.forward(prompt.data(), n, target, logits.data(), hidden.data(), /*all_logits=*/false);
   ++st.target_forwards;
   {
+    require_finite_target(logits.data(), n - 1);
     target_dist(logits.data(), p.data());
     const int32_t t = params.greedy() ? Sampler::argmax(p.data(), V) : sampler.sample(p.data());
     emit(t, logits.data());
@@ -307,7 +336,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
       since_probe = 0;
     }
     // Never draft past max_tokens: the round emits at most k+1 tokens.
-    k = std::min<int64_t>(k, params.max_tokens - int64_t(res.ids.size()) - 1);
+    k = std::min<int64_t>(k, max_tokens - int64_t(res.ids.size()) - 1);
     if (k < 0) k = 0;
 
     // ---- Draft: catch every MTP layer up on the verified positions, then k draft steps. Step s uses
@@ -357,6 +386,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
           ++st.draft_forwards;
         }
         model_.lm_head(step_h.data(), 1, draft_logits.data());
+        require_finite_draft(draft_logits.data(), s, s % nL, m - 1 + s);
         float* qs = q.data() + s * V;
         sampler.apply_penalties(draft_logits.data(), history);
         sampler.distribution(draft_logits.data(), qs);
@@ -401,6 +431,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
     int accepted = 0;
     for (int i = 0; i < drafted && !stop; ++i) {
       const float* raw = logits.data() + int64_t(i) * V;
+      require_finite_target(raw, m + i);
       target_dist(raw, p.data());
       const int32_t d = drafts[i];
       bool ok;
@@ -451,6 +482,7 @@ GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const S
     }
     if (!stop && accepted == drafted) {  // bonus token from the last row
       const float* raw = logits.data() + int64_t(drafted) * V;
+      require_finite_target(raw, m + drafted);
       target_dist(raw, p.data());
       const int32_t t = params.greedy() ? Sampler::argmax(p.data(), V) : sampler.sample(p.data());
       emit(t, raw);
