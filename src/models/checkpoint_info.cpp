@@ -348,6 +348,8 @@ std::string checkpoint_info_text(const CheckpointInfo& info) {
       << (info.non_finite.empty() ? std::string("no NaN or inf")
                                   : std::to_string(info.non_finite.size()) + " with NaN or inf (errors below)")
       << "\n";
+  else if (info.config_ok)
+    o << "scan:          weights not read (--scan reads every value for NaN and inf)\n";
   for (const auto& s : r.infos) o << "info: " << s << "\n";
   for (const auto& s : r.warnings) o << "warning: " << s << "\n";
   if (!r.ok()) o << "error: " << r.error_message(info.dir) << "\n";
