@@ -254,7 +254,7 @@ TEST(NonFiniteWeights, Fp8ScalesStopTheTargetForwardAndScanFindsEveryFp8Nan) {
     std::string tensor;
     int64_t index;
     uint32_t bits;          // raw bits of the element's dtype
-    bool reaches_logits;    // e4m3 NaN codes decode as ±480 · scale in the kernels: only --scan sees them
+    bool reaches_logits;    // e4m3 NaN codes decode as ±480 · scale in the kernels: no forward shows them
   };
   const Case cases[] = {
       {"fp8_f32scale", "model.layers.0.mlp.down_proj.weight_scale_inv", 1, 0x7fc00000u, true},  // f32 NaN scale
@@ -270,10 +270,21 @@ TEST(NonFiniteWeights, Fp8ScalesStopTheTargetForwardAndScanFindsEveryFp8Nan) {
     else
       c.set_bits(k.tensor, k.index, static_cast<uint8_t>(k.bits));
     const std::string dir = c.write(std::string(k.fixture) + "_" + std::to_string(k.bits));
+    HYV4Model m(dir, nullptr);
     if (k.reaches_logits) {
-      HYV4Model m(dir, nullptr);
       const std::string e = error_of([&] { Generator(m).generate(ids({4, 5, 6}), greedy(4), speculation(true)); });
       EXPECT_NE(e.find("target forward at position 2"), std::string::npos) << k.tensor << ": " << e;
+    }
+    // The pass that faults the weights in before generation reads every value of a float dtype (U8 ue8m0
+    // scales are left to the logits check above).
+    const std::string pe = error_of([&] { m.prefault(false); });
+    if (dt == DType::U8) {
+      EXPECT_EQ(pe, "") << k.tensor;
+    } else {
+      EXPECT_NE(pe.find("tensor '" + k.tensor + "'"), std::string::npos) << pe;
+      EXPECT_NE(pe.find("1 non-finite value(s) (NaN or inf), the first at index " + std::to_string(k.index)),
+                std::string::npos)
+          << pe;
     }
     const CheckpointInfo info = inspect_checkpoint(dir, /*scan=*/true);
     EXPECT_FALSE(info.loadable) << k.tensor;
@@ -368,9 +379,10 @@ TEST(ScanNonFinite, InspectScanSaysNotLoadableAndNamesTheTensor) {
 }
 
 TEST(ScanNonFinite, LogitsAndGenerateRefuseNonFiniteOutput) {
+  // Finite weights whose products overflow: lm_head row 9 at the float maximum makes logit 9 infinite.
   Checkpoint c = Checkpoint::of(kA);
-  c.set_f32("lm_head.weight", 9 * 64, -kInf);
-  const std::string dir = c.write("lm_head");
+  for (int64_t col = 0; col < 64; ++col) c.set_f32("lm_head.weight", 9 * 64 + col, 3.4e38f);
+  const std::string dir = c.write("lm_head_overflow");
   const std::string out = scratch("out").string() + "/logits.safetensors";
   const CliRun l = nextn_cli("logits --model " + dir + " --ids 1,2,3 --output " + out + " --threads 1");
   EXPECT_EQ(l.status, 1) << l.err;
@@ -380,6 +392,23 @@ TEST(ScanNonFinite, LogitsAndGenerateRefuseNonFiniteOutput) {
   const CliRun g = nextn_cli("generate --model " + dir + " --ids 1,2,3 -n 4 --threads 1");
   EXPECT_EQ(g.status, 1) << g.err;
   EXPECT_NE(g.err.find("target forward at position 2 produced non-finite logits"), std::string::npos) << g.err;
+}
+
+TEST(ScanNonFinite, LogitsAndGenerateRefuseANonFiniteWeightBeforeTheFirstForward) {
+  Checkpoint c = Checkpoint::of(kA);
+  c.set_f32("lm_head.weight", 9 * 64, -kInf);
+  const std::string dir = c.write("lm_head");
+  const std::string out = scratch("out").string() + "/logits.safetensors";
+  for (const std::string& cmd : {"logits --model " + dir + " --ids 1,2,3 --output " + out + " --threads 1",
+                                 "generate --model " + dir + " --ids 1,2,3 -n 4 --threads 1"}) {
+    const CliRun r = nextn_cli(cmd);
+    EXPECT_EQ(r.status, 1) << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("tensor 'lm_head.weight' in " + dir + "/model.safetensors (F32) has 1 non-finite value(s) "
+                         "(NaN or inf), the first at index 576"),
+              std::string::npos)
+        << r.err;
+  }
+  EXPECT_FALSE(fs::exists(out));
 }
 
 // ---- config values and sizes against the checkpoint ----------------------------------------------------

@@ -110,13 +110,17 @@ nlohmann::json stats_json(const SpecStats& s) {
           {"verify_seconds", s.verify_seconds},
           {"catch_up_seconds", s.catch_up_seconds},
           {"draft_seconds", s.draft_seconds},
-          {"rounds_at_k", s.rounds_at_k}};
+          {"rounds_at_k", s.rounds_at_k},
+          {"cpu_target", ops::cpu_target_name()},
+          {"cpu_target_forced", ops::cpu_target_forced()}};
 }
 
 void print_stats(const SpecStats& s, bool speculated) {
-  std::fprintf(stderr, "generated %lld tokens: prefill %lld tokens %.3f s, decode %.1f tokens/s, %lld target forwards\n",
+  std::fprintf(stderr,
+               "generated %lld tokens: prefill %lld tokens %.3f s, decode %.1f tokens/s, %lld target forwards (CPU "
+               "kernels %s)\n",
                (long long)s.num_generated, (long long)s.prompt_tokens, s.prefill_seconds, s.tokens_per_second(),
-               (long long)s.target_forwards);
+               (long long)s.target_forwards, cpu_target_text().c_str());
   // NEXTN_PROFILE=1: forward time by section, prefill included
   if (profile::enabled()) profile::report(stderr, "generated token", double(s.num_generated));
   if (!speculated) return;
@@ -350,6 +354,7 @@ int run_logits(int argc, char** argv) {
   auto ids = parse_id_list(a.get("ids"), "--ids");
   ThreadPool pool(thread_count(a));
   HYV4Model model(a.get("model"), &pool);
+  model.prefault(/*progress=*/false);  // (also refuses a checkpoint holding NaN or inf, naming the tensor)
   const int64_t T = ids.size(), V = model.config().vocab_size, H = model.config().hidden_size;
   KVCache cache = model.new_cache(T);
   std::vector<float> logits(T * V), hidden(T * H);

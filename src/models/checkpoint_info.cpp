@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/finite.h"
 
 namespace nextn {
 
@@ -60,55 +61,14 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return r;
 }
 
-// How many of the n elements at `data` (element type T, possibly unaligned) `is_bad` flags, and the first.
-template <class T, class IsBad>
-NonFiniteCount count_bad(const void* data, int64_t n, IsBad is_bad) {
-  const auto* bytes = static_cast<const unsigned char*>(data);
-  auto at = [&](int64_t i) {
-    T v;
-    std::memcpy(&v, bytes + i * int64_t(sizeof(T)), sizeof(T));
-    return is_bad(v);
-  };
-  NonFiniteCount c;
-  for (int64_t i = 0; i < n; ++i) c.count += at(i) ? 1 : 0;  // (no early exit: the loop vectorizes)
-  for (int64_t i = 0; c.count > 0 && i < n; ++i)
-    if (at(i)) {
-      c.first = i;
-      break;
-    }
-  return c;
-}
-
 // NaN / inf of one tensor, by the bit patterns of its dtype; false when the dtype holds none (integers).
 bool scan_tensor(const TensorView& t, NonFiniteCount& out) {
-  const int64_t n = t.numel();
-  switch (t.dtype) {
-    case DType::F32:
-      out = count_bad<uint32_t>(t.data, n, [](uint32_t v) { return (v & 0x7f800000u) == 0x7f800000u; });
-      return true;
-    case DType::F64:
-      out = count_bad<uint64_t>(t.data, n,
-                                [](uint64_t v) { return (v & 0x7ff0000000000000ull) == 0x7ff0000000000000ull; });
-      return true;
-    case DType::BF16:
-      out = count_bad<uint16_t>(t.data, n, [](uint16_t v) { return (v & 0x7f80u) == 0x7f80u; });
-      return true;
-    case DType::F16:
-      out = count_bad<uint16_t>(t.data, n, [](uint16_t v) { return (v & 0x7c00u) == 0x7c00u; });
-      return true;
-    case DType::F8_E4M3:  // float8_e4m3fn has no inf; S.1111.111 is NaN
-      out = count_bad<uint8_t>(t.data, n, [](uint8_t v) { return (v & 0x7fu) == 0x7fu; });
-      return true;
-    case DType::F8_E8M0:
-      out = count_bad<uint8_t>(t.data, n, [](uint8_t v) { return v == 0xffu; });
-      return true;
-    case DType::U8:  // raw ue8m0 exponents when the tensor is a block scale (the loader reads them so)
-      if (!is_scale_tensor(t.name)) return false;
-      out = count_bad<uint8_t>(t.data, n, [](uint8_t v) { return v == 0xffu; });
-      return true;
-    default:
-      return false;
+  if (t.dtype == DType::U8) {  // raw ue8m0 exponents when the tensor is a block scale (the loader reads them so)
+    if (!is_scale_tensor(t.name)) return false;
+    out = count_non_finite_ue8m0(t);
+    return true;
   }
+  return count_non_finite(t, out);
 }
 
 // A whole-context KV cache's size, and a warning when this machine could not hold it (generate refuses a

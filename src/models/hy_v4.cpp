@@ -27,35 +27,6 @@ struct AttentionScratch {
   int64_t floats() const { return nh * kmax; }  // scores of all heads of one query row
 };
 
-NonFiniteCount count_non_finite(const float* x, int64_t n) {
-  NonFiniteCount c;
-  if (all_finite(x, n)) return c;
-  for (int64_t i = 0; i < n; ++i)
-    if (!std::isfinite(x[i])) {
-      if (c.count++ == 0) c.first = i;
-    }
-  return c;
-}
-
-bool all_finite(const float* x, int64_t n) {
-  // The largest magnitude's bits: an exponent of all ones (inf, NaN) is the only pattern at or above 0x7f800000.
-  uint32_t worst = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, x + i, 4);
-    worst = std::max(worst, bits & 0x7fffffffu);
-  }
-  return worst < 0x7f800000u;
-}
-
-void require_finite(const float* x, int64_t rows, int64_t cols, const std::string& what) {
-  if (all_finite(x, rows * cols)) return;
-  const NonFiniteCount bad = count_non_finite(x, rows * cols);
-  throw Error(what + " hold " + std::to_string(bad.count) + " non-finite value(s) (NaN or inf), the first at row " +
-              std::to_string(bad.first / cols) + ", column " + std::to_string(bad.first % cols) +
-              "; check the checkpoint with `nextn inspect --scan`");
-}
-
 namespace {
 
 // a * b for sizes, or nextn::Error naming `what` when it does not fit in int64.
@@ -108,8 +79,20 @@ void HYV4Model::prefault(bool progress) const {
   unsigned sink = 0;
   for (const auto& f : store_.files())
     for (const TensorView& t : f->tensors()) {
-      const auto* p = static_cast<const volatile unsigned char*>(t.data);
-      for (size_t o = 0; o < t.nbytes; o += 4096) sink += p[o];
+      // Reading every value faults its pages in as touching one byte per page would, at memory speed; it
+      // also finds the NaNs no forward would show (the FP8 kernels decode e4m3 NaN codes as finite values).
+      NonFiniteCount bad;
+      if (count_non_finite(t, bad)) {
+        if (bad.count > 0) {
+          if (bar) std::fprintf(stderr, "\r\033[K");
+          throw Error("tensor '" + t.name + "' in " + f->path() + " (" + dtype_name(t.dtype) + ") has " +
+                      std::to_string(bad.count) + " non-finite value(s) (NaN or inf), the first at index " +
+                      std::to_string(bad.first) + "; `nextn inspect --scan " + dir_ + "` lists every such tensor");
+        }
+      } else {
+        const auto* p = static_cast<const volatile unsigned char*>(t.data);
+        for (size_t o = 0; o < t.nbytes; o += 4096) sink += p[o];
+      }
       done += t.nbytes;
       const int pct = total ? int(100.0 * double(done) / double(total)) : 100;
       if (bar && pct != shown) {

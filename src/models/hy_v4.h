@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "core/finite.h"
 #include "io/safetensors.h"
 #include "models/hy_v4_config.h"
 #include "models/kv_cache.h"
@@ -23,17 +24,6 @@
 namespace nextn {
 
 class ThreadPool;
-
-// NaN and ±inf among n floats: how many, and the index of the first (-1 when none).
-struct NonFiniteCount {
-  int64_t count = 0, first = -1;
-};
-NonFiniteCount count_non_finite(const float* x, int64_t n);
-// Whether all n floats are finite: one pass the compiler vectorizes (cheap next to the matmul that made them).
-bool all_finite(const float* x, int64_t n);
-// Throws nextn::Error "<what> hold N non-finite value(s) (NaN or inf), the first at row r, column c" when
-// the [rows, cols] matrix x has any.
-void require_finite(const float* x, int64_t rows, int64_t cols, const std::string& what);
 
 struct HyperConnectionWeights {  // attn_hc / ffn_hc (fp32, tiny)
   Linear fn;                     // [2C, C*H]
@@ -184,8 +174,9 @@ class HYV4Model {
   // independently routed rows touch up to k+1 times the experts of one: the floor under a verify step.
   size_t last_forward_weight_bytes() const;
 
-  // Reads every weight page once so the first token does not pay for page faults; with `progress` and a
-  // terminal on stderr, large checkpoints show a progress bar.
+  // Reads every weight once, so that the first token does not pay for page faults, and throws nextn::Error
+  // naming the first tensor that holds a NaN or inf (by its stored dtype); with `progress` and a terminal on
+  // stderr, large checkpoints show a progress bar.
   void prefault(bool progress) const;
 
   // Caches for `capacity` positions, at most the model's context (max_position_embeddings). Their bytes are
