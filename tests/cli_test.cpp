@@ -12,6 +12,7 @@
 
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
+#include "ops/cpu_target.h"
 #include "test_util.h"
 
 namespace nextn {
@@ -23,12 +24,13 @@ struct Run {
   std::string err;  // stderr
 };
 
-Run nextn(const std::string& args) {
+// Runs `[env] nextn args` (env: variable assignments for the shell, e.g. "NEXTN_CPU_TARGET=scalar").
+Run nextn_with(const std::string& env, const std::string& args) {
   // One stderr file per call and process: ctest runs these tests in parallel processes.
   static int calls = 0;
   const std::string err_file = ::testing::TempDir() + "/nextn_cli_stderr_" + std::to_string(::getpid()) + "_" +
                                std::to_string(calls++) + ".txt";
-  const std::string cmd = std::string(NEXTN_CLI_PATH) + " " + args + " 2>" + err_file + " </dev/null";
+  const std::string cmd = env + " " + std::string(NEXTN_CLI_PATH) + " " + args + " 2>" + err_file + " </dev/null";
   Run r{};
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return {-1, "", "popen failed"};
@@ -44,6 +46,8 @@ Run nextn(const std::string& args) {
   std::remove(err_file.c_str());
   return r;
 }
+
+Run nextn(const std::string& args) { return nextn_with("", args); }
 
 const std::string kFixture = testing::fixture_dir("a_fp32");
 const std::string kBundled = std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny";
@@ -208,6 +212,9 @@ TEST(Cli, BenchJsonHasTheSpecifiedKeys) {
   EXPECT_GT(j["checkpoint_bytes"].get<double>(), 0.0);
   const double llc = j["llc_bytes"].get<double>();
   EXPECT_EQ(j["fits_in_llc"].get<bool>(), llc > 0 && j["checkpoint_bytes"].get<double>() <= llc);
+  // The kernels' target: this process's, since the child inherits NEXTN_CPU_TARGET (unset: the best one).
+  EXPECT_EQ(j["cpu_target"].get<std::string>(), ops::cpu_target_name());
+  EXPECT_EQ(j["cpu_target_forced"].get<bool>(), ops::cpu_target_forced());
   EXPECT_EQ(j["verify_cost"]["1"].get<double>(), 1.0);
   EXPECT_EQ(j["verify_bytes"]["1"].get<double>(), 1.0);
   for (int rows = 2; rows <= 8; ++rows) {
@@ -420,6 +427,36 @@ TEST(Cli, MalformedGenerationConfigWarns) {
   EXPECT_EQ(ok.status, 0) << ok.err;
   EXPECT_EQ(ok.err.find("warning"), std::string::npos) << ok.err;
   std::filesystem::remove_all(dir);
+}
+
+// Every command that runs or describes kernels says which SIMD target they use, and whether
+// NEXTN_CPU_TARGET forced it.
+TEST(Cli, CommandsReportTheCpuTarget) {
+  const auto plain = nextn("generate --model " + kBundled + " --prompt 'def f' -n 2 --json");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  const auto stats = nlohmann::json::parse(plain.out)["stats"];
+  EXPECT_EQ(stats["cpu_target"].get<std::string>(), ops::cpu_target_name());
+  EXPECT_EQ(stats["cpu_target_forced"].get<bool>(), ops::cpu_target_forced());
+  EXPECT_NE(plain.err.find(std::string("CPU kernels ") + ops::cpu_target_name()), std::string::npos) << plain.err;
+
+  const auto forced = nextn_with("NEXTN_CPU_TARGET=scalar", "generate --model " + kBundled + " --prompt 'def f' -n 2 --json");
+  ASSERT_EQ(forced.status, 0) << forced.err;
+  const auto fstats = nlohmann::json::parse(forced.out)["stats"];
+  const std::string scalar = fstats["cpu_target"].get<std::string>();
+  EXPECT_TRUE(scalar == "SCALAR" || scalar == "EMU128") << scalar;
+  EXPECT_TRUE(fstats["cpu_target_forced"].get<bool>());
+  EXPECT_NE(forced.err.find("CPU kernels " + scalar + " (NEXTN_CPU_TARGET)"), std::string::npos) << forced.err;
+  // The same tokens whichever target ran them (greedy; the kernels are exact to the fixtures on each).
+  EXPECT_EQ(nlohmann::json::parse(forced.out)["ids"], nlohmann::json::parse(plain.out)["ids"]);
+
+  const auto text = nextn_with("NEXTN_CPU_TARGET=scalar", "inspect " + kBundled);
+  EXPECT_EQ(text.status, 0) << text.err;
+  EXPECT_NE(text.out.find("CPU kernels:   " + scalar + " (NEXTN_CPU_TARGET)"), std::string::npos) << text.out;
+  const auto json = nextn_with("NEXTN_CPU_TARGET=scalar", "inspect " + kBundled + " --json");
+  ASSERT_EQ(json.status, 0) << json.err;
+  const auto j = nlohmann::json::parse(json.out);
+  EXPECT_EQ(j["cpu_target"].get<std::string>(), scalar);
+  EXPECT_TRUE(j["cpu_target_forced"].get<bool>());
 }
 
 }  // namespace

@@ -434,7 +434,9 @@ int run_bench(int argc, char** argv) {
 
   nlohmann::json out;
   const double bw = measure_read_bandwidth(pool);
-  log("machine: %d threads, read bandwidth %.2f GB/s\n", pool.size(), bw);
+  log("machine: %d threads, CPU kernels %s, read bandwidth %.2f GB/s\n", pool.size(), cpu_target_text().c_str(), bw);
+  out["cpu_target"] = ops::cpu_target_name();
+  out["cpu_target_forced"] = ops::cpu_target_forced();
 
   HYV4Model m(dir, &pool);
   m.prefault(!json);

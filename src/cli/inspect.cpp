@@ -57,10 +57,15 @@ int run_inspect(int argc, char** argv) {
     return 2;
   }
   const CheckpointInfo info = inspect_checkpoint(dir, scan);
-  if (json)
-    std::printf("%s\n", checkpoint_info_json(info).dump(2).c_str());
-  else
+  if (json) {
+    nlohmann::json j = checkpoint_info_json(info);
+    j["cpu_target"] = ops::cpu_target_name();
+    j["cpu_target_forced"] = ops::cpu_target_forced();
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
     std::fputs(checkpoint_info_text(info).c_str(), stdout);
+    std::printf("CPU kernels:   %s\n", cpu_target_text().c_str());
+  }
   return info.loadable ? 0 : 1;
 }
 
