@@ -411,7 +411,8 @@ void FusedCols(const Job& job, const float* xt) {
   auto group = [&](int64_t n, int64_t pf, auto rows_tag) {
     constexpr int RR = decltype(rows_tag)::value;
     float* dst[RR];
-    for (int r = 0; r < RR; ++r) dst[r] = copy + r * pitch;
+    // One tile keeps no copy (copy is null, and null + offset is undefined even unused).
+    for (int r = 0; r < RR; ++r) dst[r] = copy != nullptr ? copy + r * pitch : nullptr;
     if (tiles == 1) {
       FusedTileStore<Dec, TM, RR, false>(job, *job.w, n, n, xt, 0, pf, dst);
       return;
