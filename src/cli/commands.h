@@ -12,7 +12,7 @@ inline std::string cpu_target_text() {
   return std::string(ops::cpu_target_name()) + (ops::cpu_target_forced() ? " (NEXTN_CPU_TARGET)" : "");
 }
 
-// `nextn inspect DIR [--json]`: what the loader makes of a checkpoint (0: loadable, 1: not, 2: bad usage).
+// `nextn inspect DIR [--json] [--scan]`: what the loader makes of a checkpoint (0: loadable, 1: not, 2: bad usage).
 int run_inspect(int argc, char** argv);
 
 // `nextn bench [--model DIR | --synthetic] [--json]`: bandwidth, decode, verify cost, speculation (src/cli/bench.cpp).

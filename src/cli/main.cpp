@@ -35,6 +35,7 @@ commands:
   detokenize   print the text of token ids
 
 Without --model, commands use the bundled model (models/nextn-hy4-tiny) or $NEXTN_MODEL.
+NEXTN_CPU_TARGET=avx512|avx2|scalar (or any Highway target name) forces the SIMD target of the kernels.
 
 Run `nextn <command> --help` for the options of a command.
 )";
