@@ -470,7 +470,7 @@ json read_json_file(const std::string& path) {
   if (in.bad()) throw Error(path + ": read error");
   try {
     return json::parse(ss.str());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number beyond a double (1E1111)
     throw Error(path + ": malformed JSON: " + e.what());
   }
 }

@@ -629,6 +629,18 @@ TEST_F(HYV4ConfigFiles, ErrorsNameTheFile) {
     EXPECT_NE(msg.find("hidden_size"), std::string::npos) << msg;
   }
 
+  // A number beyond a double is nlohmann's out_of_range, not a parse_error (found by fuzz_hy_v4_config:
+  // it escaped as std::terminate).
+  write(R"({"model_type": "hy_v4", "hidden_size": 1111111111111E1111})");
+  try {
+    load_hy_v4_config(dir_.string());
+    ADD_FAILURE() << "expected Error";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find(path + ": malformed JSON"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("number overflow"), std::string::npos) << msg;
+  }
+
   write(R"({"model_type": "qwen3"})");
   EXPECT_EQ(read_model_type(dir_.string()), "qwen3");
   write(R"({"vocab_size": 3})");
