@@ -27,7 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using nextn::fuzz::join_parts;
-using nextn::fuzz::read_fixture;
+using nextn::testing::read_fixture_file;
 using nlohmann::json;
 
 const std::string kRoot = NEXTN_SOURCE_DIR;
@@ -75,7 +75,7 @@ std::string safetensors_bytes(const std::vector<const nextn::TensorView*>& tenso
   nextn::SafetensorsWriter writer;
   for (auto* t : tensors) writer.add(t->name, t->dtype, t->shape, t->data, t->nbytes);
   writer.write(scratch.string(), {{"format", "pt"}});
-  return read_fixture(scratch.string());
+  return read_fixture_file(scratch.string());
 }
 
 void safetensors_seeds(const fs::path& out, const fs::path& scratch) {
@@ -96,7 +96,7 @@ void safetensors_seeds(const fs::path& out, const fs::path& scratch) {
                join_parts({safetensors_bytes(first, scratch), index.dump(1), safetensors_bytes(second, scratch)}));
   }
   // A real header whose data is missing: every tensor runs past the end of the file.
-  const std::string bundled = read_fixture(kRoot + "/models/nextn-hy4-tiny/model.safetensors");
+  const std::string bundled = read_fixture_file(kRoot + "/models/nextn-hy4-tiny/model.safetensors");
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(bundled[static_cast<size_t>(i)]);
   corpus.add("bundled-header-only.safetensors", std::string_view(bundled).substr(0, 8 + header_len));
@@ -106,12 +106,12 @@ void safetensors_seeds(const fs::path& out, const fs::path& scratch) {
 void config_seeds(const fs::path& out) {
   Corpus corpus(out, "hy_v4_config");
   for (const std::string& dir : fixture_checkpoints())
-    corpus.add(fs::path(dir).filename().string() + ".json", read_fixture(dir + "/config.json"));
+    corpus.add(fs::path(dir).filename().string() + ".json", read_fixture_file(dir + "/config.json"));
   std::printf("hy_v4_config: %zu seeds\n", corpus.count());
 }
 
 std::vector<std::string> corpus_lines() {
-  std::istringstream in(read_fixture(kRoot + "/tests/tokenizer/corpus.txt"));
+  std::istringstream in(read_fixture_file(kRoot + "/tests/tokenizer/corpus.txt"));
   std::vector<std::string> lines;
   std::string line;
   for (size_t n = 0; std::getline(in, line); ++n)
@@ -124,8 +124,8 @@ void tokenizer_encode_seeds(const fs::path& out) {
   const auto tokenizers = nextn::fuzz::committed_tokenizers();
   const std::vector<std::string> lines = corpus_lines();
   for (size_t t = 0; t < tokenizers.size(); ++t) {
-    const std::string json_text = read_fixture(tokenizers[t].json_path);
-    const auto tok = nextn::Tokenizer::from_json(json_text, read_fixture(tokenizers[t].config_path));
+    const std::string json_text = read_fixture_file(tokenizers[t].json_path);
+    const auto tok = nextn::Tokenizer::from_json(json_text, read_fixture_file(tokenizers[t].config_path));
     const char which = static_cast<char>(t);
     for (size_t i = 0; i < lines.size(); ++i) {
       const char flags = static_cast<char>(i % 4);  // add_special / skip_special
@@ -200,8 +200,8 @@ void tokenizer_json_seeds(const fs::path& out) {
   Corpus corpus(out, "tokenizer_json");
   const std::vector<std::string> lines = corpus_lines();
   for (const auto& t : nextn::fuzz::committed_tokenizers()) {
-    const std::string config_text = read_fixture(t.config_path);
-    const json small = small_tokenizer(json::parse(read_fixture(t.json_path)), json::parse(config_text), 600);
+    const std::string config_text = read_fixture_file(t.config_path);
+    const json small = small_tokenizer(json::parse(read_fixture_file(t.json_path)), json::parse(config_text), 600);
     const std::string small_text = small.dump();
     try {
       (void)nextn::Tokenizer::from_json(small_text, config_text);

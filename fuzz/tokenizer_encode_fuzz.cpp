@@ -47,9 +47,9 @@ const Loaded& tokenizer(size_t which) {
   Loaded& l = loaded[which % files.size()];
   if (!l.tokenizer) {
     const auto& f = files[which % files.size()];
-    const std::string json_text = nextn::fuzz::read_fixture(f.json_path);
+    const std::string json_text = nextn::testing::read_fixture_file(f.json_path);
     l.tokenizer = std::make_unique<Tokenizer>(
-        Tokenizer::from_json(json_text, nextn::fuzz::read_fixture(f.config_path), f.json_path));
+        Tokenizer::from_json(json_text, nextn::testing::read_fixture_file(f.config_path), f.json_path));
     l.normalizer = normalizer_of(nlohmann::json::parse(json_text));
   }
   return l;

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "fixture_file.h"
 #include "io/tokenizer.h"
 
 namespace nextn {
@@ -27,18 +28,6 @@ using json = nlohmann::json;
 
 const std::string kDataDir = std::string(NEXTN_SOURCE_DIR) + "/tests/tokenizer";
 
-std::string gunzip(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");
-  if (!f) throw std::runtime_error("cannot open " + path);
-  std::string out;
-  char buf[1 << 16];
-  int n;
-  while ((n = gzread(f, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
-  const bool ok = n == 0;
-  gzclose(f);
-  if (!ok) throw std::runtime_error("gzip error in " + path);
-  return out;
-}
 
 // Unpacks tests/tokenizer/<model>/ into a model folder and loads it with from_dir.
 std::unique_ptr<Tokenizer> load_model(const std::string& model) {
@@ -47,7 +36,7 @@ std::unique_ptr<Tokenizer> load_model(const std::string& model) {
   fs::create_directories(dir);
   {
     std::ofstream f(dir / "tokenizer.json", std::ios::binary | std::ios::trunc);
-    f << gunzip(kDataDir + "/" + model + "/tokenizer.json.gz");
+    f << testing::read_fixture_file(kDataDir + "/" + model + "/tokenizer.json.gz");
   }
   fs::copy_file(kDataDir + "/" + model + "/tokenizer_config.json", dir / "tokenizer_config.json",
                 fs::copy_options::overwrite_existing);
