@@ -9,7 +9,7 @@
 //           best_k      the best fixed k of the scenario (k_max 4).
 #include <benchmark/benchmark.h>
 
-#include "spec/k_tuner_sim.h"
+#include "engine/k_tuner_sim.h"
 
 namespace nextn {
 namespace {

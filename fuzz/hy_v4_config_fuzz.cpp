@@ -10,7 +10,7 @@
 
 #include "core/error.h"
 #include "fuzz_util.h"
-#include "models/hy_v4_config.h"
+#include "models/hy_v4/config.h"
 
 namespace {
 

@@ -21,9 +21,9 @@
 
 #include "core/error.h"
 #include "core/threadpool.h"
-#include "models/checkpoint_info.h"
-#include "models/hy_v4.h"
-#include "spec/generator.h"
+#include "models/hy_v4/checkpoint_info.h"
+#include "models/hy_v4/model.h"
+#include "engine/generator.h"
 #include "test_util.h"
 
 namespace nextn {

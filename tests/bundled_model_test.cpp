@@ -13,8 +13,8 @@
 
 #include "core/threadpool.h"
 #include "io/tokenizer.h"
-#include "models/hy_v4.h"
-#include "spec/generator.h"
+#include "models/hy_v4/model.h"
+#include "engine/generator.h"
 #include "test_util.h"
 
 namespace nextn {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/threadpool.h"
-#include "models/hy_v4.h"
-#include "spec/generator.h"
+#include "models/hy_v4/model.h"
+#include "engine/generator.h"
 #include "test_util.h"
 
 namespace {

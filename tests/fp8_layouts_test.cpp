@@ -4,8 +4,8 @@
 // Weights stay FP8 in memory; the kernels dequantize them, so fp32 tolerances apply.
 #include <gtest/gtest.h>
 
-#include "models/hy_v4.h"
-#include "spec/generator.h"
+#include "models/hy_v4/model.h"
+#include "engine/generator.h"
 #include "test_util.h"
 
 namespace nextn {

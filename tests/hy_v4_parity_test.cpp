@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "core/threadpool.h"
-#include "models/hy_v4.h"
+#include "models/hy_v4/model.h"
 #include "test_util.h"
 
 namespace nextn {

@@ -10,7 +10,7 @@
 #include <map>
 
 #include "core/threadpool.h"
-#include "spec/generator.h"
+#include "engine/generator.h"
 #include "test_util.h"
 
 namespace nextn {

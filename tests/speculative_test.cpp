@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/threadpool.h"
-#include "spec/generator.h"
+#include "engine/generator.h"
 #include "test_util.h"
 
 namespace nextn {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
-#include "models/hy_v4.h"
+#include "models/hy_v4/model.h"
 
 namespace nextn::testing {
 

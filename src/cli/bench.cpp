@@ -19,8 +19,8 @@
 #include "core/profile.h"
 #include "core/threadpool.h"
 #include "io/tokenizer.h"
-#include "models/hy_v4.h"
-#include "spec/generator.h"
+#include "models/hy_v4/model.h"
+#include "engine/generator.h"
 
 namespace nextn::cli {
 namespace {

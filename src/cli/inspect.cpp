@@ -5,7 +5,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "models/checkpoint_info.h"
+#include "models/hy_v4/checkpoint_info.h"
 
 namespace nextn::cli {
 

@@ -16,8 +16,8 @@
 #include "core/threadpool.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
-#include "models/hy_v4.h"
-#include "spec/generator.h"
+#include "models/hy_v4/model.h"
+#include "engine/generator.h"
 
 namespace nextn::cli {
 namespace {

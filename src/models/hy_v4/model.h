@@ -17,8 +17,8 @@
 #include "core/aligned.h"
 #include "core/finite.h"
 #include "io/safetensors.h"
-#include "models/hy_v4_config.h"
-#include "models/kv_cache.h"
+#include "models/hy_v4/config.h"
+#include "memory/kv_cache.h"
 #include "ops/ops.h"
 
 namespace nextn {

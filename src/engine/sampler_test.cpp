@@ -1,5 +1,5 @@
 // The logits pipeline against hand-computed cases.
-#include "spec/sampler.h"
+#include "engine/sampler.h"
 
 #include <gtest/gtest.h>
 

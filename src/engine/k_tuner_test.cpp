@@ -1,4 +1,4 @@
-#include "spec/k_tuner.h"
+#include "engine/k_tuner.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "spec/k_tuner_sim.h"
+#include "engine/k_tuner_sim.h"
 
 namespace nextn {
 namespace {

@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "models/hy_v4.h"
+#include "models/hy_v4/model.h"
 
 namespace nextn {
 

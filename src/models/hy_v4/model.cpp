@@ -1,5 +1,5 @@
 // HY V4 forward on the ops layer. See hy_v4.h for the data flow; shapes are in [rows, cols] comments.
-#include "models/hy_v4.h"
+#include "models/hy_v4/model.h"
 
 #include <algorithm>
 #include <cmath>

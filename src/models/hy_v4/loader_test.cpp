@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "../../tests/test_util.h"
+#include "../../../tests/test_util.h"
 #include "core/error.h"
 #include "core/threadpool.h"
-#include "models/checkpoint_info.h"
-#include "models/hy_v4.h"
+#include "models/hy_v4/checkpoint_info.h"
+#include "models/hy_v4/model.h"
 
 namespace nextn {
 namespace {

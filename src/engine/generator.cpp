@@ -1,4 +1,4 @@
-#include "spec/generator.h"
+#include "engine/generator.h"
 
 #include <algorithm>
 #include <chrono>
@@ -6,7 +6,7 @@
 #include <cstdio>
 
 #include "core/error.h"
-#include "spec/k_tuner.h"
+#include "engine/k_tuner.h"
 
 namespace nextn {
 

@@ -1,4 +1,4 @@
-#include "spec/k_tuner.h"
+#include "engine/k_tuner.h"
 
 #include <algorithm>
 

@@ -1,6 +1,6 @@
 // `nextn inspect`: a checkpoint directory summarised from its config, its tensor headers and a dry run of
 // the loader's binding (nothing is computed, no weight byte is read).
-#include "models/checkpoint_info.h"
+#include "models/hy_v4/checkpoint_info.h"
 
 #include <cstdio>
 #include <cstring>

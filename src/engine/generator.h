@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "models/hy_v4.h"
-#include "spec/sampler.h"
+#include "models/hy_v4/model.h"
+#include "engine/sampler.h"
 
 namespace nextn {
 

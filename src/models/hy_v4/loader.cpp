@@ -10,8 +10,8 @@
 #include <string_view>
 
 #include "core/error.h"
-#include "models/checkpoint_info.h"
-#include "models/hy_v4.h"
+#include "models/hy_v4/checkpoint_info.h"
+#include "models/hy_v4/model.h"
 #include "ops/ops.h"
 
 namespace nextn {

@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "spec/k_tuner.h"
+#include "engine/k_tuner.h"
 
 namespace nextn::ktuner_sim {
 

@@ -1,4 +1,4 @@
-#include "models/hy_v4_config.h"
+#include "models/hy_v4/config.h"
 
 #include <algorithm>
 #include <cmath>
