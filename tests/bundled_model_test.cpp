@@ -105,8 +105,8 @@ TEST_F(Bundled, ThreadedPathsAreBitIdentical) {
   for (int threads : {2, 3, 4}) {
     ThreadPool pool(threads);
     HYV4Model m(kModel, &pool);
-    m.set_min_parallel_work(0);
-    if (threads == 3) m.set_shared_split_bytes(0);
+    m.cpu_tuning().min_parallel_work = 0;
+    if (threads == 3) m.cpu_tuning().shared_split_bytes = 0;
     testing::expect_steps_bit_identical(m, ids, greedy, N, full, std::to_string(threads) + " threads");
     SamplingParams sp;
     sp.max_tokens = static_cast<int>(greedy.size());

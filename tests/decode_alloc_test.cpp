@@ -80,7 +80,7 @@ int64_t news_during(const F& fn) {
 void check_steps_do_not_allocate(const std::string& dir, int threads, int64_t min_parallel_work) {
   ThreadPool pool(threads);
   HYV4Model m(dir, &pool);
-  m.set_min_parallel_work(min_parallel_work);
+  m.cpu_tuning().min_parallel_work = min_parallel_work;
   const auto& c = m.config();
   const int64_t V = c.vocab_size, H = c.hidden_size;
   const int64_t n = 3 * c.index_topk / 2 + 5;  // past index_topk: the sparse path runs

@@ -122,7 +122,7 @@ TEST_P(HYV4Parity, ThreadedPathsAreBitIdentical) {
   for (int threads : {3, 8}) {
     ThreadPool pool(threads);
     HYV4Model m(dir_, &pool);
-    m.set_min_parallel_work(0);
+    m.cpu_tuning().min_parallel_work = 0;
     testing::expect_steps_bit_identical(m, prompt_, greedy, N, full, std::to_string(threads) + " threads");
   }
 }

@@ -1,4 +1,5 @@
-// Text generation with native MTP speculative decoding.
+// Text generation with native MTP speculative decoding, one request at a time: a front to the engine
+// (engine/engine.h) for callers with a single prompt (the CLI's generate, tests).
 //
 // Each round: the checkpoint's MTP layers draft k tokens; the target verifies all of them in ONE forward
 // over k+1 positions; the longest acceptable prefix is emitted plus one token from the target (the
@@ -10,108 +11,24 @@
 #pragma once
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <vector>
 
-#include "models/hy_v4/model.h"
-#include "engine/sampler.h"
+#include "engine/request.h"
+#include "models/model.h"
 
 namespace nextn {
 
-struct SpecOptions {
-  bool enabled = true;        // off, or no MTP layers: plain decoding
-  int num_speculative_tokens = 3;  // k, 1..8
-  bool use_draft_probs = true;     // false: treat the draft as one-hot q (still exact; lower acceptance)
-  // Opt-in, LOSSY: also accept a draft token that is in the target's top `relaxed_top_n` and whose
-  // probability is within `relaxed_delta` of the top token's (TensorRT-LLM's relaxed acceptance).
-  bool relaxed = false;
-  int relaxed_top_n = 3;
-  float relaxed_delta = 0.1f;
-  // Opt-in adaptive k: when the acceptance rate over the last `adaptive_window` rounds falls under
-  // `adaptive_threshold`, k shrinks by one (down to 0 = no drafting); while k = 0, a probe round with
-  // k = 1 runs every `adaptive_probe_interval` tokens; k grows back when the rate recovers.
-  bool adaptive = false;
-  float adaptive_threshold = 0.3f;
-  int adaptive_window = 8;
-  int adaptive_probe_interval = 16;
-  // Greedy only: k for each round is chosen among 0..num_speculative_tokens by the measured time per
-  // emitted token (KTuner); greedy output is the same for every k. Ignored when sampling, where k stays
-  // fixed so that a seed reproduces the output. Not combined with `adaptive`.
-  bool tune_k = false;
-  // Test seam: replaces a tuned round's measured duration: (k, tokens emitted) -> seconds.
-  std::function<double(int k, int emitted)> round_seconds_for_tests;
-
-  // Test seam: replaces the draft token for absolute position `pos` (q becomes one-hot at the result).
-  // Lets tests drive exact, partial and zero acceptance through the real verify / rollback path.
-  std::function<int32_t(int64_t pos, int32_t drafted)> draft_hook;
-  // Test seam: run draft step 1 in a forward of its own instead of with layer 1's catch-up (the drafts
-  // must be the same either way).
-  bool unmerged_catch_up_for_tests = false;
-  // Test seam: may rewrite the draft's processed distribution q[V] before the draft token is drawn from
-  // it. `context` = prompt + emitted tokens + the drafts of this round so far. Exactness must hold for
-  // any q, so tests use it to reach realistic acceptance rates with random-weight fixtures.
-  std::function<void(const std::vector<int32_t>& context, float* q)> draft_dist_hook;
-  // Test seam that BREAKS exactness: accept every draft. Used only to show the distribution tests have power.
-  bool broken_accept_all_for_tests = false;
-
-  void validate() const;
-};
-
-// vLLM's speculative decoding metrics.
-struct SpecStats {
-  int64_t num_drafts = 0;           // rounds that drafted
-  int64_t num_draft_tokens = 0;     // tokens drafted
-  int64_t num_accepted_tokens = 0;  // drafted tokens accepted
-  std::vector<int64_t> accepted_per_position;  // [k]: rounds whose i-th draft token was accepted
-  int64_t num_generated = 0;
-  int64_t prompt_tokens = 0;
-  int64_t target_forwards = 0, draft_forwards = 0;
-  // prefill: the target over the prompt, the first token, and the MTP layers over the prompt (speculation
-  // only; after the first token is out); decode: everything after.
-  double prefill_seconds = 0, decode_seconds = 0;
-  // Where decode time went (speculation only): the target's verify forwards, the MTP layers' catch-up on
-  // verified positions, and the draft steps (MTP forwards past the catch-up, lm_head, picking the token).
-  // The rest of decode_seconds is acceptance and bookkeeping.
-  double verify_seconds = 0, catch_up_seconds = 0, draft_seconds = 0;
-  std::vector<int64_t> rounds_at_k;  // tuned k: rounds run with each k (k = 0: plain steps); else empty
-  std::string rounds_at_k_text() const;  // " 0:3 1:13 2:9" (empty when k was not tuned)
-  // decode_seconds' shares: verify, catch-up, draft steps, other (all 0 before any decode).
-  struct DecodeShares {
-    double verify, catch_up, draft, other;
-  };
-  DecodeShares decode_shares() const;
-  std::string round_split_text() const;  // "verify 82.1%, MTP catch-up 9.6%, draft steps 6.5%, other 1.8%"
-
-  double mean_acceptance_length() const;  // 1 + accepted / drafts
-  std::vector<double> per_position_acceptance() const;
-  double tokens_per_second() const;       // decode: (generated - 1) / time after the first token
-  void add_round(int drafted, int accepted);
-};
-
-struct TokenLogprob {
-  int32_t token;
-  float logprob;
-  std::vector<std::pair<int32_t, float>> top;
-};
-
-struct GenerationResult {
-  std::vector<int32_t> ids;  // generated tokens only
-  std::vector<TokenLogprob> logprobs;  // when params.logprobs >= 0
-  std::string finish_reason;  // "length" | "stop"
-  SpecStats stats;
-};
-
 class Generator {
  public:
-  explicit Generator(HYV4Model& model);
+  explicit Generator(Model& model);
 
   // Generates after `prompt`. on_token(id) is called for each emitted token in order (streaming) and may
-  // return false to stop (stop strings). Throws nextn::Error for bad arguments.
+  // return false to stop (stop strings). Throws nextn::Error for bad arguments and for a failed forward.
   GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
                             const SpecOptions& spec, const std::function<bool(int32_t)>& on_token = {});
 
  private:
-  HYV4Model& model_;
+  Model& model_;
 };
 
 }  // namespace nextn

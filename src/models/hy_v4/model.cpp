@@ -1,6 +1,8 @@
 // HY V4 forward on the ops layer. See hy_v4.h for the data flow; shapes are in [rows, cols] comments.
 #include "models/hy_v4/model.h"
 
+#include "models/hy_v4/drafter.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/profile.h"
+#include "core/sizes.h"
 #include "core/threadpool.h"
 
 #include <unistd.h>
@@ -27,42 +30,10 @@ struct AttentionScratch {
   int64_t floats() const { return nh * kmax; }  // scores of all heads of one query row
 };
 
-namespace {
-
-// a * b for sizes, or nextn::Error naming `what` when it does not fit in int64.
-int64_t checked_mul(int64_t a, int64_t b, const std::string& what) {
-  int64_t r;
-  if (a < 0 || b < 0 || __builtin_mul_overflow(a, b, &r)) throw Error(what + ": size overflows int64");
-  return r;
-}
-
-int64_t checked_add(int64_t a, int64_t b, const std::string& what) {
-  int64_t r;
-  if (__builtin_add_overflow(a, b, &r)) throw Error(what + ": size overflows int64");
-  return r;
-}
-
-std::string gib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(int64_t(1) << 30));
-  return buf;
-}
-
-// Refuses `bytes` beyond this machine's physical memory before allocating them (what cannot be resident would
-// swap or be killed, never run).
-void require_memory(int64_t bytes, const std::string& what) {
-  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
-  if (pages <= 0 || page <= 0) return;
-  const int64_t ram = int64_t(pages) * int64_t(page);
-  if (bytes > ram) throw Error(what + " needs " + gib(bytes) + ", more than this machine's memory (" + gib(ram) + ")");
-}
-
-}  // namespace
-
 HYV4Model::~HYV4Model() = default;
 
 int64_t HYV4Model::min_parallel_work() const {
-  return min_parallel_work_ >= 0 ? min_parallel_work_ : pool_ ? pool_->min_parallel_work() : 0;
+  return tuning_.min_parallel_work >= 0 ? tuning_.min_parallel_work : pool_ ? pool_->min_parallel_work() : 0;
 }
 
 ThreadPool* HYV4Model::pool_for(int64_t work) {
@@ -145,43 +116,178 @@ size_t HYV4Model::weight_bytes_total() const {
 
 size_t HYV4Model::last_forward_weight_bytes() const { return weight_bytes_with(last_routed_bytes_); }
 
-KVCache HYV4Model::new_cache(int64_t capacity) const {
-  std::vector<bool> indexer_keys(w_.layers.size());
-  for (size_t i = 0; i < indexer_keys.size(); ++i) indexer_keys[i] = w_.layers[i].attn.has_indexer;
-  return make_cache(capacity, indexer_keys, "KV cache");
+void HYV4Model::init_facts() {
+  facts_.model_type = "hy_v4";
+  facts_.dir = dir_;
+  facts_.vocab_size = cfg_.vocab_size;
+  facts_.hidden_width = cfg_.hidden_size;
+  facts_.context = cfg_.max_position_embeddings;
+  facts_.num_mtp_layers = num_mtp_layers();
+  facts_.sparse_budget = cfg_.index_topk;
+  for (int64_t e : cfg_.eos_token_ids) facts_.eos_token_ids.push_back(static_cast<int32_t>(e));
 }
 
-KVCache HYV4Model::new_draft_cache(int64_t capacity) const {
-  return make_cache(capacity, {true}, "MTP draft KV cache");
+// ---------------------------------------------------------------------------------------------------
+// KV memory: per target layer a key plane [kv_lora + rope] and, for layers with their own indexer, an
+// index plane [index_head_dim]; the MTP layers share a pool of one key and one index plane.
+
+std::vector<int64_t> HYV4Model::target_plane_widths(std::vector<LayerPlanes>* layers) const {
+  std::vector<int64_t> widths;
+  for (const auto& L : w_.layers) {
+    LayerPlanes lp;
+    lp.key_plane = static_cast<int>(widths.size());
+    widths.push_back(cfg_.kv_lora_rank + cfg_.qk_rope_head_dim);
+    if (L.attn.has_indexer) {
+      lp.index_plane = static_cast<int>(widths.size());
+      widths.push_back(cfg_.index_head_dim);
+    }
+    if (layers) layers->push_back(lp);
+  }
+  return widths;
 }
 
-KVCache HYV4Model::make_cache(int64_t capacity, const std::vector<bool>& indexer_keys, const char* what) const {
+std::vector<int64_t> HYV4Model::draft_plane_widths() const {
+  return {cfg_.kv_lora_rank + cfg_.qk_rope_head_dim, cfg_.index_head_dim};
+}
+
+// A cache of `capacity` positions must lie within the context and fit in memory (checked before any pool
+// is allocated).
+void HYV4Model::require_cache_fits(int64_t capacity, bool target, const char* what) const {
   const int64_t context = cfg_.max_position_embeddings;
   if (capacity < 0 || capacity > context)
     throw Error(std::string(what) + " of " + std::to_string(capacity) +
                 " positions: outside the model's context (max_position_embeddings = " + std::to_string(context) + ")");
-  const int64_t key_width = cfg_.kv_lora_rank + cfg_.qk_rope_head_dim, index_dim = cfg_.index_head_dim;
-  int64_t floats = 0;
-  for (bool has_index : indexer_keys)
-    floats = checked_add(floats, checked_mul(capacity, key_width + (has_index ? index_dim : 0), what), what);
-  const std::string described = std::string("a ") + what + " of " + std::to_string(capacity) + " positions";
-  require_memory(checked_mul(floats, int64_t(sizeof(float)), what), described);
-  std::vector<LayerCache> layers(indexer_keys.size());
-  try {
-    for (size_t i = 0; i < layers.size(); ++i) {
-      LayerCache& lc = layers[i];
-      lc.kv_lora = cfg_.kv_lora_rank;
-      lc.rope = cfg_.qk_rope_head_dim;
-      lc.keys.assign(capacity * lc.key_width(), 0.0f);
-      if (indexer_keys[i]) {
-        lc.index_dim = index_dim;
-        lc.index_k.assign(capacity * lc.index_dim, 0.0f);
-      }
-    }
-  } catch (const std::bad_alloc&) {
-    throw Error("cannot allocate " + described + " (" + gib(floats * int64_t(sizeof(float))) + ")");
+  const auto widths = target ? target_plane_widths(nullptr) : draft_plane_widths();
+  int64_t per_position = 0;
+  for (int64_t w : widths) per_position = checked_add(per_position, w, what);
+  require_memory(checked_mul(checked_mul(capacity, per_position, what), int64_t(sizeof(float)), what),
+                 std::string("a ") + what + " of " + std::to_string(capacity) + " positions");
+}
+
+KVCache HYV4Model::new_cache(int64_t capacity) const {
+  require_cache_fits(capacity, true, "KV cache");
+  std::vector<LayerPlanes> layers;
+  auto widths = target_plane_widths(&layers);
+  const int64_t page = std::max<int64_t>(1, std::min<int64_t>(memory_.page_tokens, std::max<int64_t>(capacity, 1)));
+  auto pool = std::make_shared<KVPool>("KV cache", std::move(widths), page, (capacity + page - 1) / page);
+  return KVCache(std::move(pool), std::move(layers), capacity);
+}
+
+KVCache HYV4Model::new_draft_cache(int64_t capacity) const {
+  require_cache_fits(capacity, false, "MTP draft KV cache");
+  const int64_t page = std::max<int64_t>(1, std::min<int64_t>(memory_.page_tokens, std::max<int64_t>(capacity, 1)));
+  auto pool = std::make_shared<KVPool>("MTP draft KV cache", draft_plane_widths(), page, (capacity + page - 1) / page);
+  return KVCache(std::move(pool), {LayerPlanes{0, 1}}, capacity);
+}
+
+int64_t HYV4Model::sequence_bytes(int64_t capacity, bool drafting) const {
+  const std::string what = "the KV cache of a sequence";
+  const int64_t page = memory_.page_tokens, pages = (capacity + page - 1) / page;
+  int64_t bytes = checked_mul(pages, KVPool::bytes_per_page(target_plane_widths(nullptr), page), what);
+  if (drafting && num_mtp_layers() > 0)
+    bytes = checked_add(bytes, checked_mul(pages * num_mtp_layers(), KVPool::bytes_per_page(draft_plane_widths(), page), what), what);
+  return bytes;
+}
+
+void HYV4Model::configure_memory(const MemoryOptions& options) {
+  if (target_pool_) throw Error("configure_memory: the KV pool is already in use");
+  if (options.page_tokens < 1 || options.page_tokens > 4096) throw Error("KV page size must be in 1..4096 positions");
+  if (options.kv_cache_bytes < 0) throw Error("KV cache size must not be negative");
+  memory_ = options;
+}
+
+// The pools are made at the first sequence: by default as large as one sequence of the whole context (with
+// its MTP layers); pages are only touched as they are written, so unused capacity costs address space only.
+void HYV4Model::ensure_pools() {
+  if (target_pool_) return;
+  const int64_t page = memory_.page_tokens;
+  const auto target_widths = target_plane_widths(nullptr);
+  const auto draft_widths = draft_plane_widths();
+  const int64_t nl = num_mtp_layers();
+  int64_t target_pages, draft_pages;
+  if (memory_.kv_cache_bytes > 0) {
+    // Split the bytes so that both pools run out at the same number of positions (every sequence drafts).
+    const int64_t t = KVPool::bytes_per_page(target_widths, page), d = nl * KVPool::bytes_per_page(draft_widths, page);
+    target_pages = memory_.kv_cache_bytes / (t + d);
+    draft_pages = target_pages * nl;
+    if (target_pages < 1)
+      throw Error("--kv-cache-mb: " + gib(memory_.kv_cache_bytes) + " holds no KV page (a page of " +
+                  std::to_string(page) + " positions takes " + std::to_string(t + d) + " bytes)");
+  } else {
+    const int64_t context = cfg_.max_position_embeddings;
+    require_memory(sequence_bytes(context, true), "a KV cache of " + std::to_string(context) +
+                                                       " positions (the context; set a smaller one with --kv-cache-mb)");
+    target_pages = (context + page - 1) / page;
+    draft_pages = target_pages * nl;
   }
-  return KVCache(capacity, std::move(layers));
+  target_pool_ = std::make_shared<KVPool>("KV cache", target_widths, page, target_pages);
+  draft_pool_ = std::make_shared<KVPool>("MTP draft KV cache", draft_widths, page, draft_pages);
+}
+
+bool HYV4Model::can_admit(int64_t capacity, bool drafting) const {
+  if (!target_pool_) return could_ever_admit(capacity, drafting);
+  const int64_t pages = target_pool_->pages_for(capacity);
+  return pages <= target_pool_->unreserved_pages() &&
+         (!drafting || num_mtp_layers() == 0 || pages * num_mtp_layers() <= draft_pool_->unreserved_pages());
+}
+
+bool HYV4Model::could_ever_admit(int64_t capacity, bool drafting) const {
+  if (capacity > cfg_.max_position_embeddings) return false;
+  if (!target_pool_) {
+    if (memory_.kv_cache_bytes <= 0) return true;
+    return sequence_bytes(capacity, drafting) <= memory_.kv_cache_bytes;
+  }
+  const int64_t pages = target_pool_->pages_for(capacity);
+  return pages <= target_pool_->pages() && (!drafting || pages * num_mtp_layers() <= draft_pool_->pages());
+}
+
+std::string HYV4Model::memory_summary() const {
+  if (!target_pool_) return "KV pool not allocated yet";
+  auto pool_text = [](const KVPool& p) {
+    return p.what() + " " + gib(p.bytes()) + " (" + std::to_string(p.pages()) + " pages of " +
+           std::to_string(p.page_tokens()) + " positions, " + std::to_string(p.pages() - p.unreserved_pages()) +
+           " reserved)";
+  };
+  return pool_text(*target_pool_) + ", " + pool_text(*draft_pool_);
+}
+
+std::unique_ptr<SequenceState> HYV4Model::new_sequence(int64_t capacity) {
+  require_cache_fits(capacity, true, "KV cache");
+  if (!could_ever_admit(capacity, false)) {
+    const int64_t need = sequence_bytes(capacity, true);
+    throw Error("a sequence of " + std::to_string(capacity) + " positions needs " + gib(need) +
+                " of KV cache, more than the KV pool holds (" + gib(memory_.kv_cache_bytes) +
+                "; raise --kv-cache-mb or shorten max_tokens)");
+  }
+  ensure_pools();
+  std::vector<LayerPlanes> layers;
+  target_plane_widths(&layers);
+  return std::make_unique<HYV4Sequence>(this, KVCache(target_pool_, std::move(layers), capacity));
+}
+
+KVCache HYV4Model::new_shared_draft_cache(int64_t capacity) {
+  ensure_pools();
+  return KVCache(draft_pool_, {LayerPlanes{0, 1}}, capacity);
+}
+
+std::unique_ptr<DraftSession> HYV4Model::new_draft_session(SequenceState& sequence, const DraftOptions& options) {
+  if (num_mtp_layers() == 0) return nullptr;
+  auto* seq = dynamic_cast<HYV4Sequence*>(&sequence);
+  if (!seq || seq->owner() != this) throw Error("new_draft_session: the sequence does not belong to this model");
+  return std::make_unique<HYV4DraftSession>(*this, seq->capacity(), options);
+}
+
+void HYV4Model::prompt_draft_logits(const int32_t* tokens, int64_t T, const float* hidden, float* logits) {
+  if (num_mtp_layers() == 0) throw Error(dir_ + ": the checkpoint has no MTP layers (num_nextn_predict_layers = 0)");
+  if (T < 2) return;
+  KVCache dc = new_draft_cache(T);
+  draft_forward(0, tokens + 1, hidden, T - 1, 0, dc, logits, nullptr);
+}
+
+void HYV4Model::reserve_batch(int64_t rows, int64_t positions) {
+  ensure_workspace(std::max<int64_t>(rows, 1), std::max<int64_t>(positions, 1));
+  spans_.reserve(static_cast<size_t>(rows));
+  row_span_.reserve(static_cast<size_t>(rows));
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -254,6 +360,7 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   plan(w.att_v, {S, nh, sz.vd});
   plan(w.idx_scratch, {S, max_seq});
   plan(w.idx_tmp, {S, max_seq});
+  plan(w.sel_rows, {S, topk});
   require_memory(bytes, what);
   try {
     for (const auto& allocate : allocations) allocate();
@@ -262,6 +369,7 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   }
   w.rows = S;
   ws_max_seq_ = max_seq;
+  row_span_.reserve(static_cast<size_t>(S));
 }
 
 // streams [S, C, H] -> x [S, H] (weighted by the pre gates); post gates -> post_gates [S, C]
@@ -299,11 +407,11 @@ void HYV4Model::hyper_post(int64_t S) {
   }
 }
 
-// xn [S, H] (normed) -> y [S, H]. Row s is rotated at position pos0+s, written to cache slot slot0+s and
-// attends to slots [0, slot0+s] chosen by the indexer — or, when `forced` is given, to exactly those
-// slots (the seed's draft steps >= 1 reuse step 0's top-k instead of running the indexer).
-void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t S, int64_t slot0, int64_t pos0,
-                          const TopkOverride* forced) {
+// xn [S, H] (normed) -> y [S, H]. The rows are those of spans_: row r of a span is rotated at position
+// pos0+r, written to its cache's slot slot0+r (layer `layer`) and attends to slots [0, slot0+r] of that cache
+// chosen by the indexer — or, when `forced` is given, to exactly those slots (the seed's draft steps >= 1
+// reuse step 0's top-k instead of running the indexer; forced calls have a single span).
+void HYV4Model::attention(const DecoderLayerWeights& L, size_t layer, int64_t S, const TopkOverride* forced) {
   const HYV4Config& c = cfg_;
   const AttentionWeights& a = L.attn;
   const int64_t nh = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
@@ -332,15 +440,25 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     ops::matmul_many(pool_, ws_.q_resid.data(), S, outs, run_indexer ? 2 : 1);
   }
 
+  // Row s's cache, slot and position.
+  auto cache_of = [&](int64_t s) -> KVCache& { return *spans_[row_span_[s]].cache; };
+  auto slot_of = [&](int64_t s) {
+    const RowSpan& sp = spans_[row_span_[s]];
+    return sp.slot0 + (s - sp.first_row);
+  };
+  auto pos_of = [&](int64_t s) {
+    const RowSpan& sp = spans_[row_span_[s]];
+    return sp.pos0 + (s - sp.first_row);
+  };
   float* cosv = ws_.rope_cs.data();  // [half] cos, then [half] sin of one position
   float* sinv = cosv + half;
   for (int64_t s = 0; s < S; ++s) {
-    const int64_t pos = pos0 + s, slot = slot0 + s;
+    const int64_t pos = pos_of(s), slot = slot_of(s);
     ops::rope_tables(c.rope.inv_freq.data(), half, pos, af, cosv, sinv);
     float* q = ws_.q.data() + s * nh * qkd;
     for (int64_t h = 0; h < nh; ++h) ops::rope_rotate_half(q + h * qkd + nope, rope, cosv, sinv);
     const float* kva = ws_.kv_a.data() + s * (kvl + rope);
-    float* key = lc.keys.data() + slot * (kvl + rope);
+    float* key = cache_of(s).key_row(layer, slot);
     ops::rms_norm(kva, 1, kvl, a.kv_a_norm.data(), eps, key);
     float* kr = key + kvl;
     std::copy(kva + kvl, kva + kvl + rope, kr);
@@ -366,31 +484,39 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     const float wscale_a = 1.0f / std::sqrt(static_cast<float>(nih));
     const float wscale_b = 1.0f / std::sqrt(static_cast<float>(ihd));
     for (int64_t s = 0; s < S; ++s) {
-      const int64_t pos = pos0 + s, slot = slot0 + s;
+      const int64_t pos = pos_of(s), slot = slot_of(s);
       ops::rope_tables(c.rope.inv_freq.data(), half, pos, af, cosv, sinv);
       float* iq = ws_.iq.data() + s * nih * ihd;
       // The indexer rotates the *last* rope dims of its heads.
       for (int64_t h = 0; h < nih; ++h) ops::rope_rotate_half(iq + h * ihd + (ihd - rope), rope, cosv, sinv);
       float* ik = ws_.ik.data() + s * ihd;
       ops::rope_rotate_half(ik + (ihd - rope), rope, cosv, sinv);
-      std::copy(ik, ik + ihd, lc.index_k.data() + slot * ihd);
+      std::copy(ik, ik + ihd, cache_of(s).index_row(layer, slot));
       float* iw = ws_.iw.data() + s * nih;
       for (int64_t h = 0; h < nih; ++h) iw[h] = iw[h] * wscale_a * wscale_b;
     }
     const int64_t max_seq = ws_max_seq_;
     // Scores of keys [j0, j1) for row s: Σ_h w_h·relu(q_h·k_j), every key on its own (any split of the
-    // keys gives the same values).
+    // keys gives the same values), page by page.
     auto score_keys = [&](int64_t s, int64_t j0, int64_t j1) {
-      ops::indexer_scores(ws_.iq.data() + s * nih * ihd, ws_.iw.data() + s * nih, nih, ihd,
-                          lc.index_k.data() + j0 * ihd, j1 - j0, ws_.idx_scratch.data() + s * max_seq + j0);
+      const KVCache& kc = cache_of(s);
+      for (int64_t j = j0; j < j1;) {
+        const int64_t end = std::min(j1, kc.page_end(j));
+        ops::indexer_scores(ws_.iq.data() + s * nih * ihd, ws_.iw.data() + s * nih, nih, ihd,
+                            kc.index_keys(layer) + int64_t(kc.physical(j)) * ihd, end - j,
+                            ws_.idx_scratch.data() + s * max_seq + j);
+        j = end;
+      }
     };
     auto select = [&](int64_t s) {
-      const int64_t n = slot0 + s + 1;
+      const int64_t n = slot_of(s) + 1;
       ws_.topk_count[s] = static_cast<int32_t>(ops::topk_ascending(ws_.idx_scratch.data() + s * max_seq, n, K,
                                                                    ws_.topk.data() + s * K,
                                                                    ws_.idx_tmp.data() + s * max_seq));
     };
-    const int64_t work = S * (slot0 + S) * nih * ihd;
+    int64_t keys_scored = 0;
+    for (int64_t s = 0; s < S; ++s) keys_scored += slot_of(s) + 1;
+    const int64_t work = keys_scored * nih * ihd;
     const int threads = pool_ ? pool_->size() : 1;
     ThreadPool* ipool = pool_for(work);
     if (ipool && S < threads) {
@@ -398,7 +524,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
       const int64_t G = (threads + S - 1) / S;
       parallel_for(ipool, S * G, 1, [&](int64_t t0, int64_t t1, int) {
         for (int64_t t = t0; t < t1; ++t) {
-          const int64_t s = t / G, g = t % G, n = slot0 + s + 1, parts = std::min<int64_t>(G, n);
+          const int64_t s = t / G, g = t % G, n = slot_of(s) + 1, parts = std::min<int64_t>(G, n);
           if (g >= parts) continue;  // fewer keys than chunks
           const auto [j0, j1] = ThreadPool::chunk_range(n, static_cast<int>(parts), static_cast<int>(g));
           score_keys(s, j0, j1);
@@ -408,7 +534,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
     } else {
       parallel_for(ipool && work >= 2 * min_parallel_work() ? ipool : nullptr, S, 1, [&](int64_t s0, int64_t s1, int) {
         for (int64_t s = s0; s < s1; ++s) {
-          score_keys(s, 0, slot0 + s + 1);
+          score_keys(s, 0, slot_of(s) + 1);
           select(s);
         }
       });
@@ -434,12 +560,14 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   float* qcat = ws_.att_q.data();  // [S, nh, kr]
   float* olat = ws_.att_o.data();  // [S, nh, kvl]
   float* vout = ws_.att_v.data();  // [S, nh, vd]
-  // Row s's selected cache slots (ascending), or null when they are 0, 1, ..., nsel-1 (context <= index_topk).
-  auto selection = [&](int64_t s) -> const int32_t* {
+  // Row s's selected cache slots (ascending) as physical rows of its cache's key plane: sel_rows [S, K].
+  for (int64_t s = 0; s < S; ++s) {
+    const KVCache& kc = cache_of(s);
     const int64_t nsel = ws_.topk_count[s];
     const int32_t* sel = ws_.topk.data() + s * K;
-    return nsel == 0 || sel[nsel - 1] == nsel - 1 ? nullptr : sel;  // ascending and distinct
-  };
+    int32_t* rows = ws_.sel_rows.data() + s * K;
+    for (int64_t i = 0; i < nsel; ++i) rows[i] = kc.physical(sel[i]);
+  }
   auto absorb = [&](int64_t h) {  // phase 1 for head h
     for (int64_t s = 0; s < S; ++s) {
       float* qc = qcat + (s * nh + h) * kr;
@@ -454,12 +582,13 @@ void HYV4Model::attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t 
   // softmax with the sink (which takes part, then is dropped) and the latent sum. sc [h1 - h0, nsel].
   auto heads_row = [&](int64_t s, int64_t h0, int64_t h1, float* sc) {
     const int64_t nsel = ws_.topk_count[s];
-    const int32_t* sel = selection(s);
-    ops::gathered_dots(qcat + (s * nh + h0) * kr, h1 - h0, kr, lc.keys.data(), kr, sel, nsel, kr, sc, nsel);
+    const int32_t* sel = ws_.sel_rows.data() + s * K;
+    const float* keys = cache_of(s).keys(layer);
+    ops::gathered_dots(qcat + (s * nh + h0) * kr, h1 - h0, kr, keys, kr, sel, nsel, kr, sc, nsel);
     for (int64_t h = h0; h < h1; ++h) {
       float* p = sc + (h - h0) * nsel;
       ops::softmax_with_sink(p, nsel, scale, a.sinks[h]);
-      ops::weighted_row_sum(p, lc.keys.data(), nsel, kvl, kr, olat + (s * nh + h) * kvl, sel);
+      ops::weighted_row_sum(p, keys, nsel, kvl, kr, olat + (s * nh + h) * kvl, sel);
     }
   };
   auto output = [&](int64_t h) {  // phase 3 for head h
@@ -629,7 +758,7 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
   // leave the threads uneven (5 equal experts on 2 threads run as 3 + 2), so it runs after the routed
   // jobs, split over all threads (synthetic FP8 on 2 threads: 61-63 -> 65-67 tokens/s). Small ones (the
   // bundled model's, 74 KB) are cheaper whole than split (k = 3 speculation 4% faster as a job).
-  const bool shared_apart = F.has_shared && swiglu_bytes(F.gate_proj, F.up_proj, F.down_proj) >= shared_split_bytes_;
+  const bool shared_apart = F.has_shared && swiglu_bytes(F.gate_proj, F.up_proj, F.down_proj) >= tuning_.shared_split_bytes;
   const int64_t n_jobs = shared_apart ? njobs : n_all;  // whole jobs
   const bool split = parallel && n_jobs < threads;
   if (split) {
@@ -733,30 +862,64 @@ void HYV4Model::lm_head(const float* hidden, int64_t rows, float* logits) {
 
 void HYV4Model::forward(const int32_t* tokens, int64_t S, KVCache& cache, float* logits_out, float* hidden_out,
                         bool all_logits) {
+  const CacheSegment seg{&cache, tokens, S, all_logits};
+  forward(&seg, 1, logits_out, hidden_out);
+}
+
+void HYV4Model::forward(const BatchSegment* segments, size_t count, float* logits, float* hidden) {
+  std::vector<CacheSegment>& segs = batch_segments_;  // (capacity kept between forwards)
+  segs.clear();
+  for (size_t i = 0; i < count; ++i) {
+    auto* seq = dynamic_cast<HYV4Sequence*>(segments[i].state);
+    if (!seq || seq->owner() != this) throw Error("forward: a sequence does not belong to this model");
+    segs.push_back({&seq->cache(), segments[i].tokens, segments[i].rows, segments[i].all_logits});
+  }
+  forward(segs.data(), segs.size(), logits, hidden);
+}
+
+void HYV4Model::forward(const CacheSegment* segments, size_t count, float* logits_out, float* hidden_out) {
   const HYV4Config& c = cfg_;
-  if (S <= 0) return;
-  if (cache.num_layers() != w_.layers.size()) throw Error("forward: cache does not belong to this model");
-  cache.check_room(S);
   const int64_t H = c.hidden_size, C = c.hc_mult, V = c.vocab_size;
-  for (int64_t s = 0; s < S; ++s)
-    if (tokens[s] < 0 || tokens[s] >= V)
-      throw Error("token id " + std::to_string(tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
-  ensure_workspace(S, cache.capacity());
+  // Rows of all segments, in order; each segment's rows follow its cache.
+  int64_t S = 0, max_seq = 0, logit_rows = 0;
+  spans_.clear();
+  for (size_t i = 0; i < count; ++i) {
+    const CacheSegment& g = segments[i];
+    if (g.rows <= 0) continue;
+    if (g.cache->num_layers() != w_.layers.size()) throw Error("forward: cache does not belong to this model");
+    g.cache->check_room(g.rows);
+    for (int64_t s = 0; s < g.rows; ++s)
+      if (g.tokens[s] < 0 || g.tokens[s] >= V)
+        throw Error("token id " + std::to_string(g.tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
+    spans_.push_back({g.cache, S, g.rows, g.cache->length(), g.cache->length(), g.tokens, g.all_logits});
+    S += g.rows;
+    max_seq = std::max(max_seq, g.cache->capacity());
+    logit_rows += g.all_logits ? g.rows : 1;
+  }
+  if (S == 0) return;
+  ensure_workspace(S, max_seq);
+  for (const CacheSegment* g = segments; g != segments + count; ++g)
+    if (g->rows > 0) g->cache->prepare(g->rows);
+  row_span_.resize(static_cast<size_t>(S));
+  for (size_t i = 0; i < spans_.size(); ++i)
+    std::fill(row_span_.begin() + spans_[i].first_row, row_span_.begin() + spans_[i].first_row + spans_[i].rows,
+              static_cast<int32_t>(i));
   routed_bytes_ = 0;
-  const int64_t pos0 = cache.length();
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   // Embedding, copied into every HC stream.
-  for (int64_t s = 0; s < S; ++s) {
-    float* X = ws_.streams.data() + s * C * H;
-    ops::dequant_row(w_.embed, tokens[s], X);
-    for (int64_t j = 1; j < C; ++j) std::copy(X, X + H, X + j * H);
+  for (const RowSpan& sp : spans_) {
+    for (int64_t r = 0; r < sp.rows; ++r) {
+      float* X = ws_.streams.data() + (sp.first_row + r) * C * H;
+      ops::dequant_row(w_.embed, sp.tokens[r], X);
+      for (int64_t j = 1; j < C; ++j) std::copy(X, X + H, X + j * H);
+    }
   }
   for (size_t li = 0; li < w_.layers.size(); ++li) {
     const DecoderLayerWeights& L = w_.layers[li];
     hyper_pre(L.attn_hc, S);
     ops::rms_norm(ws_.x.data(), S, H, L.input_norm.data(), eps, ws_.xn.data());
-    attention(L, cache.layer(li), S, pos0, pos0, nullptr);
+    attention(L, li, S, nullptr);
     hyper_post(S);
     hyper_pre(L.ffn_hc, S);
     ops::rms_norm(ws_.x.data(), S, H, L.post_attn_norm.data(), eps, ws_.xn.data());
@@ -777,15 +940,24 @@ void HYV4Model::forward(const int32_t* tokens, int64_t S, KVCache& cache, float*
     }
   }
   ops::rms_norm(ws_.x.data(), S, H, w_.final_norm.data(), eps, ws_.hidden.data());
-  cache.advance(S);
+  for (const RowSpan& sp : spans_) sp.cache->advance(sp.rows);
   last_routed_bytes_ = routed_bytes_;
   if (hidden_out) std::copy(ws_.hidden.begin(), ws_.hidden.begin() + S * H, hidden_out);
-  if (logits_out) {
-    if (all_logits)
-      lm_head(ws_.hidden.data(), S, logits_out);
-    else
-      lm_head(ws_.hidden.data() + (S - 1) * H, 1, logits_out);
+  if (!logits_out) return;
+  if (logit_rows == S) {
+    lm_head(ws_.hidden.data(), S, logits_out);
+    return;
   }
+  // Only some rows need logits (prefill segments: their last): gather them, then one lm_head over all, so
+  // that its weights are read once per forward (rows are independent in the matmul).
+  int64_t n = 0;
+  for (const RowSpan& sp : spans_) {
+    const bool all = sp.all_logits;
+    const int64_t first = all ? sp.first_row : sp.first_row + sp.rows - 1, rows = all ? sp.rows : 1;
+    std::copy(ws_.hidden.begin() + first * H, ws_.hidden.begin() + (first + rows) * H, ws_.x.begin() + n * H);
+    n += rows;
+  }
+  lm_head(ws_.x.data(), n, logits_out);
 }
 
 void HYV4Model::draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, int64_t pos0,
@@ -818,7 +990,10 @@ void HYV4Model::draft_forward(int layer, const int32_t* tokens, const float* h_p
   }
   ops::matmul(pool_, ws_.mtp_in.data(), S, m.eh_proj, ws_.x.data());  // [S, H]
   ops::rms_norm(ws_.x.data(), S, H, m.block.input_norm.data(), eps, ws_.xn.data());
-  attention(m.block, dcache.layer(0), S, slot0, pos0, forced);
+  dcache.prepare(S);
+  spans_.assign(1, RowSpan{&dcache, 0, S, slot0, pos0, tokens, true});
+  row_span_.assign(static_cast<size_t>(S), 0);
+  attention(m.block, 0, S, forced);
   if (last_topk_positions) {
     const int64_t K = topk_stride();
     const int32_t* row = ws_.topk.data() + (S - 1) * K;

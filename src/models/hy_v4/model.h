@@ -19,6 +19,7 @@
 #include "io/safetensors.h"
 #include "models/hy_v4/config.h"
 #include "memory/kv_cache.h"
+#include "models/model.h"
 #include "ops/ops.h"
 
 namespace nextn {
@@ -136,6 +137,7 @@ struct HYV4Workspace {
   AlignedFloats att_v;                      // [S, heads, v_head_dim] head outputs before the gate
   AlignedFloats idx_scratch;                // [S, max_seq] index scores
   AlignedFloats idx_tmp;                    // [S, max_seq] top-k selection scratch
+  std::vector<int32_t> sel_rows;            // [S, index_topk] physical KV rows of each row's selection
 };
 
 // Attention over a fixed set of cache slots instead of the indexer's choice (draft steps >= 1), for rows
@@ -147,49 +149,95 @@ struct TopkOverride {
   int64_t first_row = 0;
 };
 
-class HYV4Model {
+// How the forward spreads work over the threads on this machine. Results never depend on it: tests lower
+// the thresholds to 0 to run every threaded path on tiny models.
+struct CpuTuning {
+  // Work (multiply-adds + weight bytes) below which the indexer, attention and MoE stay on the calling
+  // thread instead of spreading over the pool (< 0: the pool's ThreadPool::min_parallel_work()).
+  int64_t min_parallel_work = -1;
+  // Shared experts of at least this many weight bytes run split over the threads after the routed experts
+  // instead of as one more whole-expert job.
+  size_t shared_split_bytes = size_t(1) << 20;
+};
+
+class HYV4Model;
+
+// One HY V4 sequence: its target KV pages.
+class HYV4Sequence : public SequenceState {
+ public:
+  HYV4Sequence(const HYV4Model* owner, KVCache cache) : owner_(owner), cache_(std::move(cache)) {}
+  int64_t length() const override { return cache_.length(); }
+  int64_t capacity() const override { return cache_.capacity(); }
+  void rollback(int64_t n) override { cache_.truncate(n); }
+  KVCache& cache() { return cache_; }
+  const HYV4Model* owner() const { return owner_; }
+
+ private:
+  const HYV4Model* owner_;
+  KVCache cache_;
+};
+
+// One sequence's rows of a target forward, over a cache.
+struct CacheSegment {
+  KVCache* cache = nullptr;
+  const int32_t* tokens = nullptr;
+  int64_t rows = 0;
+  bool all_logits = true;
+};
+
+class HYV4Model : public Model {
  public:
   // Loads DIR/config.json and the safetensors weights (mmap'd, never copied). Throws nextn::Error
   // naming the file / tensor / field on any problem; missing tensors are listed together.
   HYV4Model(const std::string& model_dir, ThreadPool* pool);
-  ~HYV4Model();
+  ~HYV4Model() override;
 
   const HYV4Config& config() const { return cfg_; }
   const HYV4Weights& weights() const { return w_; }
   int num_mtp_layers() const { return static_cast<int>(w_.mtp.size()); }
-  // Work (multiply-adds + weight bytes) below which the indexer, attention and MoE stay on the calling
-  // thread instead of spreading over the pool (default: the pool's ThreadPool::min_parallel_work()).
-  // Results never depend on it (tests lower it to 0 to run every threaded path on tiny models).
-  void set_min_parallel_work(int64_t work) { min_parallel_work_ = work; }
-  // Shared experts of at least this many weight bytes run split over the threads after the routed experts
-  // instead of as one more whole-expert job (1 MB; tests lower it to 0 to run that path on tiny models).
-  void set_shared_split_bytes(size_t bytes) { shared_split_bytes_ = bytes; }
+  CpuTuning& cpu_tuning() { return tuning_; }
   const std::string& dir() const { return dir_; }
-  // Bytes of the checkpoint's safetensors files this model mapped.
-  size_t checkpoint_bytes() const;
-  // Bytes of weights a single-token target forward reads (all layers, active experts only, lm_head).
-  size_t weight_bytes_total() const;
-  // Bytes of weights the last target forward read: as weight_bytes_total(), with the routed experts its
-  // rows actually used (each used expert counts once, however many rows chose it). With MoE, k+1
-  // independently routed rows touch up to k+1 times the experts of one: the floor under a verify step.
-  size_t last_forward_weight_bytes() const;
+  ThreadPool* pool() const { return pool_; }
 
+  // ---- Model
+  const ModelFacts& facts() const override { return facts_; }
   // Reads every weight once, so that the first token does not pay for page faults, and throws nextn::Error
   // naming the first tensor that holds a NaN or inf (by its stored dtype); with `progress` and a terminal on
   // stderr, large checkpoints show a progress bar.
-  void prefault(bool progress) const;
+  void prefault(bool progress) const override;
+  void configure_memory(const MemoryOptions& options) override;
+  bool can_admit(int64_t capacity, bool drafting) const override;
+  bool could_ever_admit(int64_t capacity, bool drafting) const override;
+  std::string memory_summary() const override;
+  std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override;
+  std::unique_ptr<DraftSession> new_draft_session(SequenceState& sequence, const DraftOptions& options) override;
+  void reserve_batch(int64_t rows, int64_t positions) override;
+  void forward(const BatchSegment* segments, size_t count, float* logits, float* hidden) override;
+  void prompt_draft_logits(const int32_t* tokens, int64_t T, const float* hidden, float* logits) override;
+  // Bytes of the checkpoint's safetensors files this model mapped.
+  size_t checkpoint_bytes() const override;
+  // Bytes of weights a single-token target forward reads (all layers, active experts only, lm_head).
+  size_t weight_bytes_total() const override;
+  // Bytes of weights the last target forward read: as weight_bytes_total(), with the routed experts its
+  // rows actually used (each used expert counts once, however many rows chose it). With MoE, k+1
+  // independently routed rows touch up to k+1 times the experts of one: the floor under a verify step.
+  size_t last_forward_weight_bytes() const override;
 
-  // Caches for `capacity` positions, at most the model's context (max_position_embeddings). Their bytes are
-  // computed with overflow checks and must fit in this machine's memory, else nextn::Error says how much
-  // they need.
-  KVCache new_cache(int64_t capacity) const;      // target layers
+  // Caches for `capacity` positions, at most the model's context (max_position_embeddings), each over a
+  // pool of its own (the shared pool is for new_sequence). Their bytes are computed with overflow checks
+  // and must fit in this machine's memory, else nextn::Error says how much they need.
+  KVCache new_cache(int64_t capacity) const;        // target layers
   KVCache new_draft_cache(int64_t capacity) const;  // one MTP layer (each draft layer has its own)
+  // A draft-layer cache from the shared MTP pool (the draft session's; reserved like new_sequence's).
+  KVCache new_shared_draft_cache(int64_t capacity);
 
   // Runs tokens[0..S) at positions cache.length().. and appends them to the cache.
   // hidden_out: [S, H] final hidden states (after HC head + norm), may be null.
   // logits_out: [S, V] if all_logits, else [1, V] for the last token; may be null.
   void forward(const int32_t* tokens, int64_t S, KVCache& cache, float* logits_out, float* hidden_out,
                bool all_logits = true);
+  // The rows of many sequences in one forward (see Model::forward).
+  void forward(const CacheSegment* segments, size_t count, float* logits_out, float* hidden_out);
 
   // MTP draft layer `layer` over positions pos0..pos0+S-1, appended to that layer's cache `dcache`:
   // row s gets token tokens[s] (the token *after* that position) and the previous hidden state h_prev[s]
@@ -206,26 +254,45 @@ class HYV4Model {
   void lm_head(const float* hidden, int64_t rows, float* logits);
 
  private:
+  // Where one segment's rows of the current forward are: rows [first_row, first_row + rows) of the batch
+  // sit at cache slots slot0.. and absolute positions pos0..
+  struct RowSpan {
+    KVCache* cache;
+    int64_t first_row, rows, slot0, pos0;
+    const int32_t* tokens;
+    bool all_logits;
+  };
+  void init_facts();  // facts_ from cfg_ and w_ (at the end of loading)
   void ensure_workspace(int64_t S, int64_t max_seq);
   // Row stride of the top-k selections: index_topk, but never more than the workspace's positions (a query
   // cannot select more keys than there are).
   int64_t topk_stride() const;
-  // A cache of `capacity` positions for `layers` (true: the layer has an indexer key).
-  KVCache make_cache(int64_t capacity, const std::vector<bool>& indexer_keys, const char* what) const;
+  std::vector<int64_t> target_plane_widths(std::vector<LayerPlanes>* layers) const;
+  std::vector<int64_t> draft_plane_widths() const;
+  // Bytes the caches of a sequence of `capacity` positions take (target, and all MTP layers').
+  int64_t sequence_bytes(int64_t capacity, bool drafting) const;
+  void require_cache_fits(int64_t capacity, bool target, const char* what) const;
+  void ensure_pools();
   void hyper_pre(const HyperConnectionWeights& hc, int64_t S);  // streams -> x, mixes (post in mixes[C..])
   void hyper_post(int64_t S);                                   // streams += post ⊗ y
-  // x: [S, H] normed input -> ws_.y [S, H]
-  void attention(const DecoderLayerWeights& L, LayerCache& lc, int64_t S, int64_t slot0, int64_t pos0,
-                 const TopkOverride* forced);
+  // x: [S, H] normed input -> ws_.y [S, H]; the rows of spans_ at cache layer `layer`.
+  void attention(const DecoderLayerWeights& L, size_t layer, int64_t S, const TopkOverride* forced);
   void ffn(const FfnWeights& F, const float* x, int64_t S, float* out);
 
   std::string dir_;
   HYV4Config cfg_;
+  ModelFacts facts_;
   WeightStore store_;
   HYV4Weights w_;
   ThreadPool* pool_;
+  CpuTuning tuning_;
   HYV4Workspace ws_;
   int64_t ws_max_seq_ = 0;
+  std::vector<RowSpan> spans_;          // the current forward's segments
+  std::vector<int32_t> row_span_;       // [S] span of each row
+  std::vector<CacheSegment> batch_segments_;
+  MemoryOptions memory_;
+  std::shared_ptr<KVPool> target_pool_, draft_pool_;  // shared by new_sequence / draft sessions
   // The pool when `work` (multiply-adds + weight bytes) is worth a hand-off now, else null (run serially).
   ThreadPool* pool_for(int64_t work);
   int64_t min_parallel_work() const;
@@ -233,8 +300,6 @@ class HYV4Model {
   size_t last_routed_bytes_ = 0;  // ... by the last complete target forward
   // Weights a target forward reads apart from its routed experts, plus routed_bytes of those.
   size_t weight_bytes_with(size_t routed_bytes) const;
-  int64_t min_parallel_work_ = -1;  // < 0: the pool's own threshold
-  size_t shared_split_bytes_ = size_t(1) << 20;
 };
 
 // transformers' hub -> internal renames for hy_v4 (conversion_mapping.py), applied in the same order.

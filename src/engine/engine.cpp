@@ -1,0 +1,167 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/error.h"
+
+namespace nextn {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+Engine::Engine(Model& model, EngineOptions options) : model_(model), options_(options) {
+  if (options_.max_sequences < 1) throw Error("engine: max_sequences must be >= 1");
+}
+
+Engine::~Engine() = default;
+
+int64_t Engine::submit(Request request) {
+  auto seq = std::make_unique<Sequence>(model_, std::move(request));
+  if (!seq->finished() && !model_.could_ever_admit(seq->capacity(), seq->drafting()))
+    throw Error("the request needs " + std::to_string(seq->capacity()) + " positions of KV cache (prompt " +
+                std::to_string(seq->prompt_tokens()) + " + max_tokens + draft rows), more than the whole pool holds (" +
+                model_.memory_summary() + "): raise --kv-cache-mb or lower max_tokens");
+  const int64_t id = next_id_++;
+  waiting_.push_back({id, std::move(seq)});
+  return id;
+}
+
+// First come, first served: a request that does not fit yet waits (and so do the ones behind it, so that a
+// long request is not starved by short ones).
+void Engine::admit() {
+  while (!waiting_.empty() && active_.size() < size_t(options_.max_sequences)) {
+    Entry& e = waiting_.front();
+    if (!e.seq->finished()) {
+      if (!model_.can_admit(e.seq->capacity(), e.seq->drafting())) break;
+      try {
+        e.seq->admit(model_.new_sequence(e.seq->capacity()));
+      } catch (const Error& err) {
+        e.seq->fail(err.what());
+      }
+    }
+    active_.push_back(std::move(e));
+    waiting_.pop_front();
+  }
+}
+
+void Engine::retire_finished() {
+  for (auto it = active_.begin(); it != active_.end();) {
+    if (it->seq->finished()) {
+      it->seq->release_memory();  // pages back to the pool before the next admission
+      finished_.emplace_back(it->id, it->seq->take_result());
+      it = active_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Engine::step() {
+  admit();
+  retire_finished();  // (requests with nothing to generate, and those that failed to admit)
+  if (active_.empty()) return;
+  ++steps_;
+  const auto t0 = Clock::now();
+  bool any_tuned = false;
+  for (const Entry& e : active_) any_tuned |= e.seq->tuned() && e.seq->phase() == Sequence::Phase::kDecoding;
+  if (any_tuned && !tuner_) {
+    int k_max = 0;
+    for (const Entry& e : active_) k_max = std::max(k_max, e.seq->tuned() ? e.seq->k_max() : 0);
+    tuner_.emplace(k_max);
+  }
+  const int k_batch = any_tuned ? tuner_->next() : 0;
+
+  // Draft, and gather every sequence's rows.
+  segments_.clear();
+  members_.clear();
+  was_round_.clear();
+  bool had_prefill = false;
+  int64_t rows = 0, logit_rows = 0;
+  for (Entry& e : active_) {
+    Sequence& s = *e.seq;
+    try {
+      BatchSegment seg;
+      if (s.phase() == Sequence::Phase::kPrefill) {
+        seg = s.prefill_segment();
+        had_prefill = true;
+      } else {
+        s.draft(k_batch);
+        seg = s.verify_segment();
+      }
+      segments_.push_back(seg);
+      members_.push_back(&s);
+      was_round_.push_back(s.phase() == Sequence::Phase::kDecoding);
+      rows += seg.rows;
+      logit_rows += seg.all_logits ? seg.rows : 1;
+    } catch (const Error& err) {
+      s.fail(err.what());
+    }
+  }
+  if (!members_.empty()) {
+    const int64_t V = model_.facts().vocab_size, H = model_.facts().hidden_width;
+    if (int64_t(logits_.size()) < logit_rows * V) logits_.resize(logit_rows * V);
+    if (int64_t(hidden_.size()) < rows * H) hidden_.resize(rows * H);
+    const auto t_forward = Clock::now();
+    bool forward_ok = true;
+    try {
+      model_.forward(segments_.data(), segments_.size(), logits_.data(), hidden_.data());
+    } catch (const Error& err) {
+      for (Sequence* s : members_) s->fail(err.what());
+      forward_ok = false;
+    }
+    const double forward_seconds = seconds_since(t_forward);
+    const float* logits = logits_.data();
+    const float* hidden = hidden_.data();
+    for (size_t i = 0; i < members_.size() && forward_ok; ++i) {
+      Sequence& s = *members_[i];
+      const BatchSegment& seg = segments_[i];
+      try {
+        if (s.phase() == Sequence::Phase::kPrefill)
+          s.finish_prefill(logits, hidden, forward_seconds);
+        else
+          s.finish_round(logits, hidden, forward_seconds);
+      } catch (const Error& err) {
+        s.fail(err.what());
+      }
+      logits += (seg.all_logits ? seg.rows : 1) * V;
+      hidden += seg.rows * H;
+    }
+  }
+  if (any_tuned) record_tuner(seconds_since(t0), had_prefill);
+  retire_finished();
+}
+
+// The batch's k is judged by the step's time per decoding sequence and by each tuned sequence's tokens: the
+// tuner then minimizes the batch's time per token. A step that also prefilled is not a measure of k (its
+// prompt rows are a one-off), so it only counts the rounds.
+void Engine::record_tuner(double step_seconds, bool had_prefill) {
+  int64_t rounds = 0;
+  for (size_t i = 0; i < members_.size(); ++i) rounds += was_round_[i] && !members_[i]->failed();
+  if (rounds == 0) return;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    Sequence& s = *members_[i];
+    if (!was_round_[i] || !s.tuned() || s.failed()) continue;
+    const Sequence::RoundReport& r = s.last_round();
+    ++s.rounds_at_k()[r.k_chosen];
+    if (had_prefill) continue;
+    const double seconds = step_seconds / double(rounds) - r.backlog_seconds + (r.k == 0 ? r.deferred_charge : 0.0);
+    const auto& seam = s.spec().round_seconds_for_tests;
+    tuner_->record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : seconds, r.emitted, r.drafts_judged);
+  }
+}
+
+void Engine::run() {
+  while (!idle()) step();
+}
+
+std::vector<std::pair<int64_t, GenerationResult>> Engine::take_finished() {
+  std::vector<std::pair<int64_t, GenerationResult>> out;
+  out.swap(finished_);
+  return out;
+}
+
+}  // namespace nextn

@@ -1,0 +1,73 @@
+// The speculative engine: many sequences stepped together (continuous batching).
+//
+// Each step
+//   1. admits waiting requests, first come first served, while the model's KV pool has room for them (a
+//      request reserves the pages of its whole capacity, so a step never runs out of memory);
+//   2. lets every decoding sequence draft its own k tokens with its MTP drafter (k chosen for the whole batch
+//      by measured speed: KTuner over the batch's time per sequence-round);
+//   3. runs ONE target forward over the rows of all of them: prefill prompts and k+1-row verify blocks;
+//   4. accepts and rolls back per sequence, and retires the finished ones (their pages go back at once).
+// A row's logits do not depend on the other rows of the forward, so every sequence's output is exactly what
+// it would be alone.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "engine/k_tuner.h"
+#include "engine/request.h"
+#include "engine/sequence.h"
+#include "models/model.h"
+
+namespace nextn {
+
+struct EngineOptions {
+  int max_sequences = 256;  // sequences decoding at once (admission waits beyond it)
+};
+
+class Engine {
+ public:
+  explicit Engine(Model& model, EngineOptions options = {});
+  ~Engine();
+
+  // Queues a request and returns its id (0, 1, ...). Throws nextn::Error for a bad request, or one whose
+  // memory would not fit in the model's KV pool even with no other sequence.
+  int64_t submit(Request request);
+  bool idle() const { return waiting_.empty() && active_.empty(); }
+  size_t active() const { return active_.size(); }
+  size_t waiting() const { return waiting_.size(); }
+  void step();
+  void run();  // steps until idle
+  // Requests finished since the last call, in the order they finished: (id, result).
+  std::vector<std::pair<int64_t, GenerationResult>> take_finished();
+
+  // Steps run, and how many of them ran at each batch k (tuned sequences only).
+  int64_t steps() const { return steps_; }
+
+ private:
+  struct Entry {
+    int64_t id;
+    std::unique_ptr<Sequence> seq;
+  };
+  void admit();
+  void retire_finished();
+  void record_tuner(double step_seconds, bool had_prefill);
+
+  Model& model_;
+  EngineOptions options_;
+  int64_t next_id_ = 0, steps_ = 0;
+  std::deque<Entry> waiting_;
+  std::vector<Entry> active_;
+  std::vector<std::pair<int64_t, GenerationResult>> finished_;
+  std::optional<KTuner> tuner_;
+  // One step's batch (capacity kept between steps: decode does not allocate).
+  std::vector<BatchSegment> segments_;
+  std::vector<Sequence*> members_;
+  std::vector<char> was_round_;  // per member: a decoding round (else a prefill)
+  std::vector<float> logits_, hidden_;
+};
+
+}  // namespace nextn

@@ -1,0 +1,357 @@
+#include "engine/sequence.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/finite.h"
+
+namespace nextn {
+namespace {
+
+double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// log-softmax of raw logits: the chosen token's logprob and the top-n alternatives.
+TokenLogprob make_logprob(const float* logits, int64_t V, int32_t token, int top_n) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
+  double z = 0;
+  for (int64_t i = 0; i < V; ++i) z += std::exp(double(logits[i]) - mx);
+  const float lz = static_cast<float>(std::log(z)) + mx;
+  TokenLogprob lp{token, logits[token] - lz, {}};
+  if (top_n > 0) {
+    std::vector<int32_t> idx(V);
+    for (int64_t i = 0; i < V; ++i) idx[i] = static_cast<int32_t>(i);
+    const int64_t n = std::min<int64_t>(top_n, V);
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
+                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+    for (int64_t i = 0; i < n; ++i) lp.top.emplace_back(idx[i], logits[idx[i]] - lz);
+  }
+  return lp;
+}
+
+}  // namespace
+
+Sequence::Sequence(Model& model, Request request)
+    : model_(model), request_(std::move(request)), V_(model.facts().vocab_size), H_(model.facts().hidden_width),
+      sampler_(V_, request_.params) {
+  const SamplingParams& params = request_.params;
+  SpecOptions& spec = request_.spec;
+  params.validate();
+  spec.validate();
+  const std::vector<int32_t>& prompt = request_.prompt;
+  if (prompt.empty()) throw Error("generate: the prompt is empty");
+  for (int32_t t : prompt)
+    if (t < 0 || t >= V_) throw Error("generate: prompt token " + std::to_string(t) + " outside the vocabulary");
+  speculate_ = spec.enabled && model.facts().num_mtp_layers > 0;
+  k_max_ = speculate_ ? spec.num_speculative_tokens : 0;
+  tuned_ = speculate_ && spec.tune_k && params.greedy();
+  k_cur_ = k_max_;
+  const int64_t n = int64_t(prompt.size());
+  // Prompt and output share the model's context (as OpenAI-style servers count it): a longer prompt is an
+  // error, a max_tokens past the context is cut to what is left, so no cache outgrows the context.
+  const int64_t context = model.facts().context;
+  if (n > context)
+    throw Error("generate: the prompt has " + std::to_string(n) + " tokens, more than the model's context of " +
+                std::to_string(context) + " (max_position_embeddings)");
+  max_tokens_ = std::min<int64_t>(params.max_tokens, context - n);
+  if (max_tokens_ < params.max_tokens)
+    std::fprintf(stderr, "nextn: note: max_tokens %lld is more than the context leaves (%lld of %lld after the prompt's "
+                 "%lld tokens): generating at most %lld tokens\n", (long long)params.max_tokens,
+                 (long long)(context - n), (long long)context, (long long)n, (long long)max_tokens_);
+  // The last position a forward reads is n + max_tokens - 2 (the last token is emitted, never fed back); the
+  // slack past it is for the verify and draft rows of a round.
+  capacity_ = std::min<int64_t>(n + max_tokens_ + k_max_ + 2, context);
+  res_.stats.prompt_tokens = n;
+  if (max_tokens_ == 0) finish("length");
+}
+
+void Sequence::admit(std::unique_ptr<SequenceState> state) {
+  state_ = std::move(state);
+  if (speculate_) {
+    DraftOptions o;
+    o.k_max = k_max_;
+    o.merge_catch_up = !request_.spec.unmerged_catch_up_for_tests;
+    drafter_ = model_.new_draft_session(*state_, o);
+  }
+  history_.reset(V_, request_.prompt);
+  seq_ = request_.prompt;
+  seq_.reserve(capacity_);
+  q_.resize((k_max_ + 1) * V_);
+  p_.resize(V_);
+  resid_.resize(V_);
+  drafts_.resize(k_max_ + 1);
+  verify_tokens_.resize(k_max_ + 1);
+  if (tuned_) rounds_at_k_.assign(k_max_ + 1, 0);
+  t_admit_ = Clock::now();
+  phase_ = Phase::kPrefill;
+}
+
+void Sequence::finish(const char* reason) {
+  if (res_.finish_reason.empty()) res_.finish_reason = reason;
+  phase_ = Phase::kFinished;
+}
+
+void Sequence::fail(const std::string& message) {
+  res_.finish_reason = "error";
+  res_.error = message;
+  phase_ = Phase::kFinished;
+}
+
+void Sequence::release_memory() {
+  drafter_.reset();
+  state_.reset();
+}
+
+GenerationResult Sequence::take_result() {
+  SpecStats& st = res_.stats;
+  if (t_decode_ != Clock::time_point{}) st.decode_seconds = seconds_between(t_decode_, Clock::now());
+  if (drafter_) st.draft_forwards = drafter_->forwards();
+  if (tuned_) st.rounds_at_k = rounds_at_k_;
+  if (res_.finish_reason.empty()) res_.finish_reason = "length";
+  return std::move(res_);
+}
+
+void Sequence::emit(int32_t t, const float* raw_logits) {
+  const SamplingParams& params = request_.params;
+  seq_.push_back(t);
+  history_.push(t);
+  res_.ids.push_back(t);
+  ++res_.stats.num_generated;
+  if (params.logprobs >= 0) res_.logprobs.push_back(make_logprob(raw_logits, V_, t, params.logprobs));
+  if (request_.on_token && !request_.on_token(t)) {
+    stop_ = true;
+    res_.finish_reason = "stop";
+  }
+  if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), t) != params.stop_token_ids.end()) {
+    stop_ = true;
+    res_.finish_reason = "stop";
+  }
+  if (!stop_ && int64_t(res_.ids.size()) >= max_tokens_) {
+    stop_ = true;
+    res_.finish_reason = "length";
+  }
+}
+
+// NaN or inf in a row of logits (a non-finite weight, or one that overflows) would be sampled as token 0 or as
+// garbage: generation stops at the first such row the sampler is about to read, naming the forward.
+void Sequence::require_finite_target(const float* raw, int64_t pos) const {
+  if (!all_finite(raw, V_))
+    throw Error("generate: the target forward at position " + std::to_string(pos) +
+                " produced non-finite logits (NaN or inf); check the checkpoint with `nextn inspect --scan`");
+}
+
+// Target choice for one row of raw logits (penalties from the current history).
+void Sequence::target_dist(const float* raw, float* probs) {
+  std::copy(raw, raw + V_, resid_.data());
+  sampler_.apply_penalties(resid_.data(), history_);
+  sampler_.distribution(resid_.data(), probs);
+}
+
+int32_t Sequence::draw(const float* probs) {
+  return request_.params.greedy() ? Sampler::argmax(probs, V_) : sampler_.sample(probs);
+}
+
+BatchSegment Sequence::prefill_segment() {
+  return BatchSegment{state_.get(), request_.prompt.data(), int64_t(request_.prompt.size()), /*all_logits=*/false};
+}
+
+// The first token, then (speculation) the MTP layers over the prompt, so that decoding starts with every
+// draft layer caught up. Both count as prefill time.
+void Sequence::finish_prefill(const float* last_logits, const float* hidden, double forward_seconds) {
+  const auto t0 = Clock::now();
+  SpecStats& st = res_.stats;
+  ++st.target_forwards;
+  const int64_t n = int64_t(request_.prompt.size());
+  require_finite_target(last_logits, n - 1);
+  target_dist(last_logits, p_.data());
+  emit(draw(p_.data()), last_logits);
+  if (speculate_ && !stop_) {
+    drafter_->push_verified(hidden, n);
+    drafter_->catch_up_prompt(seq_, k_max_);
+  }
+  st.prefill_seconds = forward_seconds + seconds_between(t0, Clock::now());
+  t_decode_ = Clock::now();
+  phase_ = stop_ ? Phase::kFinished : Phase::kDecoding;
+  if (stop_) finish("length");
+}
+
+// ---- a round ----------------------------------------------------------------------------------------------
+
+void Sequence::draft(int k_tuned) {
+  const SpecOptions& spec = request_.spec;
+  t_round_ = Clock::now();
+  m_ = int64_t(seq_.size()) - 1;  // seq_[m] is the newest token; the target has seen [0, m)
+  report_ = RoundReport{};
+  const int k_chosen = tuned_ ? std::clamp(k_tuned, 0, k_max_) : k_cur_;
+  int k = k_chosen;
+  if (speculate_ && spec.adaptive && k_cur_ == 0 && ++since_probe_ >= spec.adaptive_probe_interval) {
+    k = 1;  // probe
+    since_probe_ = 0;
+  }
+  // Never draft past max_tokens: the round emits at most k+1 tokens.
+  k = static_cast<int>(std::max<int64_t>(0, std::min<int64_t>(k, max_tokens_ - int64_t(res_.ids.size()) - 1)));
+  report_.k_chosen = k_chosen;
+  report_.k = k;
+  drafted_ = 0;
+  if (!speculate_) return;
+  // A catch-up longer than one round's own rows (positions deferred by k = 0 rounds) is a one-off; the tuner
+  // does not charge it to this round's k.
+  const int64_t backlog_rows = drafter_->pending_rows() > k_max_ + 1 ? drafter_->pending_rows() : 0;
+  if (drafter_->begin_round(seq_, k) && k > 0) draft_steps(k);
+  drafter_->end_round();
+  const double catch_seconds = drafter_->round_catch_up_seconds();
+  SpecStats& st = res_.stats;
+  st.catch_up_seconds += catch_seconds;
+  st.draft_seconds += seconds_between(t_round_, Clock::now()) - catch_seconds;
+  if (backlog_rows > 0 && catch_seconds > 0) {
+    report_.backlog_seconds = catch_seconds;
+    deferred_row_seconds_ = catch_seconds / double(backlog_rows);
+  }
+  if (k == 0) report_.deferred_charge = deferred_row_seconds_;
+}
+
+// k draft steps: each step's raw logits -> the draft distribution q (penalties as the target will apply
+// them) -> the draft token.
+void Sequence::draft_steps(int k) {
+  const SpecOptions& spec = request_.spec;
+  for (int s = 0; s < k; ++s) {
+    float* raw = drafter_->step(s, s > 0 ? drafts_[s - 1] : 0);  // (penalties applied in place)
+    float* qs = q_.data() + int64_t(s) * V_;
+    sampler_.apply_penalties(raw, history_);
+    sampler_.distribution(raw, qs);
+    if (spec.draft_dist_hook) {
+      std::vector<int32_t> ctx = seq_;
+      ctx.insert(ctx.end(), drafts_.begin(), drafts_.begin() + s);
+      spec.draft_dist_hook(ctx, qs);
+    }
+    int32_t d = draw(qs);
+    if (spec.draft_hook) {  // test seam: replace the drafted token (greedy only)
+      d = spec.draft_hook(int64_t(seq_.size()) + s, d);
+      std::fill(qs, qs + V_, 0.0f);
+      qs[d] = 1.0f;
+    }
+    if (!spec.use_draft_probs) {  // one-hot q at the drafted token
+      std::fill(qs, qs + V_, 0.0f);
+      qs[d] = 1.0f;
+    }
+    drafts_[s] = d;
+    history_.push(d);
+    ++drafted_;
+  }
+  for (int s = drafted_ - 1; s >= 0; --s) history_.pop(drafts_[s]);
+}
+
+BatchSegment Sequence::verify_segment() {
+  verify_tokens_[0] = seq_[m_];
+  for (int s = 0; s < drafted_; ++s) verify_tokens_[s + 1] = drafts_[s];
+  return BatchSegment{state_.get(), verify_tokens_.data(), drafted_ + 1, /*all_logits=*/true};
+}
+
+// Acceptance over the verify rows' logits [drafted + 1, V]: the accepted drafts, then the correction at the
+// first rejection or the bonus token after the last draft.
+int Sequence::accept(const float* logits) {
+  const SamplingParams& params = request_.params;
+  const SpecOptions& spec = request_.spec;
+  int accepted = 0;
+  for (int i = 0; i < drafted_ && !stop_; ++i) {
+    const float* raw = logits + int64_t(i) * V_;
+    require_finite_target(raw, m_ + i);
+    target_dist(raw, p_.data());
+    const int32_t d = drafts_[i];
+    bool ok;
+    if (params.greedy()) {
+      ok = Sampler::argmax(p_.data(), V_) == d;
+    } else {
+      const float qd = q_[int64_t(i) * V_ + d];
+      ok = qd > 0 && sampler_.uniform() < std::min(1.0f, p_[d] / qd);
+    }
+    if (spec.broken_accept_all_for_tests) ok = true;
+    if (!ok && spec.relaxed) {
+      // Lossy opt-in: d within the target's top-N and close to its best probability (T = 1).
+      std::copy(raw, raw + V_, resid_.data());
+      sampler_.apply_penalties(resid_.data(), history_);
+      float mx = -INFINITY;
+      for (int64_t v = 0; v < V_; ++v) mx = std::max(mx, resid_[v]);
+      double z = 0;
+      for (int64_t v = 0; v < V_; ++v) z += std::exp(double(resid_[v]) - mx);
+      int rank = 0;
+      for (int64_t v = 0; v < V_; ++v) rank += resid_[v] > resid_[d];
+      const double pd = std::exp(double(resid_[d]) - mx) / z, ptop = 1.0 / z;
+      ok = rank < spec.relaxed_top_n && pd >= ptop - spec.relaxed_delta;
+    }
+    if (!ok) {
+      // Correction: the target's token (greedy), or a draw from normalize(max(p - q, 0)).
+      int32_t t;
+      if (params.greedy()) {
+        t = Sampler::argmax(p_.data(), V_);
+      } else {
+        const float* qs = q_.data() + int64_t(i) * V_;
+        double z = 0;
+        for (int64_t v = 0; v < V_; ++v) {
+          resid_[v] = std::max(p_[v] - qs[v], 0.0f);
+          z += resid_[v];
+        }
+        if (z <= 0) {
+          t = sampler_.sample(p_.data());
+        } else {
+          for (int64_t v = 0; v < V_; ++v) resid_[v] = static_cast<float>(resid_[v] / z);
+          t = sampler_.sample(resid_.data());
+        }
+      }
+      emit(t, raw);
+      break;
+    }
+    ++accepted;
+    emit(d, raw);
+  }
+  if (!stop_ && accepted == drafted_) {  // bonus token from the last row
+    const float* raw = logits + int64_t(drafted_) * V_;
+    require_finite_target(raw, m_ + drafted_);
+    target_dist(raw, p_.data());
+    emit(draw(p_.data()), raw);
+  }
+  if (drafted_ > 0) res_.stats.add_round(drafted_, accepted);
+  update_adaptive_k(drafted_, accepted);
+  return accepted;
+}
+
+void Sequence::finish_round(const float* logits, const float* hidden, double forward_seconds) {
+  SpecStats& st = res_.stats;
+  ++st.target_forwards;
+  if (speculate_) st.verify_seconds += forward_seconds;
+  const int64_t emitted_before = int64_t(res_.ids.size());
+  const int accepted = accept(logits);
+  const int emitted = static_cast<int>(int64_t(res_.ids.size()) - emitted_before);
+  // Keep the target state for positions m..m+accepted; their hidden states feed the next draft round.
+  const int64_t kept = std::min<int64_t>(accepted + 1, drafted_ + 1);
+  state_->rollback(m_ + kept);
+  if (speculate_) drafter_->push_verified(hidden, kept);
+  if (!stop_ && int64_t(seq_.size()) != m_ + kept + 1) throw Error("internal: sequence and cache out of step");
+  report_.emitted = emitted;
+  report_.drafts_judged = report_.k == report_.k_chosen && drafted_ == report_.k && !stop_;
+  if (stop_) finish("length");
+}
+
+void Sequence::update_adaptive_k(int drafted, int accepted) {
+  const SpecOptions& spec = request_.spec;
+  if (!speculate_ || !spec.adaptive || drafted == 0) return;
+  window_.emplace_back(drafted, accepted);
+  if (int(window_.size()) > spec.adaptive_window) window_.erase(window_.begin());
+  int64_t dsum = 0, asum = 0;
+  for (auto [dd, aa] : window_) dsum += dd, asum += aa;
+  const double rate = double(asum) / double(dsum);
+  if (int(window_.size()) >= std::min(spec.adaptive_window, 2)) {
+    if (rate < spec.adaptive_threshold && k_cur_ > 0) {
+      --k_cur_;
+      window_.clear();
+    } else if (rate >= spec.adaptive_threshold && k_cur_ < k_max_ && accepted == drafted) {
+      ++k_cur_;
+    }
+  }
+}
+
+}  // namespace nextn

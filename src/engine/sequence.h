@@ -1,0 +1,110 @@
+// One request's life in the engine, as a state machine the engine steps:
+//
+//   waiting --admit--> prefill --(prompt rows in a batch forward)--> decoding --(rounds)--> finished
+//
+// A decoding round is   draft  (the sequence's MTP drafter proposes k tokens)
+//                    -> verify (its k+1 rows join the engine's one target forward for all sequences)
+//                    -> accept (longest acceptable prefix + one target token; greedy: exact match,
+//                               sampling: speculative sampling, so the output is the target's)
+//                    -> rollback (the target state forgets rejected rows; the drafter gets the kept ones).
+// Stop ids, max_tokens, logprobs and the per-request metrics live here, so every front-end shares them.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/sampler.h"
+#include "models/model.h"
+
+namespace nextn {
+
+class Sequence {
+ public:
+  enum class Phase { kWaiting, kPrefill, kDecoding, kFinished };
+
+  // Validates the request against the model (throws nextn::Error for bad arguments, a prompt longer than
+  // the context, ...). A max_tokens past the context is cut to what is left, with a note on stderr.
+  Sequence(Model& model, Request request);
+
+  Phase phase() const { return phase_; }
+  bool finished() const { return phase_ == Phase::kFinished; }
+  bool failed() const { return res_.finish_reason == "error"; }
+  const SpecOptions& spec() const { return request_.spec; }
+  bool drafting() const { return speculate_; }
+  // Positions its memory must hold: prompt + max_tokens + the rows of one round.
+  int64_t capacity() const { return capacity_; }
+  int64_t prompt_tokens() const { return int64_t(request_.prompt.size()); }
+  // Greedy with tuned k: the engine picks k for the whole batch.
+  bool tuned() const { return tuned_; }
+  int k_max() const { return k_max_; }
+
+  // Takes its memory; the sequence then prefills in the next step.
+  void admit(std::unique_ptr<SequenceState> state);
+  // Prefill: the prompt's rows (logits of the last only), then the first token from those logits and the
+  // drafter's catch-up over the prompt. forward_seconds: what the shared forward took.
+  BatchSegment prefill_segment();
+  void finish_prefill(const float* last_logits, const float* hidden, double forward_seconds);
+
+  // A decoding round. k_tuned: the batch's k for tuned sequences (ignored by the others).
+  void draft(int k_tuned);
+  BatchSegment verify_segment();
+  void finish_round(const float* logits, const float* hidden, double forward_seconds);
+
+  // What the last round tells the batch's k tuner.
+  struct RoundReport {
+    int k_chosen = 0, k = 0, emitted = 0;
+    bool drafts_judged = false;
+    double backlog_seconds = 0;  // a one-off catch-up of positions deferred by k = 0 rounds (not k's cost)
+    double deferred_charge = 0;  // what this k = 0 round's position will cost a later catch-up
+  };
+  const RoundReport& last_round() const { return report_; }
+  // Tuned rounds run at each k (filled by the engine; becomes stats.rounds_at_k).
+  std::vector<int64_t>& rounds_at_k() { return rounds_at_k_; }
+
+  // Ends the sequence with an error (finish_reason "error"); its memory is freed by the engine.
+  void fail(const std::string& message);
+  void release_memory();  // the KV pages go back to the pool at once
+  GenerationResult take_result();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void emit(int32_t t, const float* raw_logits);
+  void require_finite_target(const float* raw, int64_t pos) const;
+  void target_dist(const float* raw, float* probs);
+  int32_t draw(const float* probs);
+  void draft_steps(int k);
+  int accept(const float* logits);  // returns the drafts accepted
+  void update_adaptive_k(int drafted, int accepted);
+  void finish(const char* reason);
+
+  Model& model_;
+  Request request_;
+  const int64_t V_, H_;
+  Phase phase_ = Phase::kWaiting;
+  bool speculate_ = false, tuned_ = false, stop_ = false;
+  int k_max_ = 0;
+  int64_t max_tokens_ = 0, capacity_ = 0;
+  Sampler sampler_;
+  TokenHistory history_;
+  std::unique_ptr<SequenceState> state_;
+  std::unique_ptr<DraftSession> drafter_;
+  GenerationResult res_;
+  std::vector<int32_t> seq_;  // prompt + emitted tokens
+  // One round's buffers, sized at admission (the decode loop does not allocate beyond the result vectors).
+  std::vector<float> q_, p_, resid_;  // [(k_max + 1) · V] draft distributions, [V], [V]
+  std::vector<int32_t> drafts_, verify_tokens_;
+  int64_t m_ = 0;  // this round's newest position: seq_[m_] is not yet run through the target
+  int drafted_ = 0;
+  RoundReport report_;
+  std::vector<int64_t> rounds_at_k_;
+  double deferred_row_seconds_ = 0;  // tuned k: what catching up one position left by a k = 0 round cost
+  // adaptive k
+  int k_cur_ = 0;
+  std::vector<std::pair<int, int>> window_;  // (drafted, accepted) of recent rounds
+  int64_t since_probe_ = 0;
+  Clock::time_point t_round_, t_decode_, t_admit_;
+};
+
+}  // namespace nextn

@@ -1,0 +1,123 @@
+// What the engine needs of a model family, and nothing more. Each family (src/models/<family>/) implements
+// Model and registers itself under its config.json `model_type` (models/registry.h); the CLI, bench and
+// the speculative engine only ever see this interface.
+//
+//   Model            weights + forward over a batch of rows from many sequences
+//   SequenceState    one sequence's memory in the model (KV pages, recurrent state), rolled back by position
+//   DraftSession     one sequence's MTP drafter: catch up on verified positions, draft k tokens, drop them
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace nextn {
+
+class ThreadPool;
+
+// Facts about a loaded checkpoint that the engine, `inspect` and `bench` use.
+struct ModelFacts {
+  std::string model_type;         // config.json's model_type, e.g. "hy_v4"
+  std::string dir;                // the checkpoint folder
+  int64_t vocab_size = 0;
+  int64_t hidden_width = 0;       // floats per row of the hidden state handed from the target to the drafter
+  int64_t context = 0;            // max_position_embeddings
+  int num_mtp_layers = 0;         // 0: no drafting
+  int64_t sparse_budget = 0;      // keys a sparse-attention query selects (HY V4: index_topk); 0: dense
+  std::vector<int32_t> eos_token_ids;
+};
+
+// How the model sizes the KV memory it shares between sequences.
+struct MemoryOptions {
+  int64_t kv_cache_bytes = 0;  // 0: enough for one sequence as long as the context (what single runs need)
+  int64_t page_tokens = 64;    // positions per KV page
+};
+
+// One sequence's memory. Positions [0, length()) have been run through the target.
+class SequenceState {
+ public:
+  virtual ~SequenceState() = default;
+  virtual int64_t length() const = 0;
+  virtual int64_t capacity() const = 0;  // positions it may hold (its reservation)
+  // Forget positions >= n (rejected drafts). n >= length() - (k + 1) for the k of the last round.
+  virtual void rollback(int64_t n) = 0;
+};
+
+// One sequence's rows in a batch: tokens at positions state->length() .. + rows - 1.
+struct BatchSegment {
+  SequenceState* state = nullptr;
+  const int32_t* tokens = nullptr;
+  int64_t rows = 0;
+  bool all_logits = true;  // false: logits of the last row only (prefill)
+};
+
+// Drafting for one sequence with the checkpoint's MTP layers. The engine drives it once per round:
+//   push_verified(hidden of the positions the target just kept)  — after prefill and after every verify
+//   begin_round(tokens so far, k)                                — catch up on them; false: cannot draft now
+//   step(0, -), step(1, d0), ... step(k-1, d_{k-2})              — raw draft logits [V] for the next position
+//   end_round()                                                  — forget the draft rows
+// The drafts only ever change speed: the engine verifies every one of them with the target.
+class DraftSession {
+ public:
+  virtual ~DraftSession() = default;
+  virtual void push_verified(const float* hidden, int64_t rows) = 0;
+  // Right after prefill (before any round): the layers' first catch-up over the prompt, for up to k_max steps.
+  virtual void catch_up_prompt(const std::vector<int32_t>& tokens, int k_max) = 0;
+  virtual bool begin_round(const std::vector<int32_t>& tokens, int k) = 0;
+  virtual float* step(int s, int32_t prev_draft) = 0;  // (the caller may modify the logits in place)
+  virtual void end_round() = 0;
+  // Verified positions whose catch-up is still deferred (k = 0 rounds batch it for later).
+  virtual int64_t pending_rows() const = 0;
+  // Seconds the catch-up forwards of the current round took so far, and draft forwards run in all.
+  virtual double round_catch_up_seconds() const = 0;
+  virtual int64_t forwards() const = 0;
+};
+
+struct DraftOptions {
+  int k_max = 3;
+  bool merge_catch_up = true;  // false (test seam): run draft step 1 in a forward of its own
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelFacts& facts() const = 0;
+
+  // Reads every weight once (page faults up front) and throws nextn::Error naming the first tensor that holds
+  // a NaN or inf; with `progress` and a terminal on stderr, large checkpoints show a progress bar.
+  virtual void prefault(bool progress) const = 0;
+
+  // Sizes the shared KV memory (before the first sequence; later calls throw).
+  virtual void configure_memory(const MemoryOptions& options) = 0;
+  // Whether a sequence of `capacity` positions (with its drafter's memory when `drafting`) fits in what the
+  // live sequences have left, and, for messages, whether it would fit in the empty memory at all.
+  virtual bool can_admit(int64_t capacity, bool drafting) const = 0;
+  virtual bool could_ever_admit(int64_t capacity, bool drafting) const = 0;
+  virtual std::string memory_summary() const = 0;  // "KV pool 512 MiB: 3 of 64 pages in use, ..."
+  // A sequence of up to `capacity` positions (throws nextn::Error when its memory does not fit).
+  virtual std::unique_ptr<SequenceState> new_sequence(int64_t capacity) = 0;
+  // The sequence's MTP drafter (null when the checkpoint has no MTP layers).
+  virtual std::unique_ptr<DraftSession> new_draft_session(SequenceState& sequence, const DraftOptions& options) = 0;
+
+  // Grows the forward's buffers for batches of up to `rows` rows over sequences of up to `positions`
+  // positions, so that steps that stay within them never allocate.
+  virtual void reserve_batch(int64_t rows, int64_t positions) = 0;
+  // One forward over the rows of many sequences; each sequence's rows are appended to its state. A row's
+  // values never depend on the other rows of the batch (bit for bit).
+  // logits: per segment, rows × V (all_logits) or 1 × V, in segment order; hidden: all rows × hidden_width
+  // (either may be null).
+  virtual void forward(const BatchSegment* segments, size_t count, float* logits, float* hidden) = 0;
+
+  // The first MTP layer teacher-forced over a prompt of T tokens whose target hidden states are `hidden`
+  // [T, hidden_width]: position p gets token p+1 and hidden p; logits [T-1, V] (`nextn logits --draft`).
+  virtual void prompt_draft_logits(const int32_t* tokens, int64_t T, const float* hidden, float* logits) = 0;
+
+  // Bytes of the checkpoint's weight files, of the weights one token's forward reads, and of those the
+  // last forward read (MoE: the experts its rows used).
+  virtual size_t checkpoint_bytes() const = 0;
+  virtual size_t weight_bytes_total() const = 0;
+  virtual size_t last_forward_weight_bytes() const = 0;
+};
+
+}  // namespace nextn

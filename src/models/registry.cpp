@@ -1,0 +1,64 @@
+#include "models/registry.h"
+
+#include "core/error.h"
+#include "models/hy_v4/checkpoint_info.h"
+#include "models/hy_v4/config.h"
+#include "models/hy_v4/model.h"
+
+namespace nextn {
+namespace {
+
+struct Family {
+  const char* model_type;
+  std::unique_ptr<Model> (*load)(const std::string& dir, ThreadPool* pool);
+  CheckpointReport (*inspect)(const std::string& dir, bool scan);
+};
+
+CheckpointReport inspect_hy_v4(const std::string& dir, bool scan) {
+  const CheckpointInfo info = inspect_checkpoint(dir, scan);
+  return {info.loadable, checkpoint_info_json(info), checkpoint_info_text(info)};
+}
+
+const Family kFamilies[] = {
+    {"hy_v4", [](const std::string& dir, ThreadPool* pool) -> std::unique_ptr<Model> {
+       return std::make_unique<HYV4Model>(dir, pool);
+     }, inspect_hy_v4},
+};
+
+// The family of DIR. A config.json that cannot be read, or names no model_type, goes to the first family,
+// whose loader reports exactly what is wrong with it (missing file, malformed JSON, missing field).
+const Family& family_of(const std::string& dir) {
+  std::string type;
+  try {
+    type = read_model_type(dir);
+  } catch (const Error&) {
+    return kFamilies[0];
+  }
+  for (const Family& f : kFamilies)
+    if (type == f.model_type) return f;
+  std::string names;
+  for (const Family& f : kFamilies) names += std::string(names.empty() ? "" : ", ") + f.model_type;
+  throw Error(dir + "/config.json: unsupported model_type '" + type + "' (nextn supports: " + names + ")");
+}
+
+}  // namespace
+
+std::vector<std::string> supported_model_types() {
+  std::vector<std::string> out;
+  for (const Family& f : kFamilies) out.emplace_back(f.model_type);
+  return out;
+}
+
+std::unique_ptr<Model> load_model(const std::string& dir, ThreadPool* pool) { return family_of(dir).load(dir, pool); }
+
+CheckpointReport inspect_model(const std::string& dir, bool scan) {
+  const Family* f = &kFamilies[0];
+  try {
+    f = &family_of(dir);
+  } catch (const Error&) {
+    // an unsupported model_type: the first family's report says so in its own words
+  }
+  return f->inspect(dir, scan);
+}
+
+}  // namespace nextn
