@@ -1,0 +1,217 @@
+// The engine runs many sequences together; each must come out exactly as it would alone: the same tokens
+// (greedy, and sampled with the same seed) and bit-identical logprobs (so bit-identical logits), whatever else
+// shares its forwards, whenever it was admitted, whatever its k — on the committed fixtures (1 and 2 MTP
+// layers) and the bundled model. Also: rejected drafts leave no trace, and the KV pool bounds admission.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "engine/engine.h"
+#include "models/registry.h"
+#include "test_util.h"
+
+namespace nextn {
+namespace {
+
+using testing::fixture_dir;
+
+const std::string kBundled = std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny";
+
+std::vector<int32_t> random_prompt(int64_t len, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> p(len);
+  for (auto& t : p) t = static_cast<int32_t>(3 + rng() % (vocab - 3));
+  return p;
+}
+
+// Request i of 8: prompt lengths from 1 to past the sparse budget, k from 0 (plain) to 4, greedy (some with
+// tuned k) and sampled with its own seed; every request asks for logprobs.
+Request make_request(int i, const ModelFacts& f, int max_tokens) {
+  Request r;
+  const int64_t budget = std::max<int64_t>(f.sparse_budget, 1);
+  const int64_t lengths[8] = {1, budget / 2, budget - 1, budget, budget + 1, budget + 7, 2 * budget + 3, 5};
+  r.prompt = random_prompt(std::max<int64_t>(1, lengths[i % 8]), f.vocab_size, 100 + i);
+  r.params.max_tokens = max_tokens;
+  r.params.logprobs = 2;
+  if (i % 3 == 1) {
+    r.params.temperature = 0.8f;
+    r.params.top_p = 0.95f;
+    r.params.seed = 1000 + i;
+  }
+  const int k = i % 5;  // 0: plain decoding
+  r.spec.enabled = k > 0;
+  r.spec.num_speculative_tokens = std::max(k, 1);
+  r.spec.tune_k = r.params.greedy() && i % 4 == 0 && k > 0;
+  return r;
+}
+
+GenerationResult run_alone(Model& m, Request r) {
+  Engine e(m);
+  e.submit(std::move(r));
+  e.run();
+  auto done = e.take_finished();
+  EXPECT_EQ(done.size(), 1u);
+  return std::move(done.at(0).second);
+}
+
+void expect_same(const GenerationResult& got, const GenerationResult& want, const std::string& what) {
+  EXPECT_EQ(got.finish_reason, want.finish_reason) << what << ": " << got.error;
+  ASSERT_EQ(got.ids, want.ids) << what;
+  ASSERT_EQ(got.logprobs.size(), want.logprobs.size()) << what;
+  for (size_t t = 0; t < got.logprobs.size(); ++t) {
+    // bit for bit: the same logits row gave the same log-softmax
+    EXPECT_EQ(std::memcmp(&got.logprobs[t].logprob, &want.logprobs[t].logprob, sizeof(float)), 0)
+        << what << " token " << t << ": " << got.logprobs[t].logprob << " vs " << want.logprobs[t].logprob;
+    EXPECT_EQ(got.logprobs[t].top, want.logprobs[t].top) << what << " token " << t;
+  }
+}
+
+class CrossSequence : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { model_ = load_model(GetParam(), &pool_); }
+  ThreadPool pool_{2};
+  std::unique_ptr<Model> model_;
+};
+
+// 8 requests admitted at different steps (3 at once, then one every other step) run through one engine.
+TEST_P(CrossSequence, EachSequenceIsExactlyAsAlone) {
+  const ModelFacts& f = model_->facts();
+  ASSERT_GE(f.num_mtp_layers, 1);
+  const int max_tokens = 20;
+  std::vector<GenerationResult> alone;
+  for (int i = 0; i < 8; ++i) alone.push_back(run_alone(*model_, make_request(i, f, max_tokens)));
+
+  Engine engine(*model_);
+  std::vector<int64_t> ids;
+  int next = 0;
+  size_t most_active = 0;
+  for (int step = 0; next < 8 || !engine.idle(); ++step) {
+    if (next < 3 || (next < 8 && step % 2 == 0)) ids.push_back(engine.submit(make_request(next++, f, max_tokens)));
+    engine.step();
+    most_active = std::max(most_active, engine.active());
+  }
+  EXPECT_GE(most_active, 4u) << "the sequences should overlap";
+  auto done = engine.take_finished();
+  ASSERT_EQ(done.size(), 8u);
+  int64_t drafted = 0;
+  for (auto& [id, res] : done) {
+    expect_same(res, alone[id], GetParam() + " request " + std::to_string(id));
+    drafted += res.stats.num_draft_tokens;
+  }
+  EXPECT_GT(drafted, 0) << "speculation ran";
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CrossSequence,
+                         ::testing::Values(fixture_dir("a_fp32"), fixture_dir("b_fp32"), fixture_dir("c_bf16"),
+                                           std::string(NEXTN_SOURCE_DIR) + "/tests/fixtures/hy_v4_fp8/fp8_bf16_mtp",
+                                           kBundled),
+                         [](const auto& info) {
+                           const std::string& p = info.param;
+                           std::string name = p.substr(p.find_last_of('/') + 1);
+                           for (char& ch : name)
+                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return name;
+                         });
+
+// A sequence whose every draft is rejected for 50 rounds, interleaved with others that speculate, rolls its
+// target state back each round: its logits afterwards are bit for bit those of a sequence that never drafted.
+TEST(EngineRollback, FiftyRejectedRoundsLeaveNoTrace) {
+  for (const std::string dir : {fixture_dir("b_fp32"), kBundled}) {
+    ThreadPool pool(2);
+    auto model = load_model(dir, &pool);
+    const ModelFacts& f = model->facts();
+    Request plain;
+    plain.prompt = random_prompt(f.sparse_budget + 3, f.vocab_size, 5);
+    plain.params.max_tokens = 52;
+    plain.params.logprobs = 3;
+    plain.spec.enabled = false;
+    const GenerationResult ref = run_alone(*model, plain);
+    ASSERT_EQ(ref.ids.size(), 52u);
+
+    Request rejected = plain;
+    rejected.spec.enabled = true;
+    rejected.spec.num_speculative_tokens = 3;
+    const int64_t n = int64_t(plain.prompt.size());
+    // the drafted token for absolute position pos is replaced by one the target will not choose
+    rejected.spec.draft_hook = [&ref, n, V = f.vocab_size](int64_t pos, int32_t) {
+      return static_cast<int32_t>((ref.ids[pos - n] + 1) % V);
+    };
+    Engine engine(*model);
+    const int64_t id = engine.submit(rejected);
+    for (int i = 0; i < 3; ++i) engine.submit(make_request(i * 2, f, 40));
+    engine.run();
+    bool found = false;
+    for (auto& [rid, res] : engine.take_finished()) {
+      if (rid != id) continue;
+      found = true;
+      EXPECT_EQ(res.stats.num_drafts, 50) << dir;  // 51 rounds after the first token; the last has no room to draft
+      EXPECT_EQ(res.stats.num_accepted_tokens, 0) << dir;
+      expect_same(res, ref, dir + " all drafts rejected");
+    }
+    EXPECT_TRUE(found);
+  }
+}
+
+// The KV pool is fixed: requests that do not fit wait for pages and then run exactly as alone; one that could
+// never fit is refused at submit with a message that says so; pages come back when sequences finish.
+TEST(EngineMemory, RequestsWaitForPagesAndTooLargeOnesAreRefused) {
+  ThreadPool pool(2);
+  auto model = load_model(fixture_dir("a_fp32"), &pool);
+  const ModelFacts& f = model->facts();
+  // room for two sequences of (prompt 12 + 16 tokens + k + 2) positions in pages of 16
+  auto request = [&](int i) {
+    Request r;
+    r.prompt = random_prompt(12, f.vocab_size, 40 + i);
+    r.params.max_tokens = 16;
+    r.spec.num_speculative_tokens = 2;
+    return r;
+  };
+  MemoryOptions mem;
+  mem.page_tokens = 16;
+  std::vector<GenerationResult> alone;
+  for (int i = 0; i < 5; ++i) alone.push_back(run_alone(*model, request(i)));
+  auto small = load_model(fixture_dir("a_fp32"), &pool);
+  // A pool that holds exactly two sequences: measured as 2 x the bytes of one (3 pages each).
+  int64_t lo = 1, hi = int64_t(1) << 30;
+  while (lo < hi) {  // the smallest pool that admits one sequence
+    const int64_t mid = (lo + hi) / 2;
+    auto m = load_model(fixture_dir("a_fp32"), nullptr);
+    MemoryOptions o = mem;
+    o.kv_cache_bytes = mid;
+    m->configure_memory(o);
+    if (m->could_ever_admit(Sequence(*m, request(0)).capacity(), true))
+      hi = mid;
+    else
+      lo = mid + 1;
+  }
+  mem.kv_cache_bytes = 2 * lo;
+  small->configure_memory(mem);
+  Engine engine(*small);
+  for (int i = 0; i < 5; ++i) engine.submit(request(i));
+  size_t most_active = 0;
+  while (!engine.idle()) {
+    engine.step();
+    most_active = std::max(most_active, engine.active());
+  }
+  EXPECT_EQ(most_active, 2u) << "the pool holds two sequences at a time";
+  auto done = engine.take_finished();
+  ASSERT_EQ(done.size(), 5u);
+  for (auto& [id, res] : done) expect_same(res, alone[id], "request " + std::to_string(id));
+  EXPECT_TRUE(small->can_admit(Sequence(*small, request(0)).capacity(), true)) << "pages came back";
+
+  Request huge = request(9);
+  huge.params.max_tokens = 200;  // 12 + 200 + 4 positions: more than the pool of two 34-position sequences
+  try {
+    engine.submit(huge);
+    FAIL() << "a request larger than the whole pool was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than the whole pool holds"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--kv-cache-mb"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace nextn
