@@ -1,8 +1,12 @@
 // Sub-commands of the `nextn` executable: main.cpp dispatches `nextn <command> ...` to them with its own
 // argc/argv (argv[1] is the command name). Each returns the process exit status.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 
+#include "engine/request.h"
+#include "io/tokenizer.h"
+#include "models/model.h"
 #include "ops/cpu_target.h"
 
 namespace nextn::cli {
@@ -17,5 +21,18 @@ int run_inspect(int argc, char** argv);
 
 // `nextn bench [--model DIR | --synthetic] [--json]`: bandwidth, decode, verify cost, speculation (src/cli/bench.cpp).
 int run_bench(int argc, char** argv);
+
+// The "stats" object of `generate --json` (per request).
+nlohmann::json stats_json(const SpecStats& s);
+
+// What the command line sets for every request of `generate --requests` (a line's fields override it).
+struct RequestDefaults {
+  SamplingParams params;
+  SpecOptions spec;
+  bool ignore_eos = false;
+};
+// `nextn generate --requests FILE.jsonl` (src/cli/requests.cpp): exit status 0, or 1 when a request failed.
+int run_requests(const std::string& path, const RequestDefaults& defaults, const std::string& model_dir,
+                 const Tokenizer* tok, int threads, const MemoryOptions& memory, int max_sequences);
 
 }  // namespace nextn::cli

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "cli/commands.h"
-#include "models/hy_v4/checkpoint_info.h"
+#include "models/registry.h"
 
 namespace nextn::cli {
 
@@ -14,7 +14,7 @@ namespace {
 const char kUsage[] =
     "usage: nextn inspect DIR [--json] [--scan]\n"
     "\n"
-    "Describes the HY V4 checkpoint in DIR (config.json + *.safetensors) without loading it: architecture,\n"
+    "Describes the checkpoint in DIR (config.json + *.safetensors) without loading it: architecture,\n"
     "sizes (parameters, bytes by dtype), layer kinds, quantization, MTP layers (naming, mtp_quant_algo),\n"
     "tensor-name form, and the warnings and errors loading it would give.\n"
     "\n"
@@ -56,14 +56,14 @@ int run_inspect(int argc, char** argv) {
     std::fprintf(stderr, "nextn inspect: missing DIR\n%s", kUsage);
     return 2;
   }
-  const CheckpointInfo info = inspect_checkpoint(dir, scan);
+  const CheckpointReport info = inspect_model(dir, scan);
   if (json) {
-    nlohmann::json j = checkpoint_info_json(info);
+    nlohmann::json j = info.json;
     j["cpu_target"] = ops::cpu_target_name();
     j["cpu_target_forced"] = ops::cpu_target_forced();
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::fputs(checkpoint_info_text(info).c_str(), stdout);
+    std::fputs(info.text.c_str(), stdout);
     std::printf("CPU kernels:   %s\n", cpu_target_text().c_str());
   }
   return info.loadable ? 0 : 1;

@@ -1,15 +1,27 @@
 #include "core/profile.h"
 
 #include <cstdlib>
+#include <cstring>
+#include <mutex>
 #include <string_view>
 
 namespace nextn::profile {
 namespace {
-double g_seconds[kSectionCount] = {};
-int64_t g_calls[kSectionCount] = {};
-const char* const kNames[kSectionCount] = {"hyper-connections", "projections", "indexer", "attention", "o_proj",
-                                           "router",            "experts",     "dense mlp", "lm_head"};
+double g_seconds[kMaxSections] = {};
+int64_t g_calls[kMaxSections] = {};
+const char* g_names[kMaxSections] = {};
+int g_count = 0;
+std::mutex g_names_mutex;
 }  // namespace
+
+Section section(const char* name) {
+  const std::lock_guard<std::mutex> lock(g_names_mutex);
+  for (int i = 0; i < g_count; ++i)
+    if (std::strcmp(g_names[i], name) == 0) return i;
+  if (g_count == kMaxSections) return kMaxSections - 1;  // (shares the last slot rather than failing)
+  g_names[g_count] = name;
+  return g_count++;
+}
 
 bool enabled() {
   static const bool on = [] {
@@ -26,7 +38,7 @@ void add(Section s, double seconds) {
 }
 
 void clear() {
-  for (int i = 0; i < kSectionCount; ++i) g_seconds[i] = 0.0, g_calls[i] = 0;
+  for (int i = 0; i < kMaxSections; ++i) g_seconds[i] = 0.0, g_calls[i] = 0;
 }
 
 void report(std::FILE* f, const char* unit, double per) {
@@ -36,9 +48,9 @@ void report(std::FILE* f, const char* unit, double per) {
   std::fprintf(f, "profile (NEXTN_PROFILE): %.1f ms in forward sections", total * 1e3);
   if (per > 0) std::fprintf(f, ", %.3f ms per %s", total * 1e3 / per, unit);
   std::fprintf(f, "\n");
-  for (int i = 0; i < kSectionCount; ++i) {
+  for (int i = 0; i < g_count; ++i) {
     if (g_calls[i] == 0) continue;
-    std::fprintf(f, "  %-18s %9.2f ms  %5.1f%%", kNames[i], g_seconds[i] * 1e3, 100.0 * g_seconds[i] / total);
+    std::fprintf(f, "  %-18s %9.2f ms  %5.1f%%", g_names[i], g_seconds[i] * 1e3, 100.0 * g_seconds[i] / total);
     if (per > 0) std::fprintf(f, "  %8.3f ms per %s", g_seconds[i] * 1e3 / per, unit);
     std::fprintf(f, "\n");
   }

@@ -8,18 +8,12 @@
 
 namespace nextn::profile {
 
-enum Section : int {
-  kHyperConnections,  // iHC pre/post mixing and norms around the sublayers
-  kProjections,       // attention input projections (q, kv, gate, indexer q/k/weights), norms, RoPE
-  kIndexer,           // DSA indexer scores and top-k selection
-  kAttention,         // sparse MLA over the selected latents (absorbed), incl. kv_b
-  kOutput,            // o_proj
-  kRouter,            // MoE router and token grouping
-  kExperts,           // routed + shared experts, combine
-  kDenseMlp,          // dense MLP layers
-  kLmHead,            // lm_head
-  kSectionCount
-};
+// A section is a small id a model registers by name once (its forward's parts are its own business):
+//   const profile::Section kAttention = profile::section("attention");
+using Section = int;
+constexpr int kMaxSections = 32;
+// The id of the section called `name` (registered on first use, in report order); thread-safe.
+Section section(const char* name);
 
 bool enabled();
 void add(Section s, double seconds);
