@@ -222,6 +222,7 @@ TEST(Cli, BenchJsonHasTheSpecifiedKeys) {
     EXPECT_GT(j["verify_cost"][key].get<double>(), 0.0) << key;
     EXPECT_GE(j["verify_bytes"][key].get<double>(), 1.0 - 1e-12) << key;
   }
+  EXPECT_FALSE(j.contains("concurrency"));  // only with --concurrency
   ASSERT_EQ(j["speculative"].size(), 4u);
   for (int k = 1; k <= 4; ++k) {
     const auto& e = j["speculative"][k - 1];
@@ -239,6 +240,31 @@ TEST(Cli, BenchJsonHasTheSpecifiedKeys) {
     EXPECT_GT(e["decode_split"]["verify"].get<double>(), 0.0);
     EXPECT_LE(parts, 1.0 + 1e-9);
   }
+}
+
+// `bench --concurrency` on the bundled model (2 MTP layers): one entry per N, in order, with positive speeds
+// and ratios (measurements: no speed is asserted), and the bytes a step reads behind the bandwidth ceiling.
+TEST(Cli, BenchConcurrencyReportsEveryBatchSize) {
+  auto r = nextn("bench --concurrency 1,2 --tokens 8 --repeats 1 --json");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j.contains("concurrency"));
+  ASSERT_EQ(j["concurrency"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const auto& e = j["concurrency"][i];
+    EXPECT_EQ(e["sequences"].get<int>(), i + 1);
+    for (const char* k : {"plain_tokens_per_s", "speculative_tokens_per_s", "plain_vs_single", "speculative_vs_plain",
+                          "plain_bytes_per_step", "plain_ceiling_tokens_per_s", "plain_bandwidth_fraction"}) {
+      ASSERT_TRUE(e[k].is_number()) << k << ": " << e.dump();
+      EXPECT_GT(e[k].get<double>(), 0.0) << k;
+    }
+    EXPECT_GE(e["mean_acceptance_length"].get<double>(), 1.0);
+  }
+  EXPECT_EQ(j["concurrency"][0]["plain_vs_single"].get<double>(), 1.0);  // N = 1 is the single sequence
+  EXPECT_GT(j["concurrency_single_tokens_per_s"].get<double>(), 0.0);
+  // A bad list is a usage error, before anything is measured.
+  expect_usage_error("bench --concurrency 1,0", "--concurrency must be in 1..256, got 0");
+  expect_usage_error("bench --concurrency 2 --tokens 1", "--tokens >= 2");
 }
 
 TEST(Cli, GenerateTextWithBundledModelAndStopString) {

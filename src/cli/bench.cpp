@@ -11,6 +11,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <unistd.h>
 
 #include "cli/args.h"
@@ -19,8 +20,10 @@
 #include "core/profile.h"
 #include "core/threadpool.h"
 #include "io/tokenizer.h"
-#include "models/hy_v4/model.h"
+#include "engine/engine.h"
 #include "engine/generator.h"
+#include "engine/sampler.h"
+#include "models/registry.h"
 
 namespace nextn::cli {
 namespace {
@@ -31,9 +34,10 @@ Measures in one run: the machine's read bandwidth (all threads), weight+cache by
 decode tokens/s and the GB/s it achieves (fraction of the measured bandwidth), the time of a (k+1)-token
 verify step relative to a 1-token step for k = 1..7 next to the bytes such a step reads relative to one
 token (its bandwidth floor: with MoE, more rows touch more experts), and tokens/s with speculation for
-k = 1..4 with the acceptance metrics (when the checkpoint has MTP layers). JSON keys include
-read_bandwidth_gbps, decode_gbps, bandwidth_fraction, baseline_tokens_per_s, verify_cost, verify_bytes
-and speculative.
+k = 1..4 with the acceptance metrics (when the checkpoint has MTP layers); with --concurrency, also many
+requests decoding together through one engine. JSON keys include read_bandwidth_gbps, decode_gbps,
+bandwidth_fraction, baseline_tokens_per_s, verify_cost, verify_bytes, speculative and (--concurrency)
+concurrency.
 
   --model DIR        checkpoint to measure (default: the bundled model)
   --synthetic        write (once, cached) and measure a random HY V4 checkpoint at realistic width
@@ -52,6 +56,17 @@ and speculative.
   --oracle-acceptance P  also measure speculation with drafts replaced by the target's own greedy token
                      with probability P per draft position (a what-if for a draft of that quality on this
                      checkpoint; the output stays the target's, the MTP layers still run)
+  --concurrency N,N,...  also run N greedy requests of --tokens tokens at once through one engine (prompts:
+                     the bench prompt, rotated per request), plain and with speculation (tuned k up to the
+                     checkpoint's default k, as generate does), for each N (1..256); reported per N, as
+                     medians of --repeats passes: aggregate decode tokens/s = the tokens generated after
+                     each request's first token / the wall time from the end of the step that gave the
+                     last request its first token to the end of the last step; its ratio to one sequence's
+                     plain decode through the engine (same pass), speculative / plain, the mean
+                     acceptance length, and the bytes a step reads next to the bandwidth-bound ceiling
+                     (N x read bandwidth / bytes per plain step). JSON: "concurrency": [{"sequences",
+                     "plain_tokens_per_s", "speculative_tokens_per_s", "plain_vs_single",
+                     "speculative_vs_plain", "mean_acceptance_length", ...}]
   --json             print one JSON object
 )";
 
@@ -89,201 +104,33 @@ double measure_read_bandwidth(ThreadPool& pool) {
   return best;
 }
 
-// ---- synthetic checkpoint ------------------------------------------------------------------------------
-
-struct SynthTensor {
-  std::string name;
-  std::string dtype;  // "BF16", "F32", "F8_E4M3"
-  std::vector<int64_t> shape;
-  float scale;        // values ~ N(0, scale²) (or this constant for norms when const_value)
-  bool const_value = false;
-};
-
-int64_t numel(const std::vector<int64_t>& s) {
-  int64_t n = 1;
-  for (auto d : s) n *= d;
-  return n;
-}
-
-nlohmann::json synthetic_config(bool fp8, bool dense) {
-  nlohmann::json c = {{"model_type", "hy_v4"},
-                      {"architectures", {"HYV4ForCausalLM"}},
-                      {"vocab_size", 32000},
-                      {"hidden_size", 2048},
-                      {"intermediate_size", 5632},
-                      {"moe_intermediate_size", 768},
-                      {"num_hidden_layers", 8},
-                      {"num_attention_heads", 16},
-                      {"q_lora_rank", 768},
-                      {"kv_lora_rank", 256},
-                      {"qk_nope_head_dim", 64},
-                      {"qk_rope_head_dim", 32},
-                      {"v_head_dim", 64},
-                      {"index_topk", 512},
-                      {"index_head_dim", 64},
-                      {"index_n_heads", 8},
-                      {"n_routed_experts", 32},
-                      {"num_experts_per_tok", 4},
-                      {"n_shared_experts", 1},
-                      {"hc_mult", 4},
-                      {"max_position_embeddings", 8192},
-                      {"num_nextn_predict_layers", 1},
-                      {"tie_word_embeddings", false}};
-  if (dense) c["mlp_layer_types"] = std::vector<std::string>(int(c["num_hidden_layers"]), "dense");
-  if (fp8)
-    c["quantization_config"] = {{"quant_method", "fp8"},
-                                {"fmt", "e4m3"},
-                                {"weight_block_size", {128, 128}},
-                                {"activation_scheme", "dynamic"},
-                                {"ignored_layers", nlohmann::json::array()}};
-  return c;
-}
-
-std::vector<SynthTensor> synthetic_tensors(const nlohmann::json& c, bool fp8, bool dense) {
-  const int64_t H = c["hidden_size"], V = c["vocab_size"], L = c["num_hidden_layers"], nh = c["num_attention_heads"];
-  const int64_t ql = c["q_lora_rank"], kvl = c["kv_lora_rank"], nope = c["qk_nope_head_dim"], rope = c["qk_rope_head_dim"];
-  const int64_t vd = c["v_head_dim"], nih = c["index_n_heads"], ihd = c["index_head_dim"];
-  const int64_t E = c["n_routed_experts"], I = c["moe_intermediate_size"], Id = c["intermediate_size"];
-  const int64_t C = c["hc_mult"];
-  std::vector<SynthTensor> t;
-  const std::string lin = fp8 ? "F8_E4M3" : "BF16";
-  auto linear = [&](const std::string& n, int64_t out, int64_t in) {
-    t.push_back({n + ".weight", lin, {out, in}, 1.0f / std::sqrt(float(in))});
-    if (fp8) t.push_back({n + ".weight_scale_inv", "F32", {(out + 127) / 128, (in + 127) / 128}, 0, true});
-  };
-  auto norm = [&](const std::string& n, int64_t d) { t.push_back({n, "BF16", {d}, 1.0f, true}); };
-  auto block = [&](const std::string& p, bool sparse, bool hc, bool own_indexer) {
-    if (hc)
-      for (const char* k : {"attn_hc", "ffn_hc"}) {
-        t.push_back({p + k + ".fn", "F32", {2 * C, C * H}, 1.0f / std::sqrt(float(C * H))});
-        t.push_back({p + k + ".base", "F32", {2 * C}, 0.5f});
-        t.push_back({p + k + ".scale", "F32", {2}, 0.5f});
-      }
-    norm(p + "input_layernorm.weight", H);
-    norm(p + "post_attention_layernorm.weight", H);
-    const std::string a = p + "self_attn.";
-    linear(a + "q_a_proj", ql, H);
-    norm(a + "q_a_layernorm.weight", ql);
-    linear(a + "q_b_proj", nh * (nope + rope), ql);
-    linear(a + "kv_a_proj_with_mqa", kvl + rope, H);
-    norm(a + "kv_a_layernorm.weight", kvl);
-    linear(a + "kv_b_proj", nh * (nope + vd), kvl);
-    linear(a + "o_proj", H, nh * vd);
-    linear(a + "gate_proj", nh * vd, H);
-    t.push_back({a + "sinks", "F32", {nh}, 1.0f});
-    if (own_indexer) {
-      linear(a + "indexer.wq_b", nih * ihd, ql);
-      linear(a + "indexer.wk", ihd, H);
-      norm(a + "indexer.k_norm.weight", ihd);
-      t.push_back({a + "indexer.k_norm.bias", "F32", {ihd}, 0.1f});
-      t.push_back({a + "indexer.weights_proj.weight", "F32", {nih, H}, 1.0f / std::sqrt(float(H))});
-    }
-    const std::string m = p + "mlp.";
-    if (!sparse) {
-      linear(m + "gate_proj", Id, H);
-      linear(m + "up_proj", Id, H);
-      linear(m + "down_proj", H, Id);
-      return;
-    }
-    t.push_back({m + "gate.weight", "F32", {E, H}, 1.0f / std::sqrt(float(H))});
-    t.push_back({m + "gate.e_score_correction_bias", "F32", {E}, 0.1f});
-    linear(m + "shared_experts.gate_proj", I, H);
-    linear(m + "shared_experts.up_proj", I, H);
-    linear(m + "shared_experts.down_proj", H, I);
-    t.push_back({m + "experts.gate_up_proj", lin, {E, 2 * I, H}, 1.0f / std::sqrt(float(H))});
-    if (fp8) t.push_back({m + "experts.gate_up_proj_scale_inv", "F32", {E, (2 * I + 127) / 128, (H + 127) / 128}, 0, true});
-    t.push_back({m + "experts.down_proj", lin, {E, H, I}, 1.0f / std::sqrt(float(I))});
-    if (fp8) t.push_back({m + "experts.down_proj_scale_inv", "F32", {E, (H + 127) / 128, (I + 127) / 128}, 0, true});
-  };
-  t.push_back({"model.embed_tokens.weight", "BF16", {V, H}, 1.0f});
-  // default indexer pattern: own indexer on layer 0 and every layer with (i - 1) % 4 == 0
-  for (int64_t i = 0; i < L; ++i)
-    block("model.layers." + std::to_string(i) + ".", i > 0 && !dense, true, i == 0 || (i - 1) % 4 == 0);
-  t.push_back({"model.hc_head.hc_fn", "F32", {C, C * H}, 1.0f / std::sqrt(float(C * H))});
-  t.push_back({"model.hc_head.hc_base", "F32", {C}, 0.5f});
-  t.push_back({"model.hc_head.hc_scale", "F32", {1}, 0.5f});
-  norm("model.norm.weight", H);
-  t.push_back({"lm_head.weight", "BF16", {V, H}, 0.5f / std::sqrt(float(H))});
-  const std::string mp = "model.mtp_layers.0.";
-  norm(mp + "enorm.weight", H);
-  norm(mp + "hnorm.weight", H);
-  norm(mp + "final_layernorm.weight", H);
-  linear(mp + "eh_proj", H, 2 * H);
-  block(mp, !dense, false, true);
-  return t;
-}
-
-size_t dtype_bytes(const std::string& d) { return d == "F32" ? 4 : d == "BF16" ? 2 : 1; }
-
-// Streams a random checkpoint to disk tensor by tensor (never the whole model in memory).
-void write_synthetic(const std::string& dir, bool fp8, bool dense) {
-  std::filesystem::create_directories(dir);
-  const auto cfg = synthetic_config(fp8, dense);
-  const auto tensors = synthetic_tensors(cfg, fp8, dense);
-  nlohmann::json header = nlohmann::json::object();
-  size_t off = 0;
-  for (const auto& t : tensors) {
-    const size_t n = size_t(numel(t.shape)) * dtype_bytes(t.dtype);
-    header[t.name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {off, off + n}}};
-    off += n;
-  }
-  std::string hs = header.dump();
-  while (hs.size() % 8) hs += ' ';
-  const std::string tmp = dir + "/model.safetensors.tmp";
-  std::ofstream f(tmp, std::ios::binary);
-  if (!f) throw Error("cannot write " + tmp);
-  uint64_t hl = hs.size();
-  f.write(reinterpret_cast<const char*>(&hl), 8);
-  f.write(hs.data(), hs.size());
-  std::mt19937_64 rng(1234);
-  std::vector<char> buf;
-  for (const auto& t : tensors) {
-    const int64_t n = numel(t.shape);
-    buf.resize(size_t(n) * dtype_bytes(t.dtype));
-    for (int64_t i = 0; i < n; ++i) {
-      // cheap approximately-normal values: sum of 4 uniforms, centred and scaled
-      const uint64_t r = rng();
-      const float u = (float((r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48)) / 65536.0f - 2.0f) *
-                      1.7320508f;
-      const float v = t.const_value ? (t.dtype == "F32" && fp8 && t.name.find("scale_inv") != std::string::npos
-                                           ? 1.0f / 256.0f
-                                           : t.scale)
-                                    : u * t.scale;
-      if (t.dtype == "F32") {
-        std::memcpy(&buf[size_t(i) * 4], &v, 4);
-      } else if (t.dtype == "BF16") {
-        const uint16_t b = f32_to_bf16(v);
-        std::memcpy(&buf[size_t(i) * 2], &b, 2);
-      } else {  // e4m3 code of a value ~N(0, 64²)/... : random sign, exponent 5..9, random mantissa
-        buf[size_t(i)] = char((r & 0x80) | (((5 + (r >> 8) % 5) & 0xf) << 3) | ((r >> 16) & 7));
-      }
-    }
-    f.write(buf.data(), buf.size());
-  }
-  f.close();
-  std::filesystem::rename(tmp, dir + "/model.safetensors");
-  std::ofstream(dir + "/config.json") << cfg.dump(2);
-}
-
 // ---- measurements -------------------------------------------------------------------------------------
 
 struct DecodeResult {
   double tokens_per_s, seconds_per_token;
 };
 
+// One sequence's rows of a forward (a row's values never depend on the rest of the batch, so one sequence
+// alone measures what it costs in a batch of one).
+void forward_one(Model& m, SequenceState& seq, const int32_t* tokens, int64_t rows, bool all_logits, float* logits,
+                 float* hidden = nullptr) {
+  const BatchSegment seg{&seq, tokens, rows, all_logits};
+  m.forward(&seg, 1, logits, hidden);
+}
+
 // Plain decode of `n` tokens after a prompt (greedy), timing only the decode steps.
-DecodeResult time_decode(HYV4Model& m, const std::vector<int32_t>& prompt, int n) {
-  const int64_t V = m.config().vocab_size;
-  KVCache cache = m.new_cache(prompt.size() + n + 1);
+DecodeResult time_decode(Model& m, const std::vector<int32_t>& prompt, int n) {
+  const int64_t V = m.facts().vocab_size;
+  auto seq = m.new_sequence(int64_t(prompt.size()) + n + 1);
   std::vector<float> logits(V);
-  m.forward(prompt.data(), prompt.size(), cache, logits.data(), nullptr, false);
+  forward_one(m, *seq, prompt.data(), int64_t(prompt.size()), false, logits.data());
   int32_t t = Sampler::argmax(logits.data(), V);
-  m.forward(&t, 1, cache, logits.data(), nullptr, false);  // warm-up step
+  forward_one(m, *seq, &t, 1, false, logits.data());  // warm-up step
   profile::clear();
   const double t0 = now_s();
   for (int i = 0; i < n; ++i) {
     t = Sampler::argmax(logits.data(), V);
-    m.forward(&t, 1, cache, logits.data(), nullptr, false);
+    forward_one(m, *seq, &t, 1, false, logits.data());
   }
   const double dt = now_s() - t0;
   return {n / dt, dt / n};
@@ -294,11 +141,11 @@ struct StepResult {
   double seconds;       // median time of a step
   double weight_bytes;  // mean weight bytes a step read (the routed experts its rows used)
 };
-StepResult time_step(HYV4Model& m, const std::vector<int32_t>& prompt, int rows, int reps) {
-  const int64_t V = m.config().vocab_size;
-  KVCache cache = m.new_cache(prompt.size() + rows + 1);
+StepResult time_step(Model& m, const std::vector<int32_t>& prompt, int rows, int reps) {
+  const int64_t V = m.facts().vocab_size;
+  auto seq = m.new_sequence(int64_t(prompt.size()) + rows + 1);
   std::vector<float> logits(int64_t(rows) * V);
-  m.forward(prompt.data(), prompt.size(), cache, nullptr, nullptr);
+  forward_one(m, *seq, prompt.data(), int64_t(prompt.size()), false, nullptr);
   profile::clear();  // (NEXTN_PROFILE: the steps only)
   std::vector<int32_t> toks(rows);
   std::mt19937 rng(rows);
@@ -307,15 +154,45 @@ StepResult time_step(HYV4Model& m, const std::vector<int32_t>& prompt, int rows,
   for (int r = 0; r < reps + 1; ++r) {
     for (auto& t : toks) t = int32_t(rng() % V);
     const double t0 = now_s();
-    m.forward(toks.data(), rows, cache, logits.data(), nullptr, true);
+    forward_one(m, *seq, toks.data(), rows, true, logits.data());
     if (r > 0) {
       times.push_back(now_s() - t0);
       bytes += double(m.last_forward_weight_bytes());
     }
-    cache.truncate(prompt.size());
+    seq->rollback(int64_t(prompt.size()));
   }
   std::sort(times.begin(), times.end());
   return {times[times.size() / 2], bytes / reps};
+}
+
+// Median time of a drafting round at k = 1 (the MTP layers' catch-up on the one position the target just
+// verified: one MTP layer over one row, then lm_head), as the engine runs it through the model's DraftSession.
+// The target's verify forwards between the rounds are not timed.
+double time_draft_step(Model& m, const std::vector<int32_t>& prompt, int reps) {
+  const int64_t V = m.facts().vocab_size, H = m.facts().hidden_width, T = int64_t(prompt.size());
+  auto seq = m.new_sequence(T + reps + 2);
+  std::vector<float> hid(T * H), lg(V);
+  forward_one(m, *seq, prompt.data(), T, false, lg.data(), hid.data());
+  std::vector<int32_t> toks = prompt;
+  toks.push_back(Sampler::argmax(lg.data(), V));
+  DraftOptions dopt;
+  dopt.k_max = 1;
+  auto drafter = m.new_draft_session(*seq, dopt);
+  drafter->push_verified(hid.data(), T);
+  drafter->catch_up_prompt(toks, 1);
+  std::vector<double> ts;
+  for (int r = 0; r < reps; ++r) {
+    const int32_t t = toks.back();  // the target verifies the newest token
+    forward_one(m, *seq, &t, 1, true, lg.data(), hid.data());
+    toks.push_back(Sampler::argmax(lg.data(), V));
+    drafter->push_verified(hid.data(), 1);
+    const double t0 = now_s();
+    if (drafter->begin_round(toks, 1)) drafter->step(0, 0);
+    drafter->end_round();
+    ts.push_back(now_s() - t0);
+  }
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
 }
 
 double median(std::vector<double> v) {
@@ -357,10 +234,34 @@ struct BenchOptions {
   int n_tokens = 64, n_prompt = 64, repeats = 3, threads = 0;
   bool oracle = false;
   double oracle_p = 0.7;
+  std::vector<int> concurrency;  // --concurrency: the numbers of concurrent sequences (empty: not measured)
 };
+
+// The family the synthetic checkpoints are of (`--synthetic`).
+const char* const kSyntheticModelType = "hy_v4";
+SyntheticOptions synthetic_options(const BenchOptions& o) {
+  SyntheticOptions so;
+  so.fp8 = o.fp8;
+  so.dense = o.dense;
+  return so;
+}
 
 // Positions a run uses beyond prompt and generated tokens: verify steps of up to 8 rows and drafts.
 constexpr int kBenchExtraPositions = 16;
+// Concurrent sequences --concurrency accepts: what one engine decodes at once (EngineOptions::max_sequences).
+constexpr int kMaxConcurrency = 256;
+
+std::vector<int> parse_concurrency(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    out.push_back(int(parse_int(item, "--concurrency", 1, kMaxConcurrency)));
+  if (out.empty() || text.back() == ',') throw UsageError("--concurrency expects a list like 1,4,16, got '" + text + "'");
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
 
 BenchOptions parse_bench_options(const Args& a) {
   BenchOptions o;
@@ -382,32 +283,144 @@ BenchOptions parse_bench_options(const Args& a) {
   o.threads = thread_count(a);
   o.oracle = a.has("oracle-acceptance");
   o.oracle_p = a.get_double("oracle-acceptance", 0.7, {0, 1});
+  if (a.has("concurrency")) {
+    o.concurrency = parse_concurrency(a.get("concurrency"));
+    if (o.n_tokens < 2)
+      throw UsageError("--concurrency measures the tokens after each request's first: it needs --tokens >= 2");
+  }
   if (o.synthetic) {
     const char* home = std::getenv("HOME");
     const std::string cache = a.get("cache-dir", std::string(home ? home : "/tmp") + "/.cache/nextn");
-    o.dir = cache + "/synthetic-hy4-v2-" + dtype + (o.dense ? "-dense" : "");
+    o.dir = cache + "/" + describe_synthetic_checkpoint(kSyntheticModelType, synthetic_options(o)).name;
   } else {
     o.dir = a.get("model", NEXTN_DEFAULT_MODEL);
   }
   return o;
 }
 
-// What the options ask of the checkpoint (its context, MTP layers for --oracle-acceptance), from its config.
-void check_against_config(const BenchOptions& o, const HYV4Config& c) {
+// What the options ask of the checkpoint (its context, MTP layers for --oracle-acceptance), from its facts.
+void check_against_facts(const BenchOptions& o, const ModelFacts& f) {
   const int64_t positions = int64_t(o.n_prompt) + o.n_tokens + kBenchExtraPositions;
-  if (positions > c.max_position_embeddings)
+  if (positions > f.context)
     throw UsageError("--prompt-tokens " + std::to_string(o.n_prompt) + " + --tokens " + std::to_string(o.n_tokens) +
                      " (+ " + std::to_string(kBenchExtraPositions) + " for verify steps and drafts) exceed " +
-                     o.dir + "'s max_position_embeddings " + std::to_string(c.max_position_embeddings));
-  if (o.oracle && c.num_nextn_predict_layers < 1)
+                     o.dir + "'s max_position_embeddings " + std::to_string(f.context));
+  if (o.oracle && f.num_mtp_layers < 1)
     throw UsageError("--oracle-acceptance needs a checkpoint with MTP layers; " + o.dir + " has none");
+}
+
+// k as `nextn generate` takes it by default: generation_config.json's "num_speculative_tokens" (1..8), else 3
+// (generate warns about an unusable file; bench, which only measures, takes 3 quietly).
+int checkpoint_default_k(const std::string& dir) {
+  std::ifstream f(dir + "/generation_config.json");
+  if (!f) return 3;
+  try {
+    const auto j = nlohmann::json::parse(f);
+    if (!j.is_object()) return 3;
+    const auto it = j.find("num_speculative_tokens");
+    if (it == j.end() || !it->is_number_integer()) return 3;
+    const int64_t k = it->get<int64_t>();
+    return k >= 1 && k <= 8 ? int(k) : 3;
+  } catch (const nlohmann::json::exception&) {
+    return 3;
+  }
+}
+
+// ---- concurrency -------------------------------------------------------------------------------------
+
+// N prompts for N concurrent requests: the bench prompt, then for request i its tokens after the first
+// rotated by 1..L-1 places (and, once the rotations run out, its last token shifted), so that no two
+// requests share a prompt and their greedy continuations differ.
+std::vector<std::vector<int32_t>> concurrent_prompts(const std::vector<int32_t>& base, int n, int64_t vocab) {
+  std::vector<std::vector<int32_t>> out(n, base);
+  const int64_t L = int64_t(base.size());
+  for (int i = 1; i < n; ++i) {
+    std::vector<int32_t>& p = out[i];
+    if (L < 2) {
+      p[0] = int32_t((base[0] + i) % vocab);
+      continue;
+    }
+    const int64_t rot = 1 + (i - 1) % (L - 1), cycle = (i - 1) / (L - 1);
+    std::rotate(p.begin() + 1, p.begin() + 1 + rot, p.end());
+    if (cycle > 0) p.back() = int32_t((p.back() + cycle) % vocab);
+  }
+  return out;
+}
+
+// N requests through one engine, greedy, max_tokens each (no stop ids: every request generates them all).
+struct ConcurrentRun {
+  double tokens_per_s = 0;      // decode tokens / decode seconds (the definition in the usage text)
+  double decode_seconds = 0;
+  int64_t decode_tokens = 0, decode_steps = 0;
+  double bytes_per_step = 0;    // mean over the decode steps: target weights read + KV cache of the sequences
+  double mean_acceptance_length = 1;  // over all requests: 1 + accepted / drafts
+  std::vector<int64_t> rounds_at_k;   // tuned k: the requests' rounds at each k, summed
+};
+
+ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
+                             const SpecOptions& spec) {
+  const size_t n = prompts.size();
+  Engine engine(m);
+  SamplingParams sp;
+  sp.max_tokens = max_tokens;
+  std::vector<int64_t> emitted(n, 0);
+  int64_t total = 0, started = 0;
+  for (size_t i = 0; i < n; ++i)
+    engine.submit(Request{prompts[i], sp, spec, [&emitted, &total, &started, i](int32_t) {
+                            if (emitted[i]++ == 0) ++started;
+                            ++total;
+                            return true;
+                          }});
+  // Prefill: until every request has its first token (the KV pool is sized so that all are admitted at once,
+  // and they all prefill in the first step's forward).
+  while (!engine.idle() && started < int64_t(n)) engine.step();
+  ConcurrentRun r;
+  const double kv_per_position = double(m.kv_bytes_per_position(false));
+  const int64_t tokens0 = total;
+  double bytes = 0;
+  const double t0 = now_s();
+  while (!engine.idle()) {
+    // The cache each unfinished sequence's attention reads in this step: its positions so far.
+    int64_t positions = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (emitted[i] < max_tokens) positions += int64_t(prompts[i].size()) + emitted[i];
+    engine.step();
+    ++r.decode_steps;
+    bytes += double(m.last_forward_weight_bytes()) + double(positions) * kv_per_position;
+  }
+  r.decode_seconds = now_s() - t0;
+  r.decode_tokens = total - tokens0;
+  r.tokens_per_s = r.decode_seconds > 0 ? double(r.decode_tokens) / r.decode_seconds : 0.0;
+  r.bytes_per_step = r.decode_steps ? bytes / double(r.decode_steps) : 0.0;
+  int64_t drafts = 0, accepted = 0;
+  for (auto& [id, res] : engine.take_finished()) {
+    if (res.finish_reason == "error") throw Error("bench --concurrency: request " + std::to_string(id) + ": " + res.error);
+    drafts += res.stats.num_drafts;
+    accepted += res.stats.num_accepted_tokens;
+    const auto& at_k = res.stats.rounds_at_k;
+    if (r.rounds_at_k.size() < at_k.size()) r.rounds_at_k.resize(at_k.size(), 0);
+    for (size_t k = 0; k < at_k.size(); ++k) r.rounds_at_k[k] += at_k[k];
+  }
+  r.mean_acceptance_length = drafts ? 1.0 + double(accepted) / double(drafts) : 1.0;
+  return r;
+}
+
+std::string rounds_at_k_text(const std::vector<int64_t>& at_k) {
+  std::string s;
+  for (size_t k = 0; k < at_k.size(); ++k) {
+    char cell[48];
+    std::snprintf(cell, sizeof cell, " %zu:%lld", k, static_cast<long long>(at_k[k]));
+    s += cell;
+  }
+  return s;
 }
 
 }  // namespace
 
 int run_bench(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "synthetic"},
-         {"model", "dtype", "mlp", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats", "oracle-acceptance"});
+         {"model", "dtype", "mlp", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats", "oracle-acceptance",
+          "concurrency"});
   if (a.has("help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
@@ -415,13 +428,11 @@ int run_bench(int argc, char** argv) {
   if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
   const BenchOptions o = parse_bench_options(a);
   if (o.synthetic) {
-    check_against_config(o, parse_hy_v4_config(synthetic_config(o.fp8, o.dense), "synthetic checkpoint"));
+    check_against_facts(o, describe_synthetic_checkpoint(kSyntheticModelType, synthetic_options(o)).facts);
     if (!std::filesystem::exists(o.dir + "/model.safetensors")) {
       std::fprintf(stderr, "writing synthetic checkpoint to %s ...\n", o.dir.c_str());
-      write_synthetic(o.dir, o.fp8, o.dense);
+      write_synthetic_checkpoint(kSyntheticModelType, o.dir, synthetic_options(o));
     }
-  } else {
-    check_against_config(o, load_hy_v4_config(o.dir));
   }
   const std::string& dir = o.dir;
   const int n_tokens = o.n_tokens, n_prompt = o.n_prompt, repeats = o.repeats;
@@ -432,23 +443,34 @@ int run_bench(int argc, char** argv) {
     std::fflush(stdout);
   };
 
+  // Loading maps the weights (prefault reads them, below): the options are checked against the checkpoint
+  // before anything is measured.
+  const std::unique_ptr<Model> loaded = load_model(dir, &pool);
+  Model& m = *loaded;
+  const ModelFacts& facts = m.facts();
+  check_against_facts(o, facts);
+  const int max_concurrency = o.concurrency.empty() ? 0 : o.concurrency.back();
+  if (max_concurrency > 0) {
+    // One KV pool for all the sequences of the largest batch, each of the run's prompt + tokens + the rows of
+    // verify steps and drafts, so that an engine admits them all at once (the default pool holds one sequence).
+    MemoryOptions mem;
+    const int64_t pages = (int64_t(n_prompt) + n_tokens + kBenchExtraPositions + mem.page_tokens - 1) / mem.page_tokens;
+    mem.kv_cache_bytes = int64_t(max_concurrency) * pages * mem.page_tokens * m.kv_bytes_per_position(true);
+    m.configure_memory(mem);
+  }
+
   nlohmann::json out;
   const double bw = measure_read_bandwidth(pool);
   log("machine: %d threads, CPU kernels %s, read bandwidth %.2f GB/s\n", pool.size(), cpu_target_text().c_str(), bw);
   out["cpu_target"] = ops::cpu_target_name();
   out["cpu_target_forced"] = ops::cpu_target_forced();
 
-  HYV4Model m(dir, &pool);
   m.prefault(!json);
-  auto prompt = bench_prompt(dir, m.config().vocab_size, n_prompt);
-  const auto& c = m.config();
+  auto prompt = bench_prompt(dir, facts.vocab_size, n_prompt);
   // Bytes one decode token reads: weights (active experts only) + the KV cache (latent + rope key +
   // indexer key per cached position and layer) at the mean context length of the run.
   const double ctx = double(prompt.size()) + n_tokens / 2.0;
-  int own_idx = 0;
-  for (int i = 0; i < c.num_hidden_layers; ++i) own_idx += c.has_own_indexer(i);
-  const double cache_bytes =
-      ctx * 4.0 * (double(c.num_hidden_layers) * (c.kv_lora_rank + c.qk_rope_head_dim) + own_idx * c.index_head_dim);
+  const double cache_bytes = ctx * double(m.kv_bytes_per_position(false));
   const double weight_bytes = double(m.weight_bytes_total());
   const double bytes_per_token = weight_bytes + cache_bytes;
   out["model"] = dir;
@@ -527,30 +549,15 @@ int run_bench(int argc, char** argv) {
   }
 
   nlohmann::json specs = nlohmann::json::array();
-  if (m.num_mtp_layers() > 0) {
+  if (facts.num_mtp_layers > 0) {
     SamplingParams sp;
     sp.max_tokens = n_tokens;
     Generator gen(m);
     // Draft step cost relative to a target step: one MTP layer + lm_head versus the whole target.
     {
-      const int64_t H = c.hidden_size, V = c.vocab_size;
-      KVCache dc = m.new_draft_cache(prompt.size() + 8);
-      std::vector<float> hid(prompt.size() * H), lg(V);
-      KVCache tc = m.new_cache(prompt.size());
-      m.forward(prompt.data(), prompt.size(), tc, nullptr, hid.data());
-      m.draft_forward(0, prompt.data() + 1, hid.data(), prompt.size() - 1, 0, dc, nullptr, nullptr);
-      std::vector<double> ts;
-      for (int r = 0; r < 9; ++r) {
-        const double t0 = now_s();
-        m.draft_forward(0, &prompt.back(), hid.data() + (prompt.size() - 1) * H, 1, prompt.size() - 1, dc, nullptr,
-                        hid.data());
-        m.lm_head(hid.data(), 1, lg.data());
-        ts.push_back(now_s() - t0);
-        dc.truncate(prompt.size() - 1);
-      }
-      std::sort(ts.begin(), ts.end());
-      out["draft_step_cost"] = ts[ts.size() / 2] / one.seconds;
-      log("draft step (1 MTP layer + lm_head) = %.3f of a target step\n", ts[ts.size() / 2] / one.seconds);
+      const double draft_s = time_draft_step(m, prompt, 9);
+      out["draft_step_cost"] = draft_s / one.seconds;
+      log("draft step (1 MTP layer + lm_head) = %.3f of a target step\n", draft_s / one.seconds);
     }
     // Passes over plain, k = 1..4 and tuned k (k_max 4, what `nextn generate` does by default for greedy
     // decoding), interleaved so that a slow moment of the machine hits every setting alike; each speedup
@@ -599,7 +606,7 @@ int run_bench(int argc, char** argv) {
         median(ratio[5]), rt.lo, rt.hi, tst.rounds_at_k_text().c_str());
   }
   out["speculative"] = specs;
-  if (o.oracle && m.num_mtp_layers() > 0) {
+  if (o.oracle && facts.num_mtp_layers > 0) {
     const double p = o.oracle_p;
     SamplingParams sp;
     sp.max_tokens = n_tokens;
@@ -618,7 +625,7 @@ int run_bench(int argc, char** argv) {
         if (i < 0 || i >= int64_t(ref.ids.size())) return d;
         const uint64_t h = uint64_t(pos) * 0x9E3779B97F4A7C15ull;
         const bool right = double(h >> 11) / double(1ull << 53) < p;
-        return right ? ref.ids[i] : (ref.ids[i] + 1) % int32_t(m.config().vocab_size);
+        return right ? ref.ids[i] : (ref.ids[i] + 1) % int32_t(facts.vocab_size);
       };
       auto r = gen.generate(prompt, sp, so);
       const double tps = r.stats.tokens_per_second();
@@ -628,6 +635,104 @@ int run_bench(int argc, char** argv) {
           r.stats.mean_acceptance_length());
     }
     out["oracle_speculative"] = {{"acceptance", p}, {"runs", oracle}};
+  }
+  if (!o.concurrency.empty()) {
+    // N requests at once through one engine: plain, then speculative (tuned k up to the checkpoint's default k,
+    // as `nextn generate` decodes greedy requests), in `repeats` passes, each pass after a bandwidth reading of
+    // its own and with its own single-sequence plain run that its ratios are taken against.
+    const int k_default = checkpoint_default_k(dir);
+    const bool drafting = facts.num_mtp_layers > 0;
+    SpecOptions plain;
+    plain.enabled = false;
+    SpecOptions spec;
+    spec.num_speculative_tokens = k_default;
+    spec.tune_k = true;
+    const auto prompts = concurrent_prompts(prompt, max_concurrency, facts.vocab_size);
+    auto first = [&](int n) { return std::vector<std::vector<int32_t>>(prompts.begin(), prompts.begin() + n); };
+    const size_t C = o.concurrency.size();
+    std::vector<double> pass_bw_c, single_tps;
+    std::vector<std::vector<double>> plain_tps(C), spec_tps(C), plain_x(C), spec_x(C), plain_frac(C), spec_frac(C);
+    std::vector<ConcurrentRun> last_plain(C), last_spec(C);
+    auto fraction = [](const ConcurrentRun& r, double gbps) {
+      return r.decode_seconds > 0 ? r.bytes_per_step * double(r.decode_steps) / r.decode_seconds / 1e9 / gbps : 0.0;
+    };
+    for (int pass = 0; pass < repeats; ++pass) {
+      pass_bw_c.push_back(measure_read_bandwidth(pool));
+      const double gbps = pass_bw_c.back();
+      double single = o.concurrency.front() == 1 ? 0.0 : run_concurrent(m, first(1), n_tokens, plain).tokens_per_s;
+      for (size_t i = 0; i < C; ++i) {
+        const int n = o.concurrency[i];
+        last_plain[i] = run_concurrent(m, first(n), n_tokens, plain);
+        if (n == 1) single = last_plain[i].tokens_per_s;
+        plain_tps[i].push_back(last_plain[i].tokens_per_s);
+        plain_x[i].push_back(last_plain[i].tokens_per_s / single);
+        plain_frac[i].push_back(fraction(last_plain[i], gbps));
+        if (!drafting) continue;
+        last_spec[i] = run_concurrent(m, first(n), n_tokens, spec);
+        spec_tps[i].push_back(last_spec[i].tokens_per_s);
+        spec_x[i].push_back(last_spec[i].tokens_per_s / last_plain[i].tokens_per_s);
+        spec_frac[i].push_back(fraction(last_spec[i], gbps));
+      }
+      single_tps.push_back(single);
+    }
+    const double bw_c = median(pass_bw_c);
+    out["concurrency_read_bandwidth_gbps"] = bw_c;
+    out["concurrency_single_tokens_per_s"] = median(single_tps);
+    out["concurrency_k_max"] = drafting ? k_default : 0;
+    log("concurrency: N greedy requests of %d tokens through one engine (prompts: the bench prompt rotated per "
+        "request); speculative = tuned k, k_max %d (the checkpoint's default k)\n"
+        "  decode tokens/s = tokens generated after each request's first token / wall time from the end of the step "
+        "that gave the last request its first token to the end of the last step\n"
+        "  medians of %d passes, each after its own bandwidth reading (median %.2f GB/s) and with its own single-"
+        "sequence plain run: %.2f tokens/s\n"
+        "  ceiling = N x read bandwidth / bytes a plain step reads (target weights with the experts its rows used, "
+        "plus each sequence's KV cache): the bandwidth-bound limit of plain decoding at N\n",
+        n_tokens, drafting ? k_default : 0, repeats, bw_c, median(single_tps));
+    log("  %5s %12s %8s %9s %13s %7s | %12s %7s %10s %9s %7s\n", "N", "plain tok/s", "x single", "MB/step",
+        "ceiling tok/s", "of ceil", "spec tok/s", "x plain", "accept len", "MB/step", "of BW");
+    nlohmann::json conc = nlohmann::json::array();
+    std::string k_lines;
+    for (size_t i = 0; i < C; ++i) {
+      const int n = o.concurrency[i];
+      const ConcurrentRun& lp = last_plain[i];
+      const double ptps = median(plain_tps[i]), pfrac = median(plain_frac[i]);
+      const double ceiling = lp.bytes_per_step > 0 ? double(n) * bw_c * 1e9 / lp.bytes_per_step : 0.0;
+      nlohmann::json e = {{"sequences", n},
+                          {"plain_tokens_per_s", ptps},
+                          {"plain_vs_single", median(plain_x[i])},
+                          {"plain_vs_single_range", range_json(range(plain_x[i]))},
+                          {"plain_bytes_per_step", lp.bytes_per_step},
+                          {"plain_ceiling_tokens_per_s", ceiling},
+                          {"plain_bandwidth_fraction", pfrac},
+                          {"speculative_tokens_per_s", nullptr},
+                          {"speculative_vs_plain", nullptr},
+                          {"mean_acceptance_length", nullptr}};
+      char plain_cells[128];
+      std::snprintf(plain_cells, sizeof plain_cells, "  %5d %12.2f %8.2f %9.2f %13.1f %6.1f%%", n, ptps,
+                    median(plain_x[i]), lp.bytes_per_step / 1e6, ceiling, 100 * pfrac);
+      if (drafting) {
+        const ConcurrentRun& ls = last_spec[i];
+        e["speculative_tokens_per_s"] = median(spec_tps[i]);
+        e["speculative_vs_plain"] = median(spec_x[i]);
+        e["speculative_vs_plain_range"] = range_json(range(spec_x[i]));
+        e["mean_acceptance_length"] = ls.mean_acceptance_length;
+        e["speculative_bytes_per_step"] = ls.bytes_per_step;
+        e["speculative_bandwidth_fraction"] = median(spec_frac[i]);
+        e["speculative_rounds_at_k"] = ls.rounds_at_k;
+        log("%s | %12.2f %7.2f %10.2f %9.2f %6.1f%%\n", plain_cells, median(spec_tps[i]), median(spec_x[i]),
+            ls.mean_acceptance_length, ls.bytes_per_step / 1e6, 100 * median(spec_frac[i]));
+        k_lines += "  N=" + std::to_string(n) + ":" + rounds_at_k_text(ls.rounds_at_k) + "\n";
+      } else {
+        log("%s | %12s %7s %10s %9s %7s\n", plain_cells, "-", "-", "-", "-", "-");
+      }
+      conc.push_back(e);
+    }
+    if (drafting)
+      log("  speculative rounds at each k, summed over the requests (last pass; MB/step and of BW count the target's "
+          "forwards only, not the MTP layers'):\n%s", k_lines.c_str());
+    if (fits_in_llc)
+      log("  (the checkpoint fits in the last-level cache: the ceiling above, from DRAM bandwidth, is no bound)\n");
+    out["concurrency"] = conc;
   }
   if (json) std::cout << out.dump() << std::endl;
   return 0;

@@ -118,6 +118,9 @@ class Model {
   virtual size_t checkpoint_bytes() const = 0;
   virtual size_t weight_bytes_total() const = 0;
   virtual size_t last_forward_weight_bytes() const = 0;
+  // Bytes of KV memory one position of a sequence takes in the target's layers (what a decode step reads per
+  // cached position when it reads the whole cache), plus those of all its MTP layers when `drafting`.
+  virtual int64_t kv_bytes_per_position(bool drafting) const = 0;
 };
 
 }  // namespace nextn

@@ -4,6 +4,7 @@
 #include "models/hy_v4/checkpoint_info.h"
 #include "models/hy_v4/config.h"
 #include "models/hy_v4/model.h"
+#include "models/hy_v4/synthetic.h"
 
 namespace nextn {
 namespace {
@@ -59,6 +60,40 @@ CheckpointReport inspect_model(const std::string& dir, bool scan) {
     // an unsupported model_type: the first family's report says so in its own words
   }
   return f->inspect(dir, scan);
+}
+
+// ---- synthetic checkpoints (bench --synthetic)
+
+namespace {
+
+struct SyntheticFamily {
+  const char* model_type;
+  SyntheticCheckpoint (*describe)(const SyntheticOptions& options);
+  void (*write)(const std::string& dir, const SyntheticOptions& options);
+};
+
+const SyntheticFamily kSyntheticFamilies[] = {
+    {"hy_v4",
+     [](const SyntheticOptions& o) {
+       return SyntheticCheckpoint{hy_v4_synthetic_name(o.fp8, o.dense), hy_v4_synthetic_facts(o.fp8, o.dense)};
+     },
+     [](const std::string& dir, const SyntheticOptions& o) { write_hy_v4_synthetic(dir, o.fp8, o.dense); }},
+};
+
+const SyntheticFamily& synthetic_family(const std::string& model_type) {
+  for (const SyntheticFamily& f : kSyntheticFamilies)
+    if (model_type == f.model_type) return f;
+  throw Error("no synthetic checkpoints for model_type '" + model_type + "'");
+}
+
+}  // namespace
+
+SyntheticCheckpoint describe_synthetic_checkpoint(const std::string& model_type, const SyntheticOptions& options) {
+  return synthetic_family(model_type).describe(options);
+}
+
+void write_synthetic_checkpoint(const std::string& model_type, const std::string& dir, const SyntheticOptions& options) {
+  synthetic_family(model_type).write(dir, options);
 }
 
 }  // namespace nextn

@@ -22,4 +22,19 @@ struct CheckpointReport {
 };
 CheckpointReport inspect_model(const std::string& dir, bool scan);
 
+// Synthetic checkpoints (`nextn bench --synthetic`): random weights of a family at a realistic width, written
+// once, large enough that decode reads DRAM rather than cache.
+struct SyntheticOptions {
+  bool fp8 = false;    // FP8-block linear weights (else bf16)
+  bool dense = false;  // dense MLPs in every layer (else the family's MoE)
+};
+struct SyntheticCheckpoint {
+  std::string name;  // folder name for a cache of them; changes whenever the files written would
+  ModelFacts facts;  // what the checkpoint has once written and loaded (dir empty)
+};
+// Without writing anything. Throws nextn::Error for a model_type without synthetic checkpoints.
+SyntheticCheckpoint describe_synthetic_checkpoint(const std::string& model_type, const SyntheticOptions& options);
+// Writes config.json and the weights into DIR (created if needed). Throws nextn::Error.
+void write_synthetic_checkpoint(const std::string& model_type, const std::string& dir, const SyntheticOptions& options);
+
 }  // namespace nextn

@@ -189,6 +189,12 @@ int64_t HYV4Model::sequence_bytes(int64_t capacity, bool drafting) const {
   return bytes;
 }
 
+int64_t HYV4Model::kv_bytes_per_position(bool drafting) const {
+  int64_t bytes = KVPool::bytes_per_page(target_plane_widths(nullptr), 1);
+  if (drafting) bytes += num_mtp_layers() * KVPool::bytes_per_page(draft_plane_widths(), 1);
+  return bytes;
+}
+
 void HYV4Model::configure_memory(const MemoryOptions& options) {
   if (target_pool_) throw Error("configure_memory: the KV pool is already in use");
   if (options.page_tokens < 1 || options.page_tokens > 4096) throw Error("KV page size must be in 1..4096 positions");

@@ -222,6 +222,9 @@ class HYV4Model : public Model {
   // rows actually used (each used expert counts once, however many rows chose it). With MoE, k+1
   // independently routed rows touch up to k+1 times the experts of one: the floor under a verify step.
   size_t last_forward_weight_bytes() const override;
+  // Target: per layer its key plane (kv_lora + rope) and, with its own indexer, its index plane; drafting adds
+  // one key and one index plane per MTP layer (fp32).
+  int64_t kv_bytes_per_position(bool drafting) const override;
 
   // Caches for `capacity` positions, at most the model's context (max_position_embeddings), each over a
   // pool of its own (the shared pool is for new_sequence). Their bytes are computed with overflow checks
