@@ -11,23 +11,11 @@
 #include <unistd.h>
 
 #include "core/error.h"
-#include "core/finite.h"
+#include "models/common/name_rules.h"
 
 namespace nextn {
 
 namespace {
-
-bool ends_with(const std::string& s, const std::string& p) {
-  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-}
-
-// FP8 block scales and KV / activation scales (not parameters of the model).
-bool is_scale_tensor(const std::string& n) {
-  for (const char* s : {"weight_scale_inv", "weight_scale", "_proj_scale_inv", "_proj_scale", ".k_scale", ".v_scale",
-                        ".kv_scale", ".input_scale"})
-    if (ends_with(n, s)) return true;
-  return n.find(".experts.") != std::string::npos && ends_with(n, ".scale");
-}
 
 bool is_mtp_tensor(const std::string& n, int num_hidden_layers) {
   if (n.rfind("model.mtp_layers.", 0) == 0) return true;
@@ -61,16 +49,6 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return r;
 }
 
-// NaN / inf of one tensor, by the bit patterns of its dtype; false when the dtype holds none (integers).
-bool scan_tensor(const TensorView& t, NonFiniteCount& out) {
-  if (t.dtype == DType::U8) {  // raw ue8m0 exponents when the tensor is a block scale (the loader reads them so)
-    if (!is_scale_tensor(t.name)) return false;
-    out = count_non_finite_ue8m0(t);
-    return true;
-  }
-  return count_non_finite(t, out);
-}
-
 // A whole-context KV cache's size, and a warning when this machine could not hold it (generate refuses a
 // prompt + max_tokens whose caches do not fit in memory).
 void note_context_cache(CheckpointInfo& info, LoadReport& r) {
@@ -91,21 +69,10 @@ void note_context_cache(CheckpointInfo& info, LoadReport& r) {
 
 }  // namespace
 
-std::vector<NonFiniteTensor> scan_non_finite(const WeightStore& store) {
-  std::vector<NonFiniteTensor> found;
-  for (const std::string& name : store.names()) {
-    const TensorView* t = store.find(name);
-    NonFiniteCount bad;
-    if (!scan_tensor(*t, bad) || bad.count == 0) continue;
-    found.push_back({name, store.file_of(name), dtype_name(t->dtype), bad.count, bad.first});
-  }
-  return found;
-}
-
 CheckpointInfo inspect_checkpoint(const std::string& dir, bool scan) {
   CheckpointInfo info;
   info.dir = dir;
-  LoadReport& r = info.report;
+  HYV4LoadReport& r = info.report;
   // architectures / model_type straight from the JSON (HYV4Config does not keep them)
   {
     std::ifstream in(dir + "/config.json", std::ios::binary);
@@ -148,7 +115,7 @@ CheckpointInfo inspect_checkpoint(const std::string& dir, bool scan) {
     info.total_bytes += static_cast<int64_t>(t->nbytes);
     info.bytes_by_dtype[dtype_name(t->dtype)] += static_cast<int64_t>(t->nbytes);
     info.tensors_by_dtype[dtype_name(t->dtype)] += 1;
-    if (is_scale_tensor(name)) continue;
+    if (names::is_scale_tensor(name)) continue;
     info.params += t->numel();
     if (is_mtp_tensor(name, info.config.num_hidden_layers)) info.mtp_params += t->numel();
   }
@@ -172,7 +139,7 @@ CheckpointInfo inspect_checkpoint(const std::string& dir, bool scan) {
 nlohmann::json checkpoint_info_json(const CheckpointInfo& info) {
   using nlohmann::json;
   const HYV4Config& c = info.config;
-  const LoadReport& r = info.report;
+  const HYV4LoadReport& r = info.report;
   json j;
   j["dir"] = info.dir;
   j["architectures"] = info.architectures;
@@ -255,7 +222,7 @@ nlohmann::json checkpoint_info_json(const CheckpointInfo& info) {
 
 std::string checkpoint_info_text(const CheckpointInfo& info) {
   const HYV4Config& c = info.config;
-  const LoadReport& r = info.report;
+  const HYV4LoadReport& r = info.report;
   std::ostringstream o;
   o << "checkpoint:    " << info.dir << "\n";
   o << "architecture:  " << (info.architectures.empty() ? "(none)" : join(info.architectures, ", "))

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "models/common/quant_plan.h"  // QuantConfig
+
 namespace nextn {
 
 // Resolved rotary-embedding parameters (standardised from `rope_parameters` or legacy
@@ -23,18 +25,6 @@ struct RopeConfig {
   bool truncate = true;
   int dim = 0;                  // rotary dim = qk_rope_head_dim
   std::vector<float> inv_freq;  // dim/2 entries, float32 as transformers computes them
-};
-
-// `quantization_config` block (present=false when absent or null).
-struct QuantConfig {
-  bool present = false;
-  std::string quant_method, fmt;
-  std::vector<int64_t> weight_block_size;
-  std::string activation_scheme;
-  std::string scale_fmt;
-  // Union (in order, without duplicates) of ignored_layers / modules_to_not_convert / exclude_modules.
-  std::vector<std::string> ignored_layers;
-  nlohmann::json raw;
 };
 
 struct HYV4Config {
