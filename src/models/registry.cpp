@@ -1,9 +1,9 @@
 #include "models/registry.h"
 
+#include <fstream>
+
 #include "core/error.h"
-#include "models/hy_v4/checkpoint_info.h"
-#include "models/hy_v4/config.h"
-#include "models/hy_v4/model.h"
+#include "models/hy_v4/family.h"
 #include "models/hy_v4/synthetic.h"
 
 namespace nextn {
@@ -15,16 +15,22 @@ struct Family {
   CheckpointReport (*inspect)(const std::string& dir, bool scan);
 };
 
-CheckpointReport inspect_hy_v4(const std::string& dir, bool scan) {
-  const CheckpointInfo info = inspect_checkpoint(dir, scan);
-  return {info.loadable, checkpoint_info_json(info), checkpoint_info_text(info)};
-}
-
 const Family kFamilies[] = {
-    {"hy_v4", [](const std::string& dir, ThreadPool* pool) -> std::unique_ptr<Model> {
-       return std::make_unique<HYV4Model>(dir, pool);
-     }, inspect_hy_v4},
+    {"hy_v4", hy_v4::load, hy_v4::inspect},
 };
+
+// config.json's model_type; throws nextn::Error for a file that cannot say (the family's loader then
+// reports exactly what is wrong with it).
+std::string read_model_type(const std::string& dir) {
+  std::ifstream f(dir + "/config.json");
+  if (!f) throw Error("no config.json");
+  try {
+    const nlohmann::json j = nlohmann::json::parse(f);
+    if (j.is_object() && j.contains("model_type") && j["model_type"].is_string()) return j["model_type"];
+  } catch (const nlohmann::json::exception&) {
+  }
+  throw Error("no model_type");
+}
 
 // The family of DIR. A config.json that cannot be read, or names no model_type, goes to the first family,
 // whose loader reports exactly what is wrong with it (missing file, malformed JSON, missing field).
