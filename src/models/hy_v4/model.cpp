@@ -20,6 +20,19 @@
 
 namespace nextn {
 
+// Where the forward's time goes (NEXTN_PROFILE=1), in report order.
+namespace sections {
+const profile::Section kHyperConnections = profile::section("hyper-connections");  // iHC mixing and norms
+const profile::Section kProjections = profile::section("projections");  // q, kv, gate, indexer q/k/w, RoPE
+const profile::Section kIndexer = profile::section("indexer");          // DSA scores and top-k
+const profile::Section kAttention = profile::section("attention");      // sparse MLA, absorbed, incl. kv_b
+const profile::Section kOutput = profile::section("o_proj");
+const profile::Section kRouter = profile::section("router");            // MoE router and token grouping
+const profile::Section kExperts = profile::section("experts");          // routed + shared experts, combine
+const profile::Section kDenseMlp = profile::section("dense mlp");
+const profile::Section kLmHead = profile::section("lm_head");
+}  // namespace sections
+
 // Attention calls of at most this many rows may spread (row, head) pairs over the threads.
 constexpr int64_t kHeadParallelRows = 16;
 
@@ -380,7 +393,7 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
 
 // streams [S, C, H] -> x [S, H] (weighted by the pre gates); post gates -> post_gates [S, C]
 void HYV4Model::hyper_pre(const HyperConnectionWeights& hc, int64_t S) {
-  const profile::Sections prof(profile::kHyperConnections);
+  const profile::Sections prof(sections::kHyperConnections);
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
   const float eps = static_cast<float>(cfg_.rms_norm_eps), hc_eps = static_cast<float>(cfg_.hc_eps);
   const float mag = static_cast<float>(cfg_.hc_magnitude);
@@ -402,7 +415,7 @@ void HYV4Model::hyper_pre(const HyperConnectionWeights& hc, int64_t S) {
 
 // streams[s, j] += post[s, j] * y[s]
 void HYV4Model::hyper_post(int64_t S) {
-  const profile::Sections prof(profile::kHyperConnections);
+  const profile::Sections prof(sections::kHyperConnections);
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
   for (int64_t s = 0; s < S; ++s) {
     float* X = ws_.streams.data() + s * C * H;
@@ -426,7 +439,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, size_t layer, int64_t S,
   const float af = static_cast<float>(c.rope.attention_factor);
   const float* xn = ws_.xn.data();
 
-  profile::Sections prof(profile::kProjections);
+  profile::Sections prof(sections::kProjections);
   // The projections of xn, and then those of the normed q_resid, each in one pass over the pool.
   // Rows [first_forced, S) attend to the forced slots; the indexer runs when some row before them needs it.
   const int64_t first_forced = forced ? std::clamp<int64_t>(forced->first_row, 0, S) : S;
@@ -471,7 +484,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, size_t layer, int64_t S,
     ops::rope_rotate_half(kr, rope, cosv, sinv);
   }
 
-  prof.next(profile::kIndexer);
+  prof.next(sections::kIndexer);
   // DSA indexer: top-k key positions per query row (ascending), or reuse the previous full layer's.
   const int64_t K = topk_stride();  // index_topk, or every position when there are fewer
   auto force_rows = [&](int64_t s0) {
@@ -548,7 +561,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, size_t layer, int64_t S,
   }
   if (first_forced > 0 && first_forced < S) force_rows(first_forced);  // (the indexer chose for them too)
 
-  prof.next(profile::kAttention);
+  prof.next(sections::kAttention);
   // Sparse MLA over the cached latents, absorbed: q·(W_kb c) = (W_kbᵀ q)·c and out = W_vb (Σ p c), with
   // kv_b_proj used as stored (bf16 / FP8 rows decoded by the kernels, never copied). Three phases:
   //   1. per head, all rows at once (W_kb[h] decoded once per 6 rows):
@@ -638,7 +651,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, size_t layer, int64_t S,
       for (int64_t h = h0; h < h1; ++h) output(h);
     });
   }
-  prof.next(profile::kOutput);
+  prof.next(sections::kOutput);
   ops::matmul(pool_, ws_.attn.data(), S, a.o_proj, ws_.y.data());  // [S, H]
 }
 
@@ -659,11 +672,11 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
   auto mlp = [&](const Linear& g, const Linear& u, const Linear& d, float limit, const float* in, int64_t rows,
                  float* dst) { swiglu_mlp(pool_, g, u, d, limit, in, rows, ws_.ffn_a.data(), ws_.ffn_b.data(), dst); };
   if (!F.sparse) {
-    const profile::Sections prof(profile::kDenseMlp);
+    const profile::Sections prof(sections::kDenseMlp);
     mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, out);
     return;
   }
-  profile::Sections prof(profile::kRouter);
+  profile::Sections prof(sections::kRouter);
   // Router: sigmoid scores; the correction bias steers selection only; group-limited top-k.
   const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, G = c.n_group, per = E / G;
   ops::matmul(pool_, x, S, F.router, ws_.router.data());  // [S, E]
@@ -725,7 +738,7 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
         }
     if (n > first) ws_.expert_jobs[njobs++] = {static_cast<int32_t>(e), first, n - first};
   }
-  prof.next(profile::kExperts);
+  prof.next(sections::kExperts);
   const int threads = pool_ ? pool_->size() : 1;
   const int64_t I = c.moe_intermediate_size;
   float* shared_out = ws_.shared_out.data();  // [S, H]
@@ -862,7 +875,7 @@ void HYV4Model::ffn(const FfnWeights& F, const float* x, int64_t S, float* out) 
 }
 
 void HYV4Model::lm_head(const float* hidden, int64_t rows, float* logits) {
-  const profile::Sections prof(profile::kLmHead);
+  const profile::Sections prof(sections::kLmHead);
   ops::matmul(pool_, hidden, rows, w_.lm_head, logits);
 }
 
