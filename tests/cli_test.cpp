@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
@@ -483,6 +484,61 @@ TEST(Cli, CommandsReportTheCpuTarget) {
   const auto j = nlohmann::json::parse(json.out);
   EXPECT_EQ(j["cpu_target"].get<std::string>(), scalar);
   EXPECT_TRUE(j["cpu_target_forced"].get<bool>());
+}
+
+// --requests: many requests through the scheduler at once; one JSON line per request in input order, each the
+// same as that request run alone with generate --json (greedy and seeded sampling), bad lines reported in
+// place with their line number while the others run; a request larger than --kv-cache-mb is refused.
+TEST(Cli, GenerateRequestsRunsManyAtOnceInInputOrder) {
+  const std::string file = ::testing::TempDir() + "/nextn_requests_" + std::to_string(::getpid()) + ".jsonl";
+  {
+    std::ofstream f(file);
+    f << R"({"prompt": "def fibonacci(n):", "max_tokens": 12})" << "\n"
+      << R"({"ids": [1, 5, 9, 200, 31], "max_tokens": 8, "temperature": 0.8, "seed": 3})" << "\n"
+      << "\n"
+      << R"({"prompt": "The quick brown fox", "max_tokens": 10, "speculative_tokens": 0})" << "\n"
+      << R"({"prompt": 5})" << "\n"
+      << R"({"prompt": "import numpy as np", "max_tokens": 10, "speculative_tokens": 2, "ignore_eos": true})" << "\n";
+  }
+  const nextn::Run r = nextn("generate --model " + kBundled + " --requests " + file);
+  EXPECT_EQ(r.status, 1) << "one request is invalid\n" << r.err;
+  std::vector<nlohmann::json> lines;
+  std::istringstream out(r.out);
+  for (std::string l; std::getline(out, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 5u) << r.out;
+  EXPECT_EQ(lines[3]["line"], 5);
+  EXPECT_NE(lines[3]["error"].get<std::string>().find(":5: field 'prompt' must be a string"), std::string::npos);
+  const char* alone[] = {"--prompt 'def fibonacci(n):' -n 12", "--ids 1,5,9,200,31 -n 8 --temperature 0.8 --seed 3",
+                         "--prompt 'The quick brown fox' -n 10 --no-speculate",
+                         "--prompt 'import numpy as np' -n 10 --speculative-tokens 2 --ignore-eos"};
+  const int at[] = {0, 1, 2, 4};
+  for (int i = 0; i < 4; ++i) {
+    const nextn::Run one = nextn("generate --model " + kBundled + " --json " + alone[i]);
+    ASSERT_EQ(one.status, 0) << one.err;
+    const auto want = nlohmann::json::parse(one.out);
+    EXPECT_EQ(lines[at[i]]["ids"], want["ids"]) << alone[i];
+    EXPECT_EQ(lines[at[i]]["finish_reason"], want["finish_reason"]) << alone[i];
+    if (want.contains("text")) EXPECT_EQ(lines[at[i]]["text"], want["text"]) << alone[i];
+    EXPECT_TRUE(lines[at[i]]["stats"].contains("mean_acceptance_length"));
+  }
+  EXPECT_NE(r.err.find("5 requests (1 failed)"), std::string::npos) << r.err;
+
+  // A pool of 1 MiB cannot hold a 3000-token request of the bundled model: refused, naming the flag.
+  {
+    std::ofstream f(file);
+    f << R"({"prompt": "hello", "max_tokens": 3000})" << "\n" << R"({"prompt": "hello", "max_tokens": 4})" << "\n";
+  }
+  const nextn::Run small = nextn("generate --model " + kBundled + " --kv-cache-mb 1 --requests " + file);
+  EXPECT_EQ(small.status, 1) << small.err;
+  std::istringstream out2(small.out);
+  std::string first, second;
+  std::getline(out2, first);
+  std::getline(out2, second);
+  const auto e = nlohmann::json::parse(first);
+  EXPECT_NE(e["error"].get<std::string>().find("more than the whole pool holds"), std::string::npos) << first;
+  EXPECT_NE(e["error"].get<std::string>().find("--kv-cache-mb"), std::string::npos) << first;
+  EXPECT_EQ(nlohmann::json::parse(second)["ids"].size(), 4u) << second;
+  std::remove(file.c_str());
 }
 
 }  // namespace

@@ -16,10 +16,33 @@
 #include "core/threadpool.h"
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
-#include "models/hy_v4/model.h"
+#include "core/finite.h"
+#include "models/registry.h"
 #include "engine/generator.h"
+#include "engine/text_stream.h"
 
 namespace nextn::cli {
+
+nlohmann::json stats_json(const SpecStats& s) {
+  return {{"num_drafts", s.num_drafts},
+          {"num_draft_tokens", s.num_draft_tokens},
+          {"num_accepted_tokens", s.num_accepted_tokens},
+          {"per_position_acceptance", s.per_position_acceptance()},
+          {"mean_acceptance_length", s.mean_acceptance_length()},
+          {"tokens_per_second", s.tokens_per_second()},
+          {"num_generated", s.num_generated},
+          {"prompt_tokens", s.prompt_tokens},
+          {"target_forwards", s.target_forwards},
+          {"prefill_seconds", s.prefill_seconds},
+          {"decode_seconds", s.decode_seconds},
+          {"verify_seconds", s.verify_seconds},
+          {"catch_up_seconds", s.catch_up_seconds},
+          {"draft_seconds", s.draft_seconds},
+          {"rounds_at_k", s.rounds_at_k},
+          {"cpu_target", ops::cpu_target_name()},
+          {"cpu_target_forced", ops::cpu_target_forced()}};
+}
+
 namespace {
 
 const char* kMainUsage = R"(nextn: HY V4 inference with native MTP speculative decoding.
@@ -70,6 +93,15 @@ sampled output is distributed exactly as the target's.
   --relaxed-acceptance N,D  LOSSY: also accept drafts in the target's top-N within D of its top probability
   --adaptive THRESHOLD      shrink k while the rolling acceptance rate is under THRESHOLD (probe later)
   --threads N               worker threads, 1 to 4x the cores (default, or 0: all cores)
+  --requests FILE.jsonl     run many requests at once (continuous batching): one JSON object a line with
+                            "ids" or "prompt" and optionally max_tokens, temperature, top_k, top_p, min_p,
+                            seed, speculative_tokens (0: plain), ignore_eos, stop, logprobs (the options
+                            above are the defaults); prints one JSON line per request, in input order,
+                            as --json does ({"line": N, "error": ...} for a request that failed)
+  --kv-cache-mb N           the KV cache pool all sequences share, in MiB (default: one sequence of the
+                            whole context); a request that does not fit waits for pages, one larger than
+                            the pool is refused
+  --max-sequences N         sequences decoding at once with --requests (default 256)
 )";
 
 const char* kTokenizeUsage = R"(usage: nextn tokenize [--model DIR | --tokenizer FILE] --text TEXT
@@ -94,26 +126,6 @@ MTP layer 0 over the prompt, position p fed token p+1 and the target's hidden st
 [[noreturn]] void usage_exit(const char* usage, const std::string& msg) {
   std::fprintf(stderr, "nextn: %s\n\n%s", msg.c_str(), usage);
   std::exit(2);
-}
-
-nlohmann::json stats_json(const SpecStats& s) {
-  return {{"num_drafts", s.num_drafts},
-          {"num_draft_tokens", s.num_draft_tokens},
-          {"num_accepted_tokens", s.num_accepted_tokens},
-          {"per_position_acceptance", s.per_position_acceptance()},
-          {"mean_acceptance_length", s.mean_acceptance_length()},
-          {"tokens_per_second", s.tokens_per_second()},
-          {"num_generated", s.num_generated},
-          {"prompt_tokens", s.prompt_tokens},
-          {"target_forwards", s.target_forwards},
-          {"prefill_seconds", s.prefill_seconds},
-          {"decode_seconds", s.decode_seconds},
-          {"verify_seconds", s.verify_seconds},
-          {"catch_up_seconds", s.catch_up_seconds},
-          {"draft_seconds", s.draft_seconds},
-          {"rounds_at_k", s.rounds_at_k},
-          {"cpu_target", ops::cpu_target_name()},
-          {"cpu_target_forced", ops::cpu_target_forced()}};
 }
 
 void print_stats(const SpecStats& s, bool speculated) {
@@ -173,7 +185,7 @@ int run_generate(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "no-speculate", "no-draft-probs", "ignore-eos"},
          {"model", "ids", "prompt", "max-tokens", "speculative-tokens", "temperature", "top-k", "top-p", "min-p",
           "seed", "repetition-penalty", "presence-penalty", "frequency-penalty", "stop", "stop-id",
-          "relaxed-acceptance", "adaptive", "threads", "logprobs"});
+          "relaxed-acceptance", "adaptive", "threads", "logprobs", "requests", "kv-cache-mb", "max-sequences"});
   if (a.has("help")) {
     std::fputs(kGenerateUsage, stdout);
     return 0;
@@ -233,6 +245,14 @@ int run_generate(int argc, char** argv) {
   if (!k_given) so.num_speculative_tokens = default_speculative_tokens(model_dir);
   std::unique_ptr<Tokenizer> tok;
   if (has_tokenizer(model_dir)) tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
+  MemoryOptions memory;
+  memory.kv_cache_bytes = int64_t(a.get_int("kv-cache-mb", 0, 0, 1 << 30)) << 20;
+  if (a.has("requests")) {
+    if (a.has("ids") || a.has("prompt")) throw UsageError("--requests takes the prompts from its file: drop --ids/--prompt");
+    RequestDefaults d{sp, so, a.has("ignore-eos")};
+    return run_requests(a.get("requests"), d, model_dir, tok.get(), thread_count(a), memory,
+                        a.get_int("max-sequences", 256, 1, 1 << 20));
+  }
   std::vector<int32_t> prompt;
   if (a.has("ids")) {
     prompt = parse_id_list(a.get("ids"), "--ids");
@@ -248,68 +268,49 @@ int run_generate(int argc, char** argv) {
     prompt = tok->encode(text, /*add_special=*/true);
   }
   if (!sp.stop.empty() && !tok) throw UsageError("--stop needs a tokenizer (the model has no tokenizer.json)");
+  // The text side: streaming detokenization and stop strings (checked here, before the model loads).
+  TextStream stream = [&] {
+    try {
+      return TextStream(tok.get(), sp.stop);
+    } catch (const Error& e) {
+      throw UsageError(std::string("--stop: ") + e.what());
+    }
+  }();
 
   ThreadPool pool(thread_count(a));
-  HYV4Model model(model_dir, &pool);
+  const std::unique_ptr<Model> loaded = load_model(model_dir, &pool);
+  Model& model = *loaded;
   model.prefault(/*progress=*/true);
+  model.configure_memory(memory);
   if (!a.has("ignore-eos"))
-    for (int64_t e : model.config().eos_token_ids) sp.stop_token_ids.push_back(static_cast<int32_t>(e));
+    for (int32_t e : model.facts().eos_token_ids) sp.stop_token_ids.push_back(e);
   const bool json = a.has("json");
 
-  // Streaming text: hold back what could still become a stop string.
-  std::unique_ptr<StreamingDecoder> dec;
-  if (tok) dec = std::make_unique<StreamingDecoder>(*tok, /*skip_special=*/true);
-  std::string text, shown;
-  size_t hold = 0;
-  for (const auto& s : sp.stop) hold = std::max(hold, s.size() - 1);
-  size_t printed = 0;
-  bool stopped_by_text = false;
-  auto flush_text = [&](bool final) {
-    size_t upto = final ? text.size() : (text.size() > hold ? text.size() - hold : 0);
-    // never cut inside a UTF-8 character
-    while (upto > printed && upto < text.size() && (static_cast<unsigned char>(text[upto]) & 0xC0) == 0x80) --upto;
-    if (upto > printed && !json) {
-      std::fwrite(text.data() + printed, 1, upto - printed, stdout);
-      std::fflush(stdout);
-    }
-    printed = std::max(printed, upto);
+  // Streams the text as it becomes safe to show (no partial stop string, no partial character).
+  auto show = [&](const std::string& piece) {
+    if (piece.empty() || json) return;
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
   };
   Generator gen(model);
   auto res = gen.generate(prompt, sp, so, [&](int32_t t) {
-    if (!dec) {
+    if (!stream.has_tokenizer()) {
       if (!json) {
         std::printf("%d ", t);
         std::fflush(stdout);
       }
       return true;
     }
-    text += dec->push(t);
-    for (const auto& s : sp.stop) {
-      const size_t at = text.find(s);
-      if (at != std::string::npos) {
-        text.resize(at);
-        stopped_by_text = true;
-      }
-    }
-    if (stopped_by_text) return false;
-    flush_text(false);
-    return true;
+    const TextStream::Delta d = stream.push(t);
+    show(d.text);
+    return !d.stopped;
   });
-  if (dec && !stopped_by_text) text += dec->flush();
-  if (dec) flush_text(true);
-  const bool speculated = so.enabled && model.num_mtp_layers() > 0;
+  show(stream.finish());
+  const bool speculated = so.enabled && model.facts().num_mtp_layers > 0;
   if (json) {
     nlohmann::json out = {{"ids", res.ids}, {"finish_reason", res.finish_reason}, {"stats", stats_json(res.stats)}};
-    if (dec) out["text"] = text;
-    if (sp.logprobs >= 0) {
-      nlohmann::json lps = nlohmann::json::array();
-      for (const auto& lp : res.logprobs) {
-        nlohmann::json top = nlohmann::json::array();
-        for (const auto& [id, l] : lp.top) top.push_back({{"token", id}, {"logprob", l}});
-        lps.push_back({{"token", lp.token}, {"logprob", lp.logprob}, {"top", top}});
-      }
-      out["logprobs"] = lps;
-    }
+    if (stream.has_tokenizer()) out["text"] = stream.text();
+    if (sp.logprobs >= 0) out["logprobs"] = logprobs_json(res.logprobs);
     std::cout << out.dump() << std::endl;
   } else {
     std::printf("\n");
@@ -354,21 +355,22 @@ int run_logits(int argc, char** argv) {
   check_output_outside_checkpoint(a.get("output"), a.get("model"));
   auto ids = parse_id_list(a.get("ids"), "--ids");
   ThreadPool pool(thread_count(a));
-  HYV4Model model(a.get("model"), &pool);
+  const std::unique_ptr<Model> loaded = load_model(a.get("model"), &pool);
+  Model& model = *loaded;
   model.prefault(/*progress=*/false);  // (also refuses a checkpoint holding NaN or inf, naming the tensor)
-  const int64_t T = ids.size(), V = model.config().vocab_size, H = model.config().hidden_size;
-  KVCache cache = model.new_cache(T);
+  const int64_t T = ids.size(), V = model.facts().vocab_size, H = model.facts().hidden_width;
+  const std::unique_ptr<SequenceState> seq = model.new_sequence(T);
   std::vector<float> logits(T * V), hidden(T * H);
-  model.forward(ids.data(), T, cache, logits.data(), hidden.data());
+  const BatchSegment prompt_rows{seq.get(), ids.data(), T, /*all_logits=*/true};
+  model.forward(&prompt_rows, 1, logits.data(), hidden.data());
   require_finite(logits.data(), T, V, "logits: not writing " + a.get("output") + ": the target's logits");
   SafetensorsWriter w;
   w.add_f32("logits", {T, V}, logits.data());
   if (a.has("draft")) {
-    if (model.num_mtp_layers() == 0) throw Error(a.get("model") + ": --draft needs MTP layers (num_nextn_predict_layers >= 1)");
+    if (model.facts().num_mtp_layers == 0) throw Error(a.get("model") + ": --draft needs MTP layers (num_nextn_predict_layers >= 1)");
     if (T < 2) throw UsageError("--draft needs a prompt of at least 2 tokens");
-    KVCache dc = model.new_draft_cache(T);
     std::vector<float> dl((T - 1) * V);
-    model.draft_forward(0, ids.data() + 1, hidden.data(), T - 1, 0, dc, dl.data(), nullptr);
+    model.prompt_draft_logits(ids.data(), T, hidden.data(), dl.data());
     require_finite(dl.data(), T - 1, V, "logits: not writing " + a.get("output") + ": MTP layer 0's draft_logits");
     w.add_f32("draft_logits", {T - 1, V}, dl.data());
   }
