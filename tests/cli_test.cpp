@@ -518,7 +518,9 @@ TEST(Cli, GenerateRequestsRunsManyAtOnceInInputOrder) {
     const auto want = nlohmann::json::parse(one.out);
     EXPECT_EQ(lines[at[i]]["ids"], want["ids"]) << alone[i];
     EXPECT_EQ(lines[at[i]]["finish_reason"], want["finish_reason"]) << alone[i];
-    if (want.contains("text")) EXPECT_EQ(lines[at[i]]["text"], want["text"]) << alone[i];
+    if (want.contains("text")) {
+      EXPECT_EQ(lines[at[i]]["text"], want["text"]) << alone[i];
+    }
     EXPECT_TRUE(lines[at[i]]["stats"].contains("mean_acceptance_length"));
   }
   EXPECT_NE(r.err.find("5 requests (1 failed)"), std::string::npos) << r.err;
