@@ -3,6 +3,8 @@
 // speculative_tokens, ignore_eos, stop, logprobs (the command line's options are the defaults). Prints one JSON
 // line per request, in input order, with the fields of `generate --json`; a line that is not a valid request
 // prints {"line": N, "error": "..."} in its place and the others still run.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -65,7 +67,8 @@ void parse_job(const std::string& text, const RequestDefaults& d, const Tokenize
     throw Error(std::string("not valid JSON (") + e.what() + ")");
   }
   if (!j.is_object()) throw Error("a request must be a JSON object");
-  for (const auto& [key, value] : j.items()) {
+  for (auto item = j.begin(); item != j.end(); ++item) {
+    const std::string key = item.key();
     static const char* known[] = {"ids",   "prompt", "max_tokens", "temperature",        "top_k",      "top_p",
                                   "min_p", "seed",   "stop",       "speculative_tokens", "ignore_eos", "logprobs"};
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known))
