@@ -113,4 +113,8 @@ float dot(const float* a, const float* b, int64_t n);
 // written. scratch must hold n floats.
 int64_t topk_ascending(const float* x, int64_t n, int64_t k, int32_t* out, float* scratch);
 
+// Reserves the calling thread's kernel scratch (256 KB per kind) now rather than at a kernel's first use on
+// that thread; run it on every thread of a pool when a workspace is sized, so decode never allocates.
+void reserve_thread_scratch();
+
 }  // namespace nextn::ops

@@ -388,6 +388,10 @@ void HYV4Model::ensure_workspace(int64_t S, int64_t max_seq) {
   }
   w.rows = S;
   ws_max_seq_ = max_seq;
+  // Every thread's kernel scratch now, not when a worker first meets a kernel mid-decode.
+  if (pool_ && pool_->size() > 1)
+    pool_->parallel_for(pool_->size(), 1, [](int64_t, int64_t, int) { ops::reserve_thread_scratch(); });
+  ops::reserve_thread_scratch();
   row_span_.reserve(static_cast<size_t>(S));
 }
 

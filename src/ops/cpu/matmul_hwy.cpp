@@ -44,6 +44,7 @@
 #include "ops/cpu/matmul_kernels.h"
 #include "ops/cpu/reduce-inl.h"
 #include "ops/cpu/target_env.h"
+#include "ops/cpu/thread_scratch.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
@@ -273,28 +274,14 @@ void DecodeRangeTable(DF d, const Weight& w, int64_t n, int64_t k0, int64_t k1, 
   for (int64_t k = k1; (k - k0) % N != 0; ++k) dst[k - k0] = 0.0f;  // tail padding
 }
 
-// 64-byte aligned, grow-only per-thread buffers. The first use reserves 256 KB, more than decode-sized
-// calls need, so that a worker meeting a larger job mid-decode does not allocate then.
+// Per-thread scratch (ops/cpu/thread_scratch.h: shared by every target, reserved up front per thread).
 struct Scratch {
-  std::vector<float> buf;
-  float* get(size_t n) {
-    if (buf.size() < n + 16) buf.resize(std::max<size_t>(n + 16, size_t(64) << 10));
-    const uintptr_t p = reinterpret_cast<uintptr_t>(buf.data());
-    return buf.data() + ((64 - p % 64) % 64) / sizeof(float);
-  }
+  ops::ScratchKind kind;
+  float* get(size_t n) const { return ops::thread_scratch(kind, n); }
 };
-Scratch& FusedScratch() {
-  static thread_local Scratch s;
-  return s;
-}
-Scratch& PanelScratch() {
-  static thread_local Scratch s;
-  return s;
-}
-Scratch& AccScratch() {
-  static thread_local Scratch s;
-  return s;
-}
+Scratch FusedScratch() { return {ops::ScratchKind::kFused}; }
+Scratch PanelScratch() { return {ops::ScratchKind::kPanel}; }
+Scratch AccScratch() { return {ops::ScratchKind::kAcc}; }
 
 // ---- fused tiles: T x rows by R weight rows, decoded in registers, full K -----------------------------
 
@@ -574,10 +561,7 @@ void PanelCols(const Job& job) {
 template <class Dec>
 void ColsFor(const Job& job);
 
-Scratch& PrescaleScratch() {
-  static thread_local Scratch s;
-  return s;
-}
+Scratch PrescaleScratch() { return {ops::ScratchKind::kPrescale}; }
 
 void Fp8StreamedRow(const Job& job);
 

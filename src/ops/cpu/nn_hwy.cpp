@@ -24,6 +24,7 @@
 #include "ops/ops.h"
 #include "ops/cpu/reduce-inl.h"
 #include "ops/cpu/target_env.h"
+#include "ops/cpu/thread_scratch.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
@@ -58,10 +59,8 @@ void IndexerScores(const float* q, const float* w, int64_t heads, int64_t dim, c
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t hv = (heads + N - 1) / N, width = hv * N;
-  static thread_local std::vector<float> scratch;  // grow-only, 64 KB at least (see Scratch in matmul_hwy.cpp)
-  if (scratch.size() < static_cast<size_t>((dim + 1) * width + kMaxLanes))
-    scratch.resize(std::max<size_t>((dim + 1) * width + kMaxLanes, size_t(16) << 10));
-  float* qt = scratch.data();  // [dim, width]: qt[k * width + h] = q[h, k]
+  float* qt = ops::thread_scratch(ops::ScratchKind::kIndexer, static_cast<size_t>((dim + 1) * width + kMaxLanes));
+  // qt [dim, width]: qt[k * width + h] = q[h, k]
   float* wp = qt + dim * width;  // [width]
   for (int64_t k = 0; k < dim; ++k)
     for (int64_t h = 0; h < width; ++h) qt[k * width + h] = h < heads ? q[h * dim + k] : 0.0f;
