@@ -439,7 +439,11 @@ int run_bench(int argc, char** argv) {
   const bool json = o.json;
   ThreadPool pool(o.threads);
   auto log = [&](const char* fmt, auto... args) {
-    if (!json) std::fprintf(stdout, fmt, args...);
+    if (json) return;
+    if constexpr (sizeof...(args) == 0)
+      std::fputs(fmt, stdout);  // (no arguments: not a format)
+    else
+      std::fprintf(stdout, fmt, args...);
     std::fflush(stdout);
   };
 
