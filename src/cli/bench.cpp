@@ -309,23 +309,6 @@ void check_against_facts(const BenchOptions& o, const ModelFacts& f) {
     throw UsageError("--oracle-acceptance needs a checkpoint with MTP layers; " + o.dir + " has none");
 }
 
-// k as `nextn generate` takes it by default: generation_config.json's "num_speculative_tokens" (1..8), else 3
-// (generate warns about an unusable file; bench, which only measures, takes 3 quietly).
-int checkpoint_default_k(const std::string& dir) {
-  std::ifstream f(dir + "/generation_config.json");
-  if (!f) return 3;
-  try {
-    const auto j = nlohmann::json::parse(f);
-    if (!j.is_object()) return 3;
-    const auto it = j.find("num_speculative_tokens");
-    if (it == j.end() || !it->is_number_integer()) return 3;
-    const int64_t k = it->get<int64_t>();
-    return k >= 1 && k <= 8 ? int(k) : 3;
-  } catch (const nlohmann::json::exception&) {
-    return 3;
-  }
-}
-
 // ---- concurrency -------------------------------------------------------------------------------------
 
 // N prompts for N concurrent requests: the bench prompt, then for request i its tokens after the first
@@ -644,7 +627,7 @@ int run_bench(int argc, char** argv) {
     // N requests at once through one engine: plain, then speculative (tuned k up to the checkpoint's default k,
     // as `nextn generate` decodes greedy requests), in `repeats` passes, each pass after a bandwidth reading of
     // its own and with its own single-sequence plain run that its ratios are taken against.
-    const int k_default = checkpoint_default_k(dir);
+    const int k_default = default_speculative_tokens(dir, /*warn_unusable=*/false);
     const bool drafting = facts.num_mtp_layers > 0;
     SpecOptions plain;
     plain.enabled = false;

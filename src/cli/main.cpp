@@ -43,6 +43,32 @@ nlohmann::json stats_json(const SpecStats& s) {
           {"cpu_target_forced", ops::cpu_target_forced()}};
 }
 
+// k when --speculative-tokens is not given: generation_config.json's "num_speculative_tokens", else 3.
+// A file that cannot be used is not fatal (generation does not need it); with `warn` it is said on stderr.
+int default_speculative_tokens(const std::string& dir, bool warn_unusable) {
+  const std::string path = dir + "/generation_config.json";
+  std::ifstream f(path);
+  if (!f) return 3;
+  auto warn = [&](const std::string& why) {
+    if (warn_unusable)
+      std::fprintf(stderr, "nextn: warning: %s: %s; using num_speculative_tokens 3\n", path.c_str(), why.c_str());
+    return 3;
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    return warn(std::string("not valid JSON (") + e.what() + ")");
+  }
+  if (!j.is_object()) return warn("not a JSON object");
+  const auto it = j.find("num_speculative_tokens");
+  if (it == j.end()) return 3;
+  if (!it->is_number_integer()) return warn("num_speculative_tokens is " + it->dump() + ", not an integer");
+  const int64_t k = it->get<int64_t>();  // (an unsigned value past int64 reads as negative: out of range too)
+  if (k < 1 || k > 8) return warn("num_speculative_tokens " + it->dump() + " is outside 1..8");
+  return static_cast<int>(k);
+}
+
 namespace {
 
 const char* kMainUsage = R"(nextn: HY V4 inference with native MTP speculative decoding.
@@ -154,31 +180,6 @@ std::string default_model() {
   return NEXTN_DEFAULT_MODEL;
 }
 
-// k when --speculative-tokens is not given: generation_config.json's "num_speculative_tokens", else 3.
-// A file that cannot be used is not fatal (generation does not need it) but is never ignored silently.
-int default_speculative_tokens(const std::string& dir) {
-  const std::string path = dir + "/generation_config.json";
-  std::ifstream f(path);
-  if (!f) return 3;
-  auto warn = [&](const std::string& why) {
-    std::fprintf(stderr, "nextn: warning: %s: %s; using num_speculative_tokens 3\n", path.c_str(), why.c_str());
-    return 3;
-  };
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(f);
-  } catch (const nlohmann::json::exception& e) {
-    return warn(std::string("not valid JSON (") + e.what() + ")");
-  }
-  if (!j.is_object()) return warn("not a JSON object");
-  const auto it = j.find("num_speculative_tokens");
-  if (it == j.end()) return 3;
-  if (!it->is_number_integer()) return warn("num_speculative_tokens is " + it->dump() + ", not an integer");
-  const int64_t k = it->get<int64_t>();  // (an unsigned value past int64 reads as negative: out of range too)
-  if (k < 1 || k > 8) return warn("num_speculative_tokens " + it->dump() + " is outside 1..8");
-  return static_cast<int>(k);
-}
-
 bool has_tokenizer(const std::string& dir) { return std::filesystem::exists(dir + "/tokenizer.json"); }
 
 int run_generate(int argc, char** argv) {
@@ -242,7 +243,7 @@ int run_generate(int argc, char** argv) {
   }
 
   const std::string model_dir = a.get("model", default_model());
-  if (!k_given) so.num_speculative_tokens = default_speculative_tokens(model_dir);
+  if (!k_given) so.num_speculative_tokens = default_speculative_tokens(model_dir, /*warn_unusable=*/true);
   std::unique_ptr<Tokenizer> tok;
   if (has_tokenizer(model_dir)) tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
   MemoryOptions memory;

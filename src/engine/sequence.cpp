@@ -175,8 +175,10 @@ void Sequence::finish_prefill(const float* last_logits, const float* hidden, dou
   }
   st.prefill_seconds = forward_seconds + seconds_between(t0, Clock::now());
   t_decode_ = Clock::now();
-  phase_ = stop_ ? Phase::kFinished : Phase::kDecoding;
-  if (stop_) finish("length");
+  if (stop_)
+    finish("length");
+  else
+    phase_ = Phase::kDecoding;
 }
 
 // ---- a round ----------------------------------------------------------------------------------------------

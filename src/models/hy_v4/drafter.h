@@ -62,7 +62,6 @@ class HYV4DraftSession : public DraftSession {
   int64_t m_ = 0;                              // newest position of the round (tokens[m] not yet verified)
   int active_ = 1;
   bool merge_step1_ = false, merged_ = false, drafting_ = false;
-  int32_t first_draft_ = 0;
   double catch_seconds_ = 0;
   int64_t forwards_ = 0;
 };

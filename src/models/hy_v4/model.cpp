@@ -177,18 +177,23 @@ void HYV4Model::require_cache_fits(int64_t capacity, bool target, const char* wh
                  std::string("a ") + what + " of " + std::to_string(capacity) + " positions");
 }
 
+// The page of a cache's own pool: the configured page, or the whole capacity when that is smaller.
+int64_t HYV4Model::own_pool_page(int64_t capacity) const {
+  return std::clamp<int64_t>(capacity, 1, memory_.page_tokens);
+}
+
 KVCache HYV4Model::new_cache(int64_t capacity) const {
   require_cache_fits(capacity, true, "KV cache");
   std::vector<LayerPlanes> layers;
   auto widths = target_plane_widths(&layers);
-  const int64_t page = std::max<int64_t>(1, std::min<int64_t>(memory_.page_tokens, std::max<int64_t>(capacity, 1)));
+  const int64_t page = own_pool_page(capacity);
   auto pool = std::make_shared<KVPool>("KV cache", std::move(widths), page, (capacity + page - 1) / page);
   return KVCache(std::move(pool), std::move(layers), capacity);
 }
 
 KVCache HYV4Model::new_draft_cache(int64_t capacity) const {
   require_cache_fits(capacity, false, "MTP draft KV cache");
-  const int64_t page = std::max<int64_t>(1, std::min<int64_t>(memory_.page_tokens, std::max<int64_t>(capacity, 1)));
+  const int64_t page = own_pool_page(capacity);
   auto pool = std::make_shared<KVPool>("MTP draft KV cache", draft_plane_widths(), page, (capacity + page - 1) / page);
   return KVCache(std::move(pool), {LayerPlanes{0, 1}}, capacity);
 }

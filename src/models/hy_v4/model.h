@@ -275,6 +275,7 @@ class HYV4Model : public Model {
   // Bytes the caches of a sequence of `capacity` positions take (target, and all MTP layers').
   int64_t sequence_bytes(int64_t capacity, bool drafting) const;
   void require_cache_fits(int64_t capacity, bool target, const char* what) const;
+  int64_t own_pool_page(int64_t capacity) const;
   void ensure_pools();
   void hyper_pre(const HyperConnectionWeights& hc, int64_t S);  // streams -> x, mixes (post in mixes[C..])
   void hyper_post(int64_t S);                                   // streams += post ⊗ y

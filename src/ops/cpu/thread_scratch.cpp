@@ -1,5 +1,7 @@
 #include "ops/cpu/thread_scratch.h"
 
+#include "ops/ops.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>

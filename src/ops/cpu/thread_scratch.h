@@ -13,8 +13,7 @@ namespace nextn::ops {
 enum class ScratchKind { kFused, kPanel, kAcc, kPrescale, kIndexer, kCount };
 
 // A buffer of at least n floats for this thread, 64-byte aligned (valid until the next call of that kind).
+// (ops::reserve_thread_scratch() in ops.h reserves every kind's first 256 KB for the calling thread.)
 float* thread_scratch(ScratchKind kind, size_t n);
-// Reserves every kind's first 256 KB for the calling thread.
-void reserve_thread_scratch();
 
 }  // namespace nextn::ops
