@@ -1,8 +1,7 @@
 #include "models/registry.h"
 
-#include <fstream>
-
 #include "core/error.h"
+#include "models/common/config_json.h"
 #include "models/hy_v4/family.h"
 #include "models/hy_v4/synthetic.h"
 
@@ -19,25 +18,12 @@ const Family kFamilies[] = {
     {"hy_v4", hy_v4::load, hy_v4::inspect},
 };
 
-// config.json's model_type; throws nextn::Error for a file that cannot say (the family's loader then
-// reports exactly what is wrong with it).
-std::string read_model_type(const std::string& dir) {
-  std::ifstream f(dir + "/config.json");
-  if (!f) throw Error("no config.json");
-  try {
-    const nlohmann::json j = nlohmann::json::parse(f);
-    if (j.is_object() && j.contains("model_type") && j["model_type"].is_string()) return j["model_type"];
-  } catch (const nlohmann::json::exception&) {
-  }
-  throw Error("no model_type");
-}
-
 // The family of DIR. A config.json that cannot be read, or names no model_type, goes to the first family,
 // whose loader reports exactly what is wrong with it (missing file, malformed JSON, missing field).
 const Family& family_of(const std::string& dir) {
   std::string type;
   try {
-    type = read_model_type(dir);
+    type = cfg::read_model_type(dir);
   } catch (const Error&) {
     return kFamilies[0];
   }

@@ -9,23 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "models/common/quant_plan.h"  // QuantConfig
+#include "models/common/rope_config.h"
 
 namespace nextn {
-
-// Resolved rotary-embedding parameters (standardised from `rope_parameters` or legacy
-// `rope_scaling` + `rope_theta`).
-struct RopeConfig {
-  std::string type = "default";  // "default" or "yarn"; any other type is rejected
-  double theta = 10000.0;
-  double factor = 1.0;            // yarn: resolved (null -> max_position_embeddings / original)
-  double attention_factor = 1.0;  // multiplier applied to cos/sin
-  double beta_fast = 32, beta_slow = 1;
-  double mscale = 0, mscale_all_dim = 0;
-  int64_t original_max_position_embeddings = 0;  // yarn only (0 for default)
-  bool truncate = true;
-  int dim = 0;                  // rotary dim = qk_rope_head_dim
-  std::vector<float> inv_freq;  // dim/2 entries, float32 as transformers computes them
-};
 
 struct HYV4Config {
   int64_t vocab_size = 120832;
@@ -105,7 +91,5 @@ struct HYV4Limits {
 HYV4Config parse_hy_v4_config(const nlohmann::json& j, const std::string& source);
 // Reads and parses model_dir/config.json.
 HYV4Config load_hy_v4_config(const std::string& model_dir);
-// Returns the "model_type" string of model_dir/config.json (throws Error if unreadable/absent).
-std::string read_model_type(const std::string& model_dir);
 
 }  // namespace nextn
