@@ -131,6 +131,21 @@ std::vector<float> TensorBinder::vec_any(const std::vector<std::string>& names, 
   return out;
 }
 
+std::vector<float> TensorBinder::small(const std::string& name, const std::vector<int64_t>& shape) {
+  std::vector<float> out;
+  const TensorView* t = take(name);
+  if (!t) {
+    missing(name);
+    return out;
+  }
+  if (!check(t, shape, false)) return out;
+  const int64_t n = t->numel();
+  out.resize(static_cast<size_t>(n));
+  convert_to_f32(t->dtype, t->data, out.data(), n);
+  if (!finite_values(t, out.data(), n)) out.clear();
+  return out;
+}
+
 bool TensorBinder::finite_values(const TensorView* t, const float* v, int64_t n) {
   const NonFiniteCount bad = count_non_finite(v, n);
   if (bad.count == 0) return true;
@@ -379,6 +394,85 @@ std::vector<std::string> TensorBinder::scale_names(const std::string& w) const {
     return {base + ".weight_scale_inv", base + ".weight_scale"};
   }
   return {w + "_scale_inv", w + "_scale"};
+}
+
+
+// ---- MoE experts
+
+namespace {
+std::string expert_prefix(const std::string& p, int64_t e) { return p + "experts." + std::to_string(e) + "."; }
+std::string split_hint(const std::string& p, int64_t E) {
+  return p + "experts.{0.." + std::to_string(E - 1) + "}.";
+}
+}  // namespace
+
+// gate / up of the routed experts: fused [E, 2I, H] (`up` may start inside a scale block when
+// I % block != 0: Linear::rows handles it), or per expert (themselves split or stacked).
+void TensorBinder::experts_gate_up(const std::string& p, int64_t E, int64_t I, int64_t H, std::vector<Linear>& gate,
+                                 std::vector<Linear>& up) {
+  const std::string fgu = p + "experts.gate_up_proj";
+  bool split = false;
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string ep = expert_prefix(p, e);
+    split |= has(ep + "gate_proj.weight") || has(ep + "up_proj.weight") || has(ep + "gate_up_proj.weight");
+  }
+  if (has(fgu) && split) {
+    error("checkpoint has both fused '" + raw_of(fgu) + "' and split " + split_hint(p, E) + "gate_proj/up_proj tensors");
+    take(fgu);
+  } else if (has(fgu)) {
+    const TensorView* t = take(fgu);
+    if (!check(t, {E, 2 * I, H}, true)) return;
+    const QuantScheme& q = scheme_for(fgu);
+    const Quant qt = quant(t, q, ignored_by(modules_of(fgu, t->name), q), Role::Quantized, scale_names(fgu), {E},
+                           2 * I, H);
+    if (!qt.ok) return;
+    const int64_t srows = qt.fp8 ? block_count(2 * I, qt.block_out) * block_count(H, qt.block_in) : 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const Linear gu = make_linear(t, qt, 2 * I, H, e * 2 * I * H, e * srows);
+      gate[e] = gu.rows(0, I);
+      up[e] = gu.rows(I, I);
+    }
+  } else if (split) {
+    for (int64_t e = 0; e < E; ++e) {
+      auto v = stacked(expert_prefix(p, e), "gate_up_proj", {{"gate_proj", I}, {"up_proj", I}}, H, Role::Quantized);
+      gate[e] = v[0];
+      up[e] = v[1];
+    }
+  } else {
+    missing(fgu + " (or split " + split_hint(p, E) + "gate_proj.weight / up_proj.weight)");
+  }
+}
+
+// down of the routed experts: fused [E, H, I] or per expert.
+void TensorBinder::experts_down(const std::string& p, int64_t E, int64_t I, int64_t H, std::vector<Linear>& down) {
+  const std::string fdn = p + "experts.down_proj";
+  bool split = false;
+  for (int64_t e = 0; e < E; ++e) split |= has(expert_prefix(p, e) + "down_proj.weight");
+  if (has(fdn) && split) {
+    error("checkpoint has both fused '" + raw_of(fdn) + "' and split " + split_hint(p, E) + "down_proj tensors");
+    take(fdn);
+  } else if (has(fdn)) {
+    const TensorView* t = take(fdn);
+    if (!check(t, {E, H, I}, true)) return;
+    const QuantScheme& q = scheme_for(fdn);
+    const Quant qt = quant(t, q, ignored_by(modules_of(fdn, t->name), q), Role::Quantized, scale_names(fdn), {E}, H, I);
+    if (!qt.ok) return;
+    const int64_t srows = qt.fp8 ? block_count(H, qt.block_out) * block_count(I, qt.block_in) : 0;
+    for (int64_t e = 0; e < E; ++e) down[e] = make_linear(t, qt, H, I, e * H * I, e * srows);
+  } else if (split) {
+    for (int64_t e = 0; e < E; ++e) down[e] = linear(expert_prefix(p, e) + "down_proj", H, I, Role::Quantized);
+  } else {
+    missing(fdn + " (or split " + split_hint(p, E) + "down_proj.weight)");
+  }
+}
+
+void TensorBinder::experts(const std::string& p, int64_t E, int64_t I, int64_t H, std::vector<Linear>& gate,
+                           std::vector<Linear>& up, std::vector<Linear>& down) {
+  gate.assign(E, Linear{});
+  up.assign(E, Linear{});
+  down.assign(E, Linear{});
+  experts_gate_up(p, E, I, H, gate, up);
+  experts_down(p, E, I, H, down);
 }
 
 }  // namespace nextn

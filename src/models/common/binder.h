@@ -98,6 +98,8 @@ class TensorBinder {
                     int64_t offset = 0);
   // A 1-D tensor [n] copied to f32 (norms, sinks, gates, biases); empty on any problem.
   std::vector<float> vec(const std::string& name, int64_t n) { return vec_any({name}, n); }
+  // A small tensor of any shape (conv kernels) copied to f32, checked like vec(); empty on any problem.
+  std::vector<float> small(const std::string& name, const std::vector<int64_t>& shape);
   // A 1-D tensor known under several names (aliases); exactly one may be present. Copied to f32 only once its
   // shape is the checkpoint's (a size from config.json allocates nothing the file does not hold), and checked
   // for NaN / inf (these tensors are small: the copy reads them anyway). Empty on any problem.
@@ -126,6 +128,12 @@ class TensorBinder {
   // The exclusion-list entry of q that names one of `modules`, or "".
   std::string ignored_by(const std::vector<std::string>& modules, const QuantScheme& q) const;
 
+  // The routed experts under prefix p ("...mlp."): E experts of [I, H] gate / up and [H, I] down, stored per
+  // expert (p.experts.{e}.gate_proj.weight ..., or a fused per-expert gate_up_proj) or fused over experts
+  // (p.experts.gate_up_proj [E, 2I, H] and p.experts.down_proj [E, H, I], transformers' layout).
+  void experts(const std::string& p, int64_t E, int64_t I, int64_t H, std::vector<Linear>& gate,
+               std::vector<Linear>& up, std::vector<Linear>& down);
+
   // ---- when everything is bound
 
   // A warning for each checkpoint tensor nothing used, "unknown checkpoint tensor 'RAW' (skipped)" followed
@@ -149,6 +157,9 @@ class TensorBinder {
   LoadReport& r_;
 
  private:
+  void experts_gate_up(const std::string& p, int64_t E, int64_t I, int64_t H, std::vector<Linear>& gate,
+                       std::vector<Linear>& up);
+  void experts_down(const std::string& p, int64_t E, int64_t I, int64_t H, std::vector<Linear>& down);
   // The fused tensor's exclusion entry: one naming the fused module or all of its parts ("" when none). An
   // entry naming only some parts is an error (`ok` false): a tensor is quantized as a whole.
   std::string fused_ignored_by(const TensorView* t, const std::string& p, const std::string& fused,

@@ -20,4 +20,9 @@ struct NonFiniteTensor {
 // tensors with non-finite values, in name order. Reads the whole checkpoint.
 std::vector<NonFiniteTensor> scan_non_finite(const WeightStore& store);
 
+// Reads every weight of `store` once, so that the first token does not pay for page faults, and throws
+// nextn::Error naming the first tensor that holds a NaN or inf (by its stored dtype); with `progress` and a
+// terminal on stderr, large checkpoints show a progress bar. `dir` names the checkpoint in the message.
+void prefault_weights(const WeightStore& store, const std::string& dir, bool progress);
+
 }  // namespace nextn

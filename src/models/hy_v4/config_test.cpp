@@ -1,4 +1,5 @@
 #include "models/hy_v4/config.h"
+#include "models/common/config_json.h"
 
 #include <gtest/gtest.h>
 
@@ -603,7 +604,7 @@ TEST_F(HYV4ConfigFiles, LoadsFromDirectory) {
   EXPECT_EQ(c.num_hidden_layers, 6);
   EXPECT_EQ(c.hidden_size, 128);
   EXPECT_EQ(c.indexer_types.size(), 6u);
-  EXPECT_EQ(read_model_type(dir_.string()), "hy_v4");
+  EXPECT_EQ(cfg::read_model_type(dir_.string()), "hy_v4");
 }
 
 TEST_F(HYV4ConfigFiles, ErrorsNameTheFile) {
@@ -617,7 +618,7 @@ TEST_F(HYV4ConfigFiles, ErrorsNameTheFile) {
     EXPECT_NE(msg.find(path), std::string::npos) << msg;
     EXPECT_NE(msg.find("parse error"), std::string::npos) << msg;
   }
-  EXPECT_THROW(read_model_type(dir_.string()), Error);
+  EXPECT_THROW(cfg::read_model_type(dir_.string()), Error);
 
   write(R"({"model_type": "hy_v4", "hidden_size": "big"})");
   try {
@@ -642,13 +643,13 @@ TEST_F(HYV4ConfigFiles, ErrorsNameTheFile) {
   }
 
   write(R"({"model_type": "qwen3"})");
-  EXPECT_EQ(read_model_type(dir_.string()), "qwen3");
+  EXPECT_EQ(cfg::read_model_type(dir_.string()), "qwen3");
   write(R"({"vocab_size": 3})");
-  EXPECT_THROW(read_model_type(dir_.string()), Error);
+  EXPECT_THROW(cfg::read_model_type(dir_.string()), Error);
 
   std::filesystem::remove(dir_ / "config.json");
   EXPECT_THROW(load_hy_v4_config(dir_.string()), Error);
-  EXPECT_THROW(read_model_type(dir_.string()), Error);
+  EXPECT_THROW(cfg::read_model_type(dir_.string()), Error);
 }
 
 }  // namespace

@@ -125,15 +125,6 @@ class HYV4Binder : public TensorBinder {
   }
 
   // Routed experts of the MoE at `p` ("...mlp."): fused [E, 2I, H] / [E, H, I] tensors or split per expert.
-  void experts(const std::string& p, int64_t E, int64_t I, int64_t H, FfnWeights& f) {
-    f.expert_gate.assign(E, Linear{});
-    f.expert_up.assign(E, Linear{});
-    f.expert_down.assign(E, Linear{});
-    experts_gate_up(p, E, I, H, f);
-    experts_down(p, E, I, H, f);
-  }
-
-  // Warnings for checkpoint tensors nothing used, infos for the tensors skipped on purpose.
   void finish() {
     report_unused([&](const std::string& raw) -> std::string {
       if (!flat_out_of_range_.count(raw)) return "";
@@ -283,70 +274,6 @@ class HYV4Binder : public TensorBinder {
             "model.layers." + std::to_string(L_ - 1) + ".* tensors: " + found);
   }
 
-  static std::string expert_prefix(const std::string& p, int64_t e) { return p + "experts." + std::to_string(e) + "."; }
-  static std::string split_hint(const std::string& p, int64_t E) {
-    return p + "experts.{0.." + std::to_string(E - 1) + "}.";
-  }
-
-  // gate / up of the routed experts: fused [E, 2I, H] (`up` may start inside a scale block when
-  // I % block != 0: Linear::rows handles it), or per expert (themselves split or stacked).
-  void experts_gate_up(const std::string& p, int64_t E, int64_t I, int64_t H, FfnWeights& f) {
-    const std::string fgu = p + "experts.gate_up_proj";
-    bool split = false;
-    for (int64_t e = 0; e < E; ++e) {
-      const std::string ep = expert_prefix(p, e);
-      split |= has(ep + "gate_proj.weight") || has(ep + "up_proj.weight") || has(ep + "gate_up_proj.weight");
-    }
-    if (has(fgu) && split) {
-      error("checkpoint has both fused '" + raw_of(fgu) + "' and split " + split_hint(p, E) + "gate_proj/up_proj tensors");
-      take(fgu);
-    } else if (has(fgu)) {
-      const TensorView* t = take(fgu);
-      if (!check(t, {E, 2 * I, H}, true)) return;
-      const QuantScheme& q = scheme_for(fgu);
-      const Quant qt = quant(t, q, ignored_by(modules_of(fgu, t->name), q), Role::Quantized, scale_names(fgu), {E},
-                             2 * I, H);
-      if (!qt.ok) return;
-      const int64_t srows = qt.fp8 ? block_count(2 * I, qt.block_out) * block_count(H, qt.block_in) : 0;
-      for (int64_t e = 0; e < E; ++e) {
-        const Linear gu = make_linear(t, qt, 2 * I, H, e * 2 * I * H, e * srows);
-        f.expert_gate[e] = gu.rows(0, I);
-        f.expert_up[e] = gu.rows(I, I);
-      }
-    } else if (split) {
-      for (int64_t e = 0; e < E; ++e) {
-        auto v = stacked(expert_prefix(p, e), "gate_up_proj", {{"gate_proj", I}, {"up_proj", I}}, H, Role::Quantized);
-        f.expert_gate[e] = v[0];
-        f.expert_up[e] = v[1];
-      }
-    } else {
-      missing(fgu + " (or split " + split_hint(p, E) + "gate_proj.weight / up_proj.weight)");
-    }
-  }
-
-  // down of the routed experts: fused [E, H, I] or per expert.
-  void experts_down(const std::string& p, int64_t E, int64_t I, int64_t H, FfnWeights& f) {
-    const std::string fdn = p + "experts.down_proj";
-    bool split = false;
-    for (int64_t e = 0; e < E; ++e) split |= has(expert_prefix(p, e) + "down_proj.weight");
-    if (has(fdn) && split) {
-      error("checkpoint has both fused '" + raw_of(fdn) + "' and split " + split_hint(p, E) + "down_proj tensors");
-      take(fdn);
-    } else if (has(fdn)) {
-      const TensorView* t = take(fdn);
-      if (!check(t, {E, H, I}, true)) return;
-      const QuantScheme& q = scheme_for(fdn);
-      const Quant qt = quant(t, q, ignored_by(modules_of(fdn, t->name), q), Role::Quantized, scale_names(fdn), {E}, H, I);
-      if (!qt.ok) return;
-      const int64_t srows = qt.fp8 ? block_count(H, qt.block_out) * block_count(I, qt.block_in) : 0;
-      for (int64_t e = 0; e < E; ++e) f.expert_down[e] = make_linear(t, qt, H, I, e * H * I, e * srows);
-    } else if (split) {
-      for (int64_t e = 0; e < E; ++e) f.expert_down[e] = linear(expert_prefix(p, e) + "down_proj", H, I, Role::Quantized);
-    } else {
-      missing(fdn + " (or split " + split_hint(p, E) + "down_proj.weight)");
-    }
-  }
-
   const QuantPlan& plan_;
   HYV4LoadReport& hr_;
   const int L_, n_mtp_;
@@ -377,7 +304,7 @@ void load_ffn(HYV4Binder& b, const HYV4Config& c, const std::string& p, bool spa
     f.up_proj = gu[1];
     f.down_proj = b.linear(p + "shared_experts.down_proj", H, Is, Role::Quantized);
   }
-  b.experts(p, E, I, H, f);
+  b.experts(p, E, I, H, f.expert_gate, f.expert_up, f.expert_down);
 }
 
 void load_attention(HYV4Binder& b, const HYV4Config& c, const std::string& p, bool own_indexer, AttentionWeights& a) {

@@ -1,7 +1,6 @@
 // HY V4 forward on the ops layer. See hy_v4.h for the data flow; shapes are in [rows, cols] comments.
 #include "models/hy_v4/model.h"
 
-#include "models/hy_v4/drafter.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +14,7 @@
 #include "core/profile.h"
 #include "core/sizes.h"
 #include "core/threadpool.h"
+#include "models/common/scan.h"
 
 #include <unistd.h>
 
@@ -53,42 +53,7 @@ ThreadPool* HYV4Model::pool_for(int64_t work) {
   return pool_ && pool_->size() > 1 && work >= min_parallel_work() && pool_->worth_waking(work) ? pool_ : nullptr;
 }
 
-void HYV4Model::prefault(bool progress) const {
-  size_t total = 0;
-  for (const auto& f : store_.files())
-    for (const TensorView& t : f->tensors()) total += t.nbytes;
-  const bool bar = progress && isatty(2) && total > (size_t(64) << 20);
-  size_t done = 0;
-  int shown = -1;
-  unsigned sink = 0;
-  for (const auto& f : store_.files())
-    for (const TensorView& t : f->tensors()) {
-      // Reading every value faults its pages in as touching one byte per page would, at memory speed; it
-      // also finds the NaNs no forward would show (the FP8 kernels decode e4m3 NaN codes as finite values).
-      NonFiniteCount bad;
-      if (count_non_finite(t, bad)) {
-        if (bad.count > 0) {
-          if (bar) std::fprintf(stderr, "\r\033[K");
-          throw Error("tensor '" + t.name + "' in " + f->path() + " (" + dtype_name(t.dtype) + ") has " +
-                      std::to_string(bad.count) + " non-finite value(s) (NaN or inf), the first at index " +
-                      std::to_string(bad.first) + "; `nextn inspect --scan " + dir_ + "` lists every such tensor");
-        }
-      } else {
-        const auto* p = static_cast<const volatile unsigned char*>(t.data);
-        for (size_t o = 0; o < t.nbytes; o += 4096) sink += p[o];
-      }
-      done += t.nbytes;
-      const int pct = total ? int(100.0 * double(done) / double(total)) : 100;
-      if (bar && pct != shown) {
-        shown = pct;
-        const int w = 30, fill = pct * w / 100;
-        std::fprintf(stderr, "\rloading weights [%.*s%*s] %3d%%  %.2f / %.2f GB", fill,
-                     "##############################", w - fill, "", pct, double(done) / 1e9, double(total) / 1e9);
-      }
-    }
-  if (bar) std::fprintf(stderr, "\r\033[K");
-  (void)sink;
-}
+void HYV4Model::prefault(bool progress) const { prefault_weights(store_, dir_, progress); }
 
 namespace {
 size_t swiglu_bytes(const Linear& gate, const Linear& up, const Linear& down) {
@@ -298,7 +263,7 @@ std::unique_ptr<DraftSession> HYV4Model::new_draft_session(SequenceState& sequen
   if (num_mtp_layers() == 0) return nullptr;
   auto* seq = dynamic_cast<HYV4Sequence*>(&sequence);
   if (!seq || seq->owner() != this) throw Error("new_draft_session: the sequence does not belong to this model");
-  return std::make_unique<HYV4DraftSession>(*this, seq->capacity(), options);
+  return std::make_unique<ChainedDraftSession<HYV4Model>>(*this, seq->capacity(), options);
 }
 
 void HYV4Model::prompt_draft_logits(const int32_t* tokens, int64_t T, const float* hidden, float* logits) {

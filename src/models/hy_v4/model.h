@@ -19,6 +19,7 @@
 #include "io/safetensors.h"
 #include "models/hy_v4/config.h"
 #include "memory/kv_cache.h"
+#include "models/common/chained_drafter.h"
 #include "models/model.h"
 #include "ops/ops.h"
 
@@ -140,15 +141,6 @@ struct HYV4Workspace {
   std::vector<int32_t> sel_rows;            // [S, index_topk] physical KV rows of each row's selection
 };
 
-// Attention over a fixed set of cache slots instead of the indexer's choice (draft steps >= 1), for rows
-// first_row.. of the call; the rows before it (a draft layer's catch-up, run in the same forward) use the
-// indexer as usual.
-struct TopkOverride {
-  const int32_t* slots;  // ascending
-  int64_t count;
-  int64_t first_row = 0;
-};
-
 // How the forward spreads work over the threads on this machine. Results never depend on it: tests lower
 // the thresholds to 0 to run every threaded path on tiny models.
 struct CpuTuning {
@@ -255,6 +247,11 @@ class HYV4Model : public Model {
 
   // logits [rows, V] = lm_head(hidden [rows, H]).
   void lm_head(const float* hidden, int64_t rows, float* logits);
+
+  // ---- what ChainedDraftSession needs (models/common/chained_drafter.h)
+  int64_t draft_width() const { return cfg_.hidden_size; }
+  int64_t draft_selection_max() const { return cfg_.index_topk; }
+  void draft_logits(const float* hidden, float* logits) { lm_head(hidden, 1, logits); }
 
  private:
   // Where one segment's rows of the current forward are: rows [first_row, first_row + rows) of the batch

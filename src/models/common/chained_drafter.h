@@ -1,24 +1,113 @@
-#include "models/hy_v4/drafter.h"
-
+// The MTP drafter both families share: one sequence's chain of MTP layers (docs/speculative.md has the
+// scheme), over any model that provides the few calls listed below (HYV4Model, Qwen4ExpModel).
+//
+// Draft step s uses MTP layer s mod L. Layer j keeps a chain of canonical rows over verified positions: row
+// q gets token q+1 and layer j-1's output at q-1 (the target's hidden state for j = 0), so before a round
+// every layer the round uses catches up on the positions verified since the last one. Step 0 is layer 0's
+// row at the newest position; steps >= 1 attend to the positions step 0's indexer selected (vLLM's shared
+// top-k), and layer 1's catch-up runs step 1 in the same forward. Rounds with k = 0 defer the catch-up (up
+// to 64 positions) so that it runs batched when drafting resumes: a layer's outputs do not depend on how
+// many rows share its forward, so the drafts are the same.
+//
+// What Stack provides:
+//   int num_mtp_layers() const;  const ModelFacts& facts() const;
+//   int64_t draft_width() const;            // floats of the hidden state a layer takes and gives (per row)
+//   int64_t draft_selection_max() const;    // most positions one sparse-attention query selects
+//   KVCache new_shared_draft_cache(int64_t capacity);
+//   void draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, int64_t pos0,
+//                      KVCache& cache, float* logits_out, float* hidden_out, const TopkOverride* forced,
+//                      std::vector<int32_t>* last_topk_positions);
+//   void draft_logits(const float* hidden, float* logits);   // one row's draft logits [V]
+#pragma once
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/finite.h"
+#include "memory/kv_cache.h"
+#include "models/model.h"
 
 namespace nextn {
-namespace {
+
+// Attention over a fixed set of cache slots instead of the indexer's choice (draft steps >= 1), for rows
+// first_row.. of the call; the rows before it (a draft layer's catch-up, run in the same forward) use the
+// indexer as usual.
+struct TopkOverride {
+  const int32_t* slots;  // ascending
+  int64_t count;
+  int64_t first_row = 0;
+  // Slots from this one up to the row's own are selected too, where a family keeps them (Qwen4-Exp's QSA
+  // always keeps the keys after the ones a query chose from): the draft rows after step 0's query.
+  int64_t extend_from_slot = -1;
+};
+
+namespace chained_draft {
 
 // Rounds with k = 0 leave the MTP layers' catch-up for later, up to this many positions.
-constexpr int64_t kDeferRows = 64;
+inline constexpr int64_t kDeferRows = 64;
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-}  // namespace
+}  // namespace chained_draft
 
-HYV4DraftSession::HYV4DraftSession(HYV4Model& model, int64_t capacity, const DraftOptions& options)
-    : model_(model), layers_(model.num_mtp_layers()), H_(model.config().hidden_size), V_(model.config().vocab_size),
+template <class Stack>
+class ChainedDraftSession : public DraftSession {
+ public:
+  ChainedDraftSession(Stack& model, int64_t capacity, const DraftOptions& options);
+
+  void push_verified(const float* hidden, int64_t rows) override;
+  void catch_up_prompt(const std::vector<int32_t>& tokens, int k_max) override;
+  bool begin_round(const std::vector<int32_t>& tokens, int k) override;
+  float* step(int s, int32_t prev_draft) override;
+  void end_round() override;
+  int64_t pending_rows() const override { return pending_rows_; }
+  double round_catch_up_seconds() const override { return catch_seconds_; }
+  int64_t forwards() const override { return forwards_; }
+
+ private:
+  // A speculative row run with a layer's catch-up: token, layer j-1's output, where the output goes.
+  struct ExtraRow {
+    int32_t token;
+    const float* h;
+    float* out;
+  };
+  void grow_rows(int64_t rows);
+  TopkOverride step0_selection(int j, int64_t end);
+  void catch_up(int j, int64_t m, const ExtraRow* extra);
+  void finish_catch_up(int first, int active, int64_t m);
+
+  Stack& model_;
+  const int layers_;
+  const int64_t H_, V_;
+  const bool merge_;
+  std::vector<KVCache> dcache_;                // per MTP layer, from the model's shared MTP pool
+  const std::vector<int32_t>* tokens_ = nullptr;  // the sequence's tokens (prompt + emitted) this round
+  int64_t rows_cap_ = 0;                       // rows the catch-up buffers hold
+  std::vector<float> pending_h_;               // [rows, H] target hidden (H: the draft width) of verified positions layer 0 has not seen
+  int64_t pending_rows_ = 0;
+  std::vector<std::vector<float>> g_;          // per layer: [rows + 1, H] outputs of this round's catch-up
+  std::vector<int64_t> g_start_, g_rows_;      // their first position and count
+  std::vector<std::vector<float>> g_last_;     // per layer: [H] last canonical output
+  std::vector<int64_t> canon_;                 // canonical rows in each layer's cache
+  std::vector<char> stale_;                    // layer dropped its chain (unused by the last rounds)
+  std::vector<float> stage_;                   // [rows + 1, H] chained inputs of a catch-up
+  std::vector<int32_t> tokens_buf_, topk0_, forced_slots_;
+  std::vector<float> step_h_, draft_logits_;   // [H], [V]
+  int64_t m_ = 0;                              // newest position of the round (tokens[m] not yet verified)
+  int active_ = 1;
+  bool merge_step1_ = false, merged_ = false, drafting_ = false;
+  double catch_seconds_ = 0;
+  int64_t forwards_ = 0;
+};
+
+
+template <class Stack>
+ChainedDraftSession<Stack>::ChainedDraftSession(Stack& model, int64_t capacity, const DraftOptions& options)
+    : model_(model), layers_(model.num_mtp_layers()), H_(model.draft_width()), V_(model.facts().vocab_size),
       merge_(options.merge_catch_up) {
   for (int j = 0; j < layers_; ++j) {
     dcache_.push_back(model.new_shared_draft_cache(capacity));
@@ -30,9 +119,9 @@ HYV4DraftSession::HYV4DraftSession(HYV4Model& model, int64_t capacity, const Dra
   g_last_.assign(layers_, std::vector<float>(H_));
   canon_.assign(layers_, 0);
   stale_.assign(layers_, 0);
-  grow_rows(std::max<int64_t>(kDeferRows, options.k_max + 1));
+  grow_rows(std::max<int64_t>(chained_draft::kDeferRows, options.k_max + 1));
   // (filled per round: no growth; a selection never holds more positions than the cache)
-  const int64_t topk_max = std::min<int64_t>(std::max<int64_t>(model.config().index_topk, 1), capacity);
+  const int64_t topk_max = std::min<int64_t>(std::max<int64_t>(model.draft_selection_max(), 1), capacity);
   topk0_.reserve(topk_max);
   forced_slots_.reserve(topk_max);
   step_h_.resize(H_);
@@ -40,7 +129,8 @@ HYV4DraftSession::HYV4DraftSession(HYV4Model& model, int64_t capacity, const Dra
 }
 
 // Catch-up buffers for `rows` positions (a prompt, or the deferred backlog): sized at prefill, never in decode.
-void HYV4DraftSession::grow_rows(int64_t rows) {
+template <class Stack>
+void ChainedDraftSession<Stack>::grow_rows(int64_t rows) {
   if (rows <= rows_cap_) return;
   rows_cap_ = rows;
   pending_h_.resize(rows * H_);
@@ -49,7 +139,8 @@ void HYV4DraftSession::grow_rows(int64_t rows) {
   tokens_buf_.resize(rows + 1);
 }
 
-void HYV4DraftSession::push_verified(const float* hidden, int64_t rows) {
+template <class Stack>
+void ChainedDraftSession<Stack>::push_verified(const float* hidden, int64_t rows) {
   grow_rows(pending_rows_ + rows);
   std::copy(hidden, hidden + rows * H_, pending_h_.begin() + pending_rows_ * H_);
   pending_rows_ += rows;
@@ -57,12 +148,15 @@ void HYV4DraftSession::push_verified(const float* hidden, int64_t rows) {
 
 // Draft steps >= 1 attend to the positions step 0 selected (the seed's shared top-k buffer): those of layer
 // j's canonical rows, positions [base, end), as slots of its cache. Fills forced_slots_.
-TopkOverride HYV4DraftSession::step0_selection(int j, int64_t end) {
+template <class Stack>
+TopkOverride ChainedDraftSession<Stack>::step0_selection(int j, int64_t end) {
   forced_slots_.clear();
   const int64_t base = dcache_[j].base_position();
   for (int32_t ps : topk0_)
     if (ps >= base && ps < end) forced_slots_.push_back(static_cast<int32_t>(ps - base));
-  return TopkOverride{forced_slots_.data(), int64_t(forced_slots_.size())};
+  TopkOverride ov{forced_slots_.data(), int64_t(forced_slots_.size())};
+  ov.extend_from_slot = m_ - base;  // positions after step 0's query (m - 1)
+  return ov;
 }
 
 // Catch-up of MTP layer j on the positions the target has verified, [cj, m-1]: row q gets token tokens[q+1]
@@ -70,7 +164,8 @@ TopkOverride HYV4DraftSession::step0_selection(int j, int64_t end) {
 // runs one speculative row at position m (layer j's draft step j, which extends the chain by one: token d_j,
 // layer j-1's output at m-1, attending to step 0's selection); its output lands in extra->out and its cache
 // row is dropped with the other draft rows at the end of the round.
-void HYV4DraftSession::catch_up(int j, int64_t m, const ExtraRow* extra) {
+template <class Stack>
+void ChainedDraftSession<Stack>::catch_up(int j, int64_t m, const ExtraRow* extra) {
   const std::vector<int32_t>& seq = *tokens_;
   if (stale_[j]) {
     dcache_[j].truncate(0);
@@ -110,10 +205,10 @@ void HYV4DraftSession::catch_up(int j, int64_t m, const ExtraRow* extra) {
     ov = step0_selection(j, m);  // (this layer's canonical rows end at m once caught up)
     ov.first_row = n_rows - 1;
   }
-  const auto t0 = Clock::now();
+  const auto t0 = chained_draft::Clock::now();
   model_.draft_forward(j, tokens_buf_.data(), h_in, n_rows, cj, dcache_[j], nullptr, g_[j].data(),
                        extra ? &ov : nullptr, j == 0 ? &topk0_ : nullptr);
-  catch_seconds_ += seconds_since(t0);
+  catch_seconds_ += chained_draft::seconds_since(t0);
   ++forwards_;
   canon_[j] = dcache_[j].length() - (extra ? 1 : 0);
   if (extra) {
@@ -125,7 +220,8 @@ void HYV4DraftSession::catch_up(int j, int64_t m, const ExtraRow* extra) {
 // Catches up the active layers from `first` on, then remembers every active layer's output at position m-1
 // (canonical: the next round's chain). Done after all of them ran: layer j+1 reads layer j's previous last
 // output.
-void HYV4DraftSession::finish_catch_up(int first, int active, int64_t m) {
+template <class Stack>
+void ChainedDraftSession<Stack>::finish_catch_up(int first, int active, int64_t m) {
   for (int j = first; j < active; ++j) catch_up(j, m, nullptr);
   for (int j = 0; j < active; ++j)
     if (g_rows_[j] > 0) {
@@ -134,7 +230,8 @@ void HYV4DraftSession::finish_catch_up(int first, int active, int64_t m) {
     }
 }
 
-void HYV4DraftSession::catch_up_prompt(const std::vector<int32_t>& tokens, int k_max) {
+template <class Stack>
+void ChainedDraftSession<Stack>::catch_up_prompt(const std::vector<int32_t>& tokens, int k_max) {
   tokens_ = &tokens;
   const int64_t n = int64_t(tokens.size()) - 1;  // the prompt; tokens[n] is the first generated token
   const int active = std::max(1, std::min(layers_, k_max));
@@ -143,12 +240,13 @@ void HYV4DraftSession::catch_up_prompt(const std::vector<int32_t>& tokens, int k
   pending_rows_ = 0;
 }
 
-bool HYV4DraftSession::begin_round(const std::vector<int32_t>& tokens, int k) {
+template <class Stack>
+bool ChainedDraftSession<Stack>::begin_round(const std::vector<int32_t>& tokens, int k) {
   tokens_ = &tokens;
   m_ = int64_t(tokens.size()) - 1;  // tokens[m] is the newest token; the target has seen [0, m)
   catch_seconds_ = 0;
   merged_ = false;
-  const bool defer = k == 0 && pending_rows_ < kDeferRows;
+  const bool defer = k == 0 && pending_rows_ < chained_draft::kDeferRows;
   const bool catching = !defer;
   // Layers this round's steps use. An unused layer drops its chain and restarts it when next needed, from
   // the first position this round's outputs of layer j-1 allow.
@@ -175,7 +273,8 @@ bool HYV4DraftSession::begin_round(const std::vector<int32_t>& tokens, int k) {
   return drafting_;
 }
 
-float* HYV4DraftSession::step(int s, int32_t prev_draft) {
+template <class Stack>
+float* ChainedDraftSession<Stack>::step(int s, int32_t prev_draft) {
   if (!drafting_) throw Error("internal: draft step outside a drafting round");
   if (s == 1 && merge_step1_) {
     const ExtraRow extra{prev_draft, step_h_.data(), step_h_.data()};
@@ -188,7 +287,7 @@ float* HYV4DraftSession::step(int s, int32_t prev_draft) {
     model_.draft_forward(j, &prev_draft, step_h_.data(), 1, m_ - 1 + s, dcache_[j], nullptr, step_h_.data(), &ov);
     ++forwards_;
   }
-  model_.lm_head(step_h_.data(), 1, draft_logits_.data());
+  model_.draft_logits(step_h_.data(), draft_logits_.data());
   // NaN or inf would be drafted as token 0 or as garbage: stop, naming the layer.
   if (!all_finite(draft_logits_.data(), V_))
     throw Error("generate: MTP draft step " + std::to_string(s) + " (MTP layer " + std::to_string(s % layers_) +
@@ -197,7 +296,8 @@ float* HYV4DraftSession::step(int s, int32_t prev_draft) {
   return draft_logits_.data();
 }
 
-void HYV4DraftSession::end_round() {
+template <class Stack>
+void ChainedDraftSession<Stack>::end_round() {
   if (drafting_)
     for (int j = 0; j < layers_; ++j) dcache_[j].truncate(canon_[j]);  // drop speculative draft rows
   if (merge_step1_ && !merged_) finish_catch_up(1, active_, m_);  // (no draft step ran: the others catch up)
