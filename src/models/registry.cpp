@@ -4,6 +4,7 @@
 #include "models/common/config_json.h"
 #include "models/hy_v4/family.h"
 #include "models/hy_v4/synthetic.h"
+#include "models/qwen4_exp/family.h"
 
 namespace nextn {
 namespace {
@@ -16,6 +17,8 @@ struct Family {
 
 const Family kFamilies[] = {
     {"hy_v4", hy_v4::load, hy_v4::inspect},
+    {"qwen4_exp", qwen4_exp::load, qwen4_exp::inspect},
+    {"qwen4_exp_text", qwen4_exp::load, qwen4_exp::inspect},
 };
 
 // The family of DIR. A config.json that cannot be read, or names no model_type, goes to the first family,

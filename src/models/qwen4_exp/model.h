@@ -1,0 +1,259 @@
+// Qwen4-Exp: Gated DeltaNet linear-attention layers and QSA sparse-attention layers, GatedResidual
+// hyper-connections over C = hc_count streams, MoE with a gated shared expert, PLE hashed n-gram embeddings
+// on some linear layers, and an MTP head drafting from the pre-final-mixer streams (vLLM's
+// Qwen4ExpMultiTokenPredictor, seed 001).
+//
+// One token through the target (H = hidden_size, streams X [C, H] = C·H floats):
+//   X = C copies of embed(token)
+//   per layer: [PLE] X += ple(X, n-gram ids of the token history)
+//              x, inj = attn_hyper_connection(X)  [H], [C]    (mix of the per-stream-normed X)
+//              y = gdn(x) or qsa_attention(x)      [H]
+//              X += inj ⊗ y                         (every stream gets its own share of y)
+//              x, inj = mlp_hyper_connection(X); y = moe(x); X += inj ⊗ y
+//   hidden = X (what the MTP head reads)  ->  x = hyper_connection_mixer(X) [H]  ->  lm_head -> logits
+//
+// State of one sequence (Qwen4ExpSequence): the QSA layers' keys and values in KV pages (truncatable), and
+// the recurrent state — per GDN layer its conv window and delta-rule matrix, per PLE layer its conv window —
+// in `slots` copies: the state after n positions lives in slot n mod slots, so a verify of k+1 rows writes
+// the state after each row and a rollback to any of them is a change of length, no copy and no recompute.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/aligned.h"
+#include "io/safetensors.h"
+#include "memory/kv_cache.h"
+#include "models/common/chained_drafter.h"
+#include "models/model.h"
+#include "models/qwen4_exp/config.h"
+#include "ops/ops.h"
+
+namespace nextn {
+
+class ThreadPool;
+
+// Gemma-style RMSNorm weights are stored as w and applied as (1 + w): `scale` holds 1 + w.
+using NormScale = std::vector<float>;
+
+struct GatedResidualWeights {  // hc_norm over C groups of H, low-rank input mix, block injection
+  NormScale hc_norm;           // [C·H]
+  Linear mix_down;             // [rank, C·H]
+  Linear mix_up;               // [C·H, rank]
+  Linear inject;               // [C, C·H]; absent (out = 0) in the final mixers
+};
+
+struct GdnWeights {            // Gated DeltaNet
+  Linear in_qkv;               // [2·Kd + Vd, H]
+  Linear in_z;                 // [Vd, H]
+  Linear in_b, in_a;           // [nv, H]
+  std::vector<float> conv;     // [conv_dim, K] depthwise causal kernel
+  std::vector<float> neg_A;    // [nv] -exp(A_log)
+  std::vector<float> dt_bias;  // [nv]
+  std::vector<float> norm;     // [dv] gated RMSNorm weight (applied as is, not 1 + w)
+  Linear out_proj;             // [H, Vd]
+};
+
+struct QsaWeights {            // gated attention with q/k norms, partial RoPE and the QSA indexer
+  Linear q_proj;               // [heads·2·hd, H]: per head its query then its output gate
+  Linear k_proj, v_proj;       // [kv·hd, H]
+  Linear o_proj;               // [H, heads·hd]
+  std::vector<float> q_bias, k_bias, v_bias, o_bias;  // attention_bias only
+  NormScale q_norm, k_norm;    // [hd]
+  Linear index_qk;             // [(ih + 1)·ihd, H]: indexer queries, then the one raw key
+  NormScale index_q_norm, index_k_norm;  // [ihd]
+};
+
+struct MoeWeights {
+  Linear router;                               // [E, H]
+  std::vector<Linear> gate, up, down;          // E × [I, H], [I, H], [H, I]
+  Linear shared_gate, shared_up, shared_down;  // [Is, H], [Is, H], [H, Is]
+  Linear shared_expert_gate;                   // [1, H]
+};
+
+struct PleWeights {
+  std::vector<Linear> table_shards;  // the n-gram embedding [rows, head_dim] in checkpoint shards (dim 0)
+  std::vector<int64_t> shard_starts; // first row of each shard, then the total
+  std::vector<int64_t> head_sizes, head_offsets;  // per n-gram head: its prime vocabulary and table offset
+  std::vector<int64_t> multipliers;               // [ngram_size] hash multipliers
+  Linear key_proj;                   // [C·H, E]
+  Linear value_proj;                 // [H, E]
+  NormScale norm_key, norm_query, norm_conv;  // [C·H]
+  std::vector<float> conv;           // [C·H, K] dilated depthwise kernel (dilation ngram_size)
+};
+
+struct Qwen4LayerWeights {
+  Qwen4LayerKind kind = Qwen4LayerKind::Linear;
+  GatedResidualWeights attn_hc, mlp_hc;
+  GdnWeights gdn;
+  QsaWeights attn;
+  MoeWeights moe;
+  bool has_ple = false;
+  PleWeights ple;
+};
+
+struct Qwen4MtpWeights {
+  NormScale pre_fc_norm_embedding;  // [H]
+  NormScale pre_fc_norm_hidden;     // [C·H], one norm over all streams
+  Linear fc_embedding, fc_hidden;   // [H, H]; fc_hidden is shared by the streams
+  std::vector<Qwen4LayerWeights> layers;
+  GatedResidualWeights mixer;       // the MTP head's own final mixer (its block_inject_weight is dropped)
+};
+
+struct Qwen4ExpWeights {
+  Linear embed;  // [V, H]
+  std::vector<Qwen4LayerWeights> layers;
+  GatedResidualWeights mixer;
+  Linear lm_head;  // [V, H]
+  Qwen4MtpWeights mtp;  // no layers: no draft
+};
+
+class Qwen4ExpModel;
+
+// One sequence: token history, QSA KV pages, and the recurrent state slots.
+class Qwen4ExpSequence : public SequenceState {
+ public:
+  // `live` counts the model's sequences holding recurrent state (this one until it is destroyed).
+  Qwen4ExpSequence(const Qwen4ExpModel* owner, KVCache kv, int64_t capacity, int64_t slots, int64_t slot_floats,
+                   bool has_kv, std::shared_ptr<int64_t> live);
+  ~Qwen4ExpSequence() override;
+  const Qwen4ExpModel* owner() const { return owner_; }
+  int64_t length() const override { return static_cast<int64_t>(tokens_.size()); }
+  int64_t capacity() const override { return capacity_; }
+  // n >= length() - (slots - 1): the state of every such length is still in its slot.
+  void rollback(int64_t n) override;
+
+  KVCache& kv() { return kv_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  std::vector<int32_t>& tokens() { return tokens_; }
+  int64_t slots() const { return slots_; }
+  // The state after `length` positions (slot length mod slots).
+  float* state(int64_t length) { return states_.data() + (length % slots_) * slot_floats_; }
+  bool has_kv() const { return has_kv_; }
+
+ private:
+  const Qwen4ExpModel* owner_;
+  KVCache kv_;
+  std::vector<int32_t> tokens_;  // reserved to capacity: appending never allocates
+  int64_t capacity_, slots_, slot_floats_;
+  bool has_kv_;
+  AlignedFloats states_;         // [slots, slot_floats]
+  std::shared_ptr<int64_t> live_;
+};
+
+class Qwen4ExpModel : public Model {
+ public:
+  Qwen4ExpModel(const std::string& model_dir, ThreadPool* pool);
+  ~Qwen4ExpModel() override;
+
+  const Qwen4ExpConfig& config() const { return cfg_; }
+  const Qwen4ExpWeights& weights() const { return w_; }
+  int num_mtp_layers() const { return static_cast<int>(w_.mtp.layers.size()); }
+
+  // ---- Model
+  const ModelFacts& facts() const override { return facts_; }
+  void prefault(bool progress) const override;
+  void configure_memory(const MemoryOptions& options) override;
+  bool can_admit(int64_t capacity, bool drafting) const override;
+  bool could_ever_admit(int64_t capacity, bool drafting) const override;
+  std::string memory_summary() const override;
+  std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override;
+  std::unique_ptr<DraftSession> new_draft_session(SequenceState& sequence, const DraftOptions& options) override;
+  void reserve_batch(int64_t rows, int64_t positions) override;
+  void forward(const BatchSegment* segments, size_t count, float* logits, float* hidden) override;
+  void prompt_draft_logits(const int32_t* tokens, int64_t T, const float* hidden, float* logits) override;
+  size_t checkpoint_bytes() const override;
+  size_t weight_bytes_total() const override;
+  size_t last_forward_weight_bytes() const override;
+  // Target: per QSA layer its key and value rows and its indexer key (raw and block-pooled); drafting adds
+  // the same per MTP layer. The recurrent state is per sequence, not per position (state_bytes).
+  int64_t kv_bytes_per_position(bool drafting) const override;
+  // Bytes of one sequence's recurrent state (all slots).
+  int64_t state_bytes() const;
+
+  // ---- what ChainedDraftSession needs (models/common/chained_drafter.h)
+  int64_t draft_width() const { return cfg_.hc_width(); }
+  int64_t draft_selection_max() const { return cfg_.indexer_budget + cfg_.indexer_compress_ratio; }
+  KVCache new_shared_draft_cache(int64_t capacity);
+  // MTP layer `layer` over positions pos0..pos0+S-1, appended to its cache: row s gets token tokens[s] and
+  // the multi-stream hidden h_prev[s] ([S, C·H]: the target's pre-mixer streams, or the previous MTP layer's
+  // output); hidden_out [S, C·H] its output streams; logits_out [S, V] (may be null).
+  void draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, int64_t pos0,
+                     KVCache& dcache, float* logits_out, float* hidden_out, const TopkOverride* forced = nullptr,
+                     std::vector<int32_t>* last_topk_positions = nullptr);
+  void draft_logits(const float* hidden, float* logits);  // mtp mixer + lm_head, one row
+
+ private:
+  // One segment's rows in the current forward.
+  struct RowSpan {
+    Qwen4ExpSequence* seq;  // null in MTP forwards
+    KVCache* cache;
+    int64_t first_row, rows, slot0, pos0;
+    const int32_t* tokens;
+    bool all_logits;
+  };
+  void init_facts();
+  int64_t state_slot_floats() const;
+  std::vector<int64_t> plane_widths() const;  // one QSA layer: [k | v], [raw index key | pooled block key]
+  std::vector<LayerPlanes> target_planes() const;
+  int64_t sequence_bytes(int64_t capacity, bool drafting) const;
+  void ensure_pools();
+  void ensure_rows(int64_t S);
+
+  // Blocks over rows [0, S) of the batch (spans_ says whose rows they are).
+  void layer_forward(const Qwen4LayerWeights& L, int layer, int qsa_layer, int64_t S, float* X,
+                     const TopkOverride* forced, std::vector<int32_t>* last_topk);
+  void gated_residual(const GatedResidualWeights& g, const float* X, int64_t S, float* x_out, float* inj_out);
+  void inject(const float* y, const float* inj, int64_t S, float* X);  // X[:, c] += inj[c] · y
+  void gdn(const GdnWeights& g, int layer, const float* x, int64_t S, float* y);
+  void qsa(const QsaWeights& a, size_t cache_layer, const float* x, int64_t S, float* y, const TopkOverride* forced,
+           std::vector<int32_t>* last_topk);
+  void moe(const MoeWeights& m, const float* x, int64_t S, float* y);
+  void ple(const PleWeights& p, int layer, const float* X, int64_t S, float* out);
+
+  std::string dir_;
+  Qwen4ExpConfig cfg_;
+  ModelFacts facts_;
+  WeightStore store_;
+  Qwen4ExpWeights w_;
+  ThreadPool* pool_;
+  std::vector<int> qsa_index_;      // per layer: its index among the QSA layers (-1: linear)
+  std::vector<int64_t> state_off_;  // per layer: offset of its state in a slot (-1: none)
+  std::vector<int64_t> ple_off_;    // per layer: offset of its PLE conv window in a slot (-1: none)
+  int64_t slots_ = 10;              // recurrent state slots per sequence: max_verify_rows + 1
+  std::vector<RowSpan> spans_;
+  std::vector<int32_t> row_span_;
+  MemoryOptions memory_;
+  std::shared_ptr<KVPool> target_pool_, draft_pool_;
+  int64_t state_sets_ = 0;          // sequences whose recurrent state the memory budget holds (0: unbounded)
+  std::shared_ptr<int64_t> live_states_ = std::make_shared<int64_t>(0);  // sequences holding one now
+  size_t routed_bytes_ = 0, last_routed_bytes_ = 0;
+
+  // Work buffers (grown, never shrunk: steady decode allocates nothing).
+  struct Buffers {
+    AlignedFloats X, Xn, x, y, inj, mid, wide, wide2, rows_out;  // [S, C·H] / [S, H] / [S, rank] ...
+    AlignedFloats qkv, z, ab, conv, core;                         // GDN: [S, conv_dim], [S, Vd], [S, 2nv], ...
+    AlignedFloats q, k, v, iq, attn;                              // QSA projections and head outputs
+    AlignedFloats router, eh, ew, eo, shared, sgate;              // MoE
+    AlignedFloats emb, window;                                    // PLE embeddings, conv windows
+    AlignedFloats expert_w, rope, rope1;                          // [S, k], [S, rope dim], [rope dim]
+    std::vector<int32_t> expert_ids, expert_rows;
+    AlignedFloats thread;                                         // [threads, thread_floats] per-task scratch
+    std::vector<int32_t> thread_idx;                              // [threads, thread_ints]
+    int64_t thread_floats = 0, thread_ints = 0;
+  } b_;
+  int64_t max_positions_ = 0;  // largest cache the thread scratch is sized for
+  void ensure_thread_scratch(int64_t positions);
+};
+
+// transformers' checkpoint -> internal names for qwen4_exp(_text) (conversion_mapping.py): the composite's
+// model.language_model.* becomes model.*; other names are kept.
+std::string qwen4_exp_canonical_name(const std::string& checkpoint_name);
+
+// Binding (loader.cpp).
+struct Qwen4ExpLoadReport;
+void bind_qwen4_exp_weights(const Qwen4ExpConfig& c, const WeightStore& store, Qwen4ExpWeights& w,
+                            LoadReport& r);
+
+}  // namespace nextn
