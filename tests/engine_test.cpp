@@ -107,19 +107,17 @@ TEST_P(CrossSequence, EachSequenceIsExactlyAsAlone) {
 INSTANTIATE_TEST_SUITE_P(Models, CrossSequence,
                          ::testing::Values(fixture_dir("a_fp32"), fixture_dir("b_fp32"), fixture_dir("c_bf16"),
                                            std::string(NEXTN_SOURCE_DIR) + "/tests/fixtures/hy_v4_fp8/fp8_bf16_mtp",
-                                           kBundled),
-                         [](const auto& param_info) {
-                           const std::string& p = param_info.param;
-                           std::string name = p.substr(p.find_last_of('/') + 1);
-                           for (char& ch : name)
-                             if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
-                           return name;
-                         });
+                                           kBundled, testing::qwen4_exp_fixture_dir("a_fp32"),
+                                           testing::qwen4_exp_fixture_dir("b_fp32"),
+                                           testing::qwen4_exp_fixture_dir("c_bf16"),
+                                           testing::qwen4_exp_fixture_dir("d_fp8")),
+                         [](const auto& param_info) { return testing::fixture_test_name(param_info.param); });
 
 // A sequence whose every draft is rejected for 50 rounds, interleaved with others that speculate, rolls its
 // target state back each round: its logits afterwards are bit for bit those of a sequence that never drafted.
 TEST(EngineRollback, FiftyRejectedRoundsLeaveNoTrace) {
-  for (const std::string& dir : {fixture_dir("b_fp32"), kBundled}) {
+  for (const std::string& dir : {fixture_dir("b_fp32"), kBundled, testing::qwen4_exp_fixture_dir("a_fp32"),
+                                 testing::qwen4_exp_fixture_dir("b_fp32")}) {
     ThreadPool pool(2);
     auto model = load_model(dir, &pool);
     const ModelFacts& f = model->facts();

@@ -11,6 +11,7 @@
 
 #include "core/threadpool.h"
 #include "engine/generator.h"
+#include "models/registry.h"
 #include "test_util.h"
 
 namespace nextn {
@@ -88,21 +89,22 @@ std::vector<Setting> settings() {
 // through their marginals (k = 3 drafts positions 2..5 in the first round).
 constexpr int kTokens = 5;
 
-class SpecSampling : public ::testing::Test {
+class SpecSampling : public ::testing::TestWithParam<const char*> {
  protected:
   // Serial: thousands of tiny generations, where thread hand-offs would cost more than the math.
-  void SetUp() override { model_ = std::make_unique<HYV4Model>(testing::fixture_dir("b_fp32"), nullptr); }
+  void SetUp() override { model_ = load_model(testing::fixture_path(GetParam()), nullptr); }
 
   // The target's processed next-token distribution after prompt + prefix (memoized).
   const std::vector<float>& dist(const SamplingParams& params, const std::vector<int32_t>& prefix) {
     auto it = memo_.find(prefix);
     if (it != memo_.end()) return it->second;
-    const int64_t V = model_->config().vocab_size;
+    const int64_t V = model_->facts().vocab_size;
     std::vector<int32_t> seq = prompt_;
     seq.insert(seq.end(), prefix.begin(), prefix.end());
-    KVCache cache = model_->new_cache(seq.size());
+    auto state = model_->new_sequence(static_cast<int64_t>(seq.size()));
     std::vector<float> logits(V), probs(V);
-    model_->forward(seq.data(), seq.size(), cache, logits.data(), nullptr, false);
+    const BatchSegment seg{state.get(), seq.data(), static_cast<int64_t>(seq.size()), false};
+    model_->forward(&seg, 1, logits.data(), nullptr);
     TokenHistory h;
     h.reset(V, prompt_);
     for (int32_t t : prefix) h.push(t);
@@ -151,7 +153,7 @@ class SpecSampling : public ::testing::Test {
 
   Outcome run(const Setting& s, int k, bool broken, int trials) {
     memo_.clear();
-    const int64_t V = model_->config().vocab_size;
+    const int64_t V = model_->facts().vocab_size;
     // Exact laws: joint of (x1, x2, x3), marginals of x4 and x5.
     std::map<std::vector<int32_t>, double> joint, m4, m5;
     std::function<void(std::vector<int32_t>&, double)> walk = [&](std::vector<int32_t>& prefix, double pr) {
@@ -207,12 +209,12 @@ class SpecSampling : public ::testing::Test {
   }
 
   ThreadPool pool_{2};
-  std::unique_ptr<HYV4Model> model_;
+  std::unique_ptr<Model> model_;
   const std::vector<int32_t> prompt_ = {5, 17, 42, 99, 7, 3};
   std::map<std::vector<int32_t>, std::vector<float>> memo_;
 };
 
-TEST_F(SpecSampling, EmittedTokensFollowTheTargetDistribution) {
+TEST_P(SpecSampling, EmittedTokensFollowTheTargetDistribution) {
   for (const Setting& s : settings()) {
     for (int k : {1, 3}) {
       Outcome o = run(s, k, /*broken=*/false, 2000);
@@ -228,12 +230,15 @@ TEST_F(SpecSampling, EmittedTokensFollowTheTargetDistribution) {
   }
 }
 
-TEST_F(SpecSampling, BrokenAcceptanceIsDetected) {
+TEST_P(SpecSampling, BrokenAcceptanceIsDetected) {
   for (int k : {1, 3}) {
     Outcome o = run(settings()[0], k, /*broken=*/true, 2000);
     EXPECT_LT(o.min_p(), 1e-6) << "k=" << k << ": the χ² test cannot tell a broken acceptance rule";
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, SpecSampling, ::testing::Values("hy_v4/b_fp32", "qwen4_exp/b_fp32"),
+                         [](const auto& param_info) { return testing::fixture_test_name(param_info.param); });
 
 }  // namespace
 }  // namespace nextn

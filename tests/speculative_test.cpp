@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/threadpool.h"
 #include "engine/generator.h"
+#include "models/registry.h"
 #include "test_util.h"
 
 namespace nextn {
@@ -30,7 +31,7 @@ std::vector<std::vector<int32_t>> make_prompts(int count, int64_t vocab, int64_t
 
 class SpecExactness : public ::testing::TestWithParam<const char*> {
  protected:
-  void SetUp() override { model_ = std::make_unique<HYV4Model>(fixture_dir(GetParam()), &pool_); }
+  void SetUp() override { model_ = load_model(testing::fixture_path(GetParam()), &pool_); }
   GenerationResult plain(const std::vector<int32_t>& prompt, int n) {
     SamplingParams sp;
     sp.max_tokens = n;
@@ -39,14 +40,14 @@ class SpecExactness : public ::testing::TestWithParam<const char*> {
     return Generator(*model_).generate(prompt, sp, so);
   }
   ThreadPool pool_{2};
-  std::unique_ptr<HYV4Model> model_;
+  std::unique_ptr<Model> model_;
 };
 
 TEST_P(SpecExactness, GreedySpeculativeEqualsPlainGreedy) {
-  const auto& c = model_->config();
-  ASSERT_GE(model_->num_mtp_layers(), 1);
-  auto prompts = make_prompts(20, c.vocab_size, c.index_topk, 7);
-  const int N = 2 * c.index_topk + 4;
+  const auto& c = model_->facts();
+  ASSERT_GE(model_->facts().num_mtp_layers, 1);
+  auto prompts = make_prompts(20, c.vocab_size, c.sparse_budget, 7);
+  const int N = 2 * c.sparse_budget + 4;
   int64_t rounds = 0;
   for (const auto& prompt : prompts) {
     const auto ref = plain(prompt, N);
@@ -70,9 +71,9 @@ TEST_P(SpecExactness, GreedySpeculativeEqualsPlainGreedy) {
 // uses. The seam makes k = 1 the fastest: the tuner climbs 0 -> 1 -> 2 -> 3 (one step past the slower
 // k = 2), stops, runs k = 1.
 TEST_P(SpecExactness, TunedKEqualsPlainGreedy) {
-  const auto& c = model_->config();
-  auto prompts = make_prompts(4, c.vocab_size, c.index_topk, 13);
-  const int N = std::max<int>(2 * c.index_topk + 4, 96);  // long enough to measure, then to choose
+  const auto& c = model_->facts();
+  auto prompts = make_prompts(4, c.vocab_size, c.sparse_budget, 13);
+  const int N = std::max<int>(2 * c.sparse_budget + 4, 96);  // long enough to measure, then to choose
   for (const auto& prompt : prompts) {
     const auto ref = plain(prompt, N);
     SamplingParams sp;
@@ -105,9 +106,9 @@ TEST_P(SpecExactness, TunedKEqualsPlainGreedy) {
 // Drafts forced to the right answer (from the plain run) except at chosen positions: exercises full
 // acceptance with bonus tokens, partial acceptance and rollback of target and draft caches.
 TEST_P(SpecExactness, ForcedAcceptancePatternsStayExact) {
-  const auto& c = model_->config();
-  auto prompts = make_prompts(6, c.vocab_size, c.index_topk, 11);
-  const int N = 2 * c.index_topk + 4;
+  const auto& c = model_->facts();
+  auto prompts = make_prompts(6, c.vocab_size, c.sparse_budget, 11);
+  const int N = 2 * c.sparse_budget + 4;
   for (const auto& prompt : prompts) {
     const auto ref = plain(prompt, N);
     const int64_t n = prompt.size();
@@ -147,9 +148,9 @@ TEST_P(SpecExactness, ForcedAcceptancePatternsStayExact) {
 // Layer 1's catch-up runs draft step 1 in the same forward: the draft distributions of every step must be
 // bit-identical to those of step 1 run on its own, across rollbacks (drafts mostly right, some wrong).
 TEST_P(SpecExactness, MergedDraftStepGivesTheSameDrafts) {
-  const auto& c = model_->config();
-  auto prompts = make_prompts(4, c.vocab_size, c.index_topk, 17);
-  const int N = 2 * c.index_topk + 4;
+  const auto& c = model_->facts();
+  auto prompts = make_prompts(4, c.vocab_size, c.sparse_budget, 17);
+  const int N = 2 * c.sparse_budget + 4;
   int64_t steps = 0;
   for (const auto& prompt : prompts) {
     const auto ref = plain(prompt, N);
@@ -185,7 +186,7 @@ TEST_P(SpecExactness, MergedDraftStepGivesTheSameDrafts) {
 }
 
 TEST_P(SpecExactness, StopsAtStopTokenAndMaxTokens) {
-  auto prompt = make_prompts(1, model_->config().vocab_size, 4, 3)[0];
+  auto prompt = make_prompts(1, model_->facts().vocab_size, 4, 3)[0];
   const auto ref = plain(prompt, 12);
   SamplingParams sp;
   sp.max_tokens = 12;
@@ -203,7 +204,10 @@ TEST_P(SpecExactness, StopsAtStopTokenAndMaxTokens) {
   EXPECT_EQ(got.finish_reason, "length");
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, SpecExactness, ::testing::Values("a_fp32", "b_fp32", "c_bf16"));
+INSTANTIATE_TEST_SUITE_P(Fixtures, SpecExactness,
+                         ::testing::Values("hy_v4/a_fp32", "hy_v4/b_fp32", "hy_v4/c_bf16", "qwen4_exp/a_fp32",
+                                           "qwen4_exp/b_fp32", "qwen4_exp/c_bf16", "qwen4_exp/d_fp8"),
+                         [](const auto& param_info) { return testing::fixture_test_name(param_info.param); });
 
 TEST(SpecStats, ArithmeticFollowsVllmDefinitions) {
   SpecStats s;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -15,6 +16,22 @@ namespace nextn::testing {
 
 inline std::string fixture_dir(const std::string& name) {
   return std::string(NEXTN_SOURCE_DIR) + "/tests/fixtures/hy_v4/" + name;
+}
+inline std::string qwen4_exp_fixture_dir(const std::string& name) {
+  return std::string(NEXTN_SOURCE_DIR) + "/tests/fixtures/qwen4_exp/" + name;
+}
+// "family/name" under tests/fixtures (test parameters that span both families).
+inline std::string fixture_path(const std::string& family_and_name) {
+  return std::string(NEXTN_SOURCE_DIR) + "/tests/fixtures/" + family_and_name;
+}
+// A test name from a fixture path: its last two components, non-alphanumerics as '_'.
+inline std::string fixture_test_name(const std::string& path) {
+  const size_t last = path.find_last_of('/');
+  const size_t prev = last == std::string::npos || last == 0 ? std::string::npos : path.find_last_of('/', last - 1);
+  std::string name = prev == std::string::npos ? path : path.substr(prev + 1);
+  for (char& ch : name)
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  return name;
 }
 
 // Reference tensors recorded by tools/fixtures/make_hy_v4_fixtures.py.
