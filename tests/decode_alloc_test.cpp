@@ -10,6 +10,7 @@
 
 #include "core/threadpool.h"
 #include "models/hy_v4/model.h"
+#include "models/qwen4_exp/model.h"
 #include "engine/generator.h"
 #include "test_util.h"
 
@@ -141,6 +142,39 @@ TEST(DecodeHotPath, GenerationAllocationsDoNotGrowWithLength) {
 
 TEST(DecodeHotPath, FixtureStepsDoNotAllocate) {
   for (const char* f : {"a_fp32", "b_fp32", "c_bf16"}) check_steps_do_not_allocate(testing::fixture_dir(f), 3, 0);
+}
+
+// Qwen4-Exp through the Model interface: verify steps of 1..8 rows rolled back by state slot, MTP draft rows
+// and the draft head allocate nothing once warm, on several threads.
+TEST(DecodeHotPath, Qwen4ExpStepsDoNotAllocate) {
+  for (const char* f : {"a_fp32", "b_fp32"}) {
+    const std::string dir = testing::qwen4_exp_fixture_dir(f);
+    ThreadPool pool(3);
+    Qwen4ExpModel m(dir, &pool);
+    const int64_t V = m.facts().vocab_size, CH = m.facts().hidden_width;
+    const int64_t n = 3 * m.config().indexer_budget + 5;  // past the QSA budget: blocks are dropped
+    std::vector<int32_t> prompt(n);
+    for (int64_t i = 0; i < n; ++i) prompt[i] = int32_t(3 + (i * 7919) % (V - 3));
+    auto seq = m.new_sequence(n + 64);
+    KVCache dcache = m.new_shared_draft_cache(n + 64);
+    std::vector<float> logits(8 * V), hidden(std::max<int64_t>(n, 8) * CH), dh(n * CH);
+    const BatchSegment pre{seq.get(), prompt.data(), n, false};
+    m.forward(&pre, 1, logits.data(), hidden.data());
+    m.draft_forward(0, prompt.data() + 1, hidden.data(), n - 1, 0, dcache, nullptr, dh.data());
+    int32_t toks[8];
+    for (int i = 0; i < 8; ++i) toks[i] = int32_t(3 + (i * 31 + 5) % (V - 3));
+    std::vector<int32_t> selection;
+    auto round = [&](int rows) {
+      const BatchSegment seg{seq.get(), toks, rows, true};
+      m.forward(&seg, 1, logits.data(), hidden.data());
+      seq->rollback(n);
+      m.draft_forward(0, toks, hidden.data(), 1, n - 1, dcache, nullptr, dh.data(), nullptr, &selection);
+      m.draft_logits(dh.data(), logits.data());
+      dcache.truncate(n - 1);
+    };
+    for (int rows : {1, 2, 4, 8}) round(rows);
+    for (int rows : {1, 4, 8, 2}) EXPECT_EQ(news_during([&] { round(rows); }), 0) << dir << " rows " << rows;
+  }
 }
 
 }  // namespace
