@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `make demo`: the bundled model (models/nextn-hy4-tiny, trained by tools/train/train_hy_v4.py) writes Python,
-# with its own 2 MTP layers drafting up to 2 tokens ahead (k tuned per step by measured speed); then the
-# same prompt without speculation.
+# `make demo`: both bundled models write Python with their own 2 MTP layers drafting ahead (k tuned per step by
+# measured speed), then the same prompt without speculation:
+#   models/nextn-hy4-tiny       HY V4 (MLA + DSA indexer, iHC, MoE, FP8), tools/train/train_hy_v4.py
+#   models/nextn-qwen4exp-tiny  Qwen4-Exp (Gated DeltaNet + QSA, GatedResidual HC, PLE, MoE, FP8),
+#                               tools/train/train_qwen4_exp.py
 set -euo pipefail
 NEXTN=${1:-build/bin/nextn}
 cd "$(dirname "$0")/.."
@@ -11,9 +13,12 @@ PROMPT='import os
 def read_lines(path):
     """Return the lines of a text file."""
 '
-echo "== nextn generate (bundled HY V4 + 2 MTP layers drafting up to k=2 tokens, the model's default; k tuned by speed) =="
-printf '%s' "$PROMPT"
-"$NEXTN" generate --prompt "$PROMPT" -n 96
-echo
-echo "== the same prompt without speculation (identical text, more target forwards) =="
-"$NEXTN" generate --prompt "$PROMPT" -n 96 --no-speculate >/dev/null
+for MODEL in models/nextn-hy4-tiny models/nextn-qwen4exp-tiny; do
+  echo "== nextn generate --model $MODEL (2 MTP layers drafting; k tuned by speed) =="
+  printf '%s' "$PROMPT"
+  "$NEXTN" generate --model "$MODEL" --prompt "$PROMPT" -n 96
+  echo
+  echo "== the same prompt without speculation (identical text, more target forwards) =="
+  "$NEXTN" generate --model "$MODEL" --prompt "$PROMPT" -n 96 --no-speculate >/dev/null
+  echo
+done

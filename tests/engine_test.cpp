@@ -110,7 +110,8 @@ INSTANTIATE_TEST_SUITE_P(Models, CrossSequence,
                                            kBundled, testing::qwen4_exp_fixture_dir("a_fp32"),
                                            testing::qwen4_exp_fixture_dir("b_fp32"),
                                            testing::qwen4_exp_fixture_dir("c_bf16"),
-                                           testing::qwen4_exp_fixture_dir("d_fp8")),
+                                           testing::qwen4_exp_fixture_dir("d_fp8"),
+                                           std::string(NEXTN_SOURCE_DIR) + "/models/nextn-qwen4exp-tiny"),
                          [](const auto& param_info) { return testing::fixture_test_name(param_info.param); });
 
 // A sequence whose every draft is rejected for 50 rounds, interleaved with others that speculate, rolls its

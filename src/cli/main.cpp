@@ -282,6 +282,8 @@ int run_generate(int argc, char** argv) {
   const std::unique_ptr<Model> loaded = load_model(model_dir, &pool);
   Model& model = *loaded;
   model.prefault(/*progress=*/true);
+  // A recurrent-state model keeps one state per verify row: as many as this run's k needs, no more.
+  memory.max_verify_rows = so.enabled ? so.num_speculative_tokens + 1 : 1;
   model.configure_memory(memory);
   if (!a.has("ignore-eos"))
     for (int32_t e : model.facts().eos_token_ids) sp.stop_token_ids.push_back(e);

@@ -33,7 +33,7 @@ struct MemoryOptions {
   int64_t kv_cache_bytes = 0;  // 0: enough for one sequence as long as the context (what single runs need)
   int64_t page_tokens = 64;    // positions per KV page
   // Rows of the largest verify (k + 1): models with recurrent state keep the state after each of them, so that
-  // rolling back to any is free (Qwen4-Exp: max_verify_rows + 1 state slots per sequence).
+  // rolling back to any is free (Qwen4-Exp: max_verify_rows state slots per sequence, as vLLM's 1 + k).
   int64_t max_verify_rows = 9;  // k <= 8, the CLI's limit
 };
 

@@ -79,8 +79,18 @@ std::string text_of(const nlohmann::json& j, const std::string& dir) {
       o << "ple:           layers " << c["ple"]["layers"].dump() << ", " << c["ple"]["ngram_size"].get<int>()
         << "-grams, " << c["ple"]["heads_per_ngram"].get<int>() << " hashed heads per order\n";
     o << "mtp layers:    " << c["mtp_layers"].get<int>() << "\n";
-    o << "quantization:  " << (c["quantization"].is_string() ? c["quantization"].get<std::string>() : c["quantization"].dump())
-      << "\n";
+    const auto& q = c["quantization"];
+    o << "quantization:  ";
+    if (q.is_string()) {
+      o << q.get<std::string>() << "\n";
+    } else {
+      o << q.value("quant_method", std::string("?")) << " " << q.value("fmt", std::string(""));
+      if (q.contains("weight_block_size")) o << ", blocks " << q["weight_block_size"].dump();
+      size_t excluded = 0;
+      for (const char* k : {"modules_to_not_convert", "ignored_layers", "exclude_modules"})
+        if (q.contains(k) && q[k].is_array()) excluded += q[k].size();
+      o << ", " << excluded << " module(s) left unquantized\n";
+    }
   }
   if (j.contains("state_bytes_per_sequence"))
     o << "memory:        " << j["kv_bytes_per_position"].get<int64_t>() << " KV bytes per position (with MTP), "
@@ -106,7 +116,7 @@ CheckpointReport inspect(const std::string& dir, bool scan) {
       j["config"] = describe_config(c, m.num_mtp_layers());
       j["kv_bytes_per_position"] = m.kv_bytes_per_position(true);
       j["state_bytes_per_sequence"] = m.state_bytes();
-      j["state_slots"] = MemoryOptions{}.max_verify_rows + 1;
+      j["state_slots"] = MemoryOptions{}.max_verify_rows;
       loadable = true;
       if (scan) {
         const auto bad = scan_non_finite(WeightStore::open_dir(dir));

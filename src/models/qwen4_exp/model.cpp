@@ -77,7 +77,8 @@ Qwen4ExpSequence::~Qwen4ExpSequence() { --*live_; }
 void Qwen4ExpSequence::rollback(int64_t n) {
   if (n < 0 || n > length()) throw Error("rollback: length " + std::to_string(n) + " outside [0, " +
                                          std::to_string(length()) + "]");
-  // Only the states of the last `slots` lengths are kept (slot n mod slots).
+  // The states of the last `slots` lengths are kept (slot n mod slots): a verify of k + 1 <= slots rows can
+  // keep any of its rows (the first is always kept: it is the target's own token).
   if (length() - n >= slots_)
     throw Error("rollback: " + std::to_string(length() - n) + " positions back, but the recurrent state keeps " +
                 std::to_string(slots_ - 1) + " (a verify of more rows than MemoryOptions::max_verify_rows)");
@@ -121,7 +122,13 @@ void Qwen4ExpModel::init_facts() {
     ple_off_.push_back(w_.layers[i].has_ple ? off : -1);
     if (w_.layers[i].has_ple) off += cfg_.ple_conv_state_rows() * cfg_.hc_width();
   }
-  slots_ = std::max<int64_t>(memory_.max_verify_rows, 1) + 1;
+  slots_ = std::max<int64_t>(memory_.max_verify_rows, 1);
+}
+
+// The pool when `work` (multiply-adds) is worth a hand-off now, else null (run on the calling thread): tiny
+// models lose more to waking the workers than they gain.
+ThreadPool* Qwen4ExpModel::pool_for(int64_t work) {
+  return pool_ && pool_->size() > 1 && work >= pool_->min_parallel_work() && pool_->worth_waking(work) ? pool_ : nullptr;
 }
 
 void Qwen4ExpModel::prefault(bool progress) const { prefault_weights(store_, dir_, progress); }
@@ -216,7 +223,7 @@ void Qwen4ExpModel::configure_memory(const MemoryOptions& options) {
   if (options.max_verify_rows < 1 || options.max_verify_rows > 64)
     throw Error("max_verify_rows must be in 1..64 (k + 1 of the largest speculative round)");
   memory_ = options;
-  slots_ = options.max_verify_rows + 1;
+  slots_ = options.max_verify_rows;
 }
 
 // Pools are made at the first sequence. With --kv-cache-mb the bytes cover the KV pages and the recurrent
@@ -515,8 +522,9 @@ void Qwen4ExpModel::gdn(const GdnWeights& g, int layer, const float* x, int64_t 
       }
     }
   };
-  if (pool_ && tasks > 1 && pool_->size() > 1)
-    pool_->parallel_for(tasks, 1, head_task);
+  const int64_t rows_per_span = std::max<int64_t>(S / std::max<int64_t>(int64_t(spans_.size()), 1), 1);
+  if (ThreadPool* p = pool_for(tasks * rows_per_span * dk * dv * 4); p && tasks > 1)
+    p->parallel_for(tasks, 1, head_task);
   else
     head_task(0, tasks, 0);
   // Gated RMSNorm per head: norm(o) · w · act(z), then the output projection.
@@ -679,8 +687,13 @@ void Qwen4ExpModel::qsa(const QsaWeights& a, size_t cache_layer, const float* x,
     }
   };
   if (last_topk) last_topk->reserve(static_cast<size_t>(sel_cap));
-  if (pool_ && S > 1 && pool_->size() > 1)
-    pool_->parallel_for(S, 1, row_task);
+  // Work of a row: its attention over up to sel_cap keys, and scoring every block of its sequence.
+  int64_t work = 0;
+  for (const RowSpan& sp : spans_)
+    work += sp.rows * (2 * nh * hd * std::min<int64_t>(sel_cap, sp.slot0 + sp.rows) +
+                       ih * ihd * ((sp.slot0 + sp.rows) / ratio));
+  if (ThreadPool* p = pool_for(work); p && S > 1)
+    p->parallel_for(S, 1, row_task);
   else
     row_task(0, S, 0);
   ops::matmul(pool_, out, S, a.o_proj, y);

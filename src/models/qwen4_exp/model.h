@@ -121,7 +121,7 @@ class Qwen4ExpSequence : public SequenceState {
   const Qwen4ExpModel* owner() const { return owner_; }
   int64_t length() const override { return static_cast<int64_t>(tokens_.size()); }
   int64_t capacity() const override { return capacity_; }
-  // n >= length() - (slots - 1): the state of every such length is still in its slot.
+  // n > length() - slots: the state of every such length is still in its slot.
   void rollback(int64_t n) override;
 
   KVCache& kv() { return kv_; }
@@ -194,6 +194,7 @@ class Qwen4ExpModel : public Model {
     bool all_logits;
   };
   void init_facts();
+  ThreadPool* pool_for(int64_t work);
   int64_t state_slot_floats() const;
   std::vector<int64_t> plane_widths() const;  // one QSA layer: [k | v], [raw index key | pooled block key]
   std::vector<LayerPlanes> target_planes() const;
@@ -221,7 +222,7 @@ class Qwen4ExpModel : public Model {
   std::vector<int> qsa_index_;      // per layer: its index among the QSA layers (-1: linear)
   std::vector<int64_t> state_off_;  // per layer: offset of its state in a slot (-1: none)
   std::vector<int64_t> ple_off_;    // per layer: offset of its PLE conv window in a slot (-1: none)
-  int64_t slots_ = 10;              // recurrent state slots per sequence: max_verify_rows + 1
+  int64_t slots_ = 9;               // recurrent state slots per sequence: MemoryOptions::max_verify_rows
   std::vector<RowSpan> spans_;
   std::vector<int32_t> row_span_;
   MemoryOptions memory_;
