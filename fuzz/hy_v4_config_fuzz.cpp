@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "fuzz_util.h"
+#include "models/common/config_json.h"
 #include "models/hy_v4/config.h"
 
 namespace {
@@ -77,7 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } catch (const nextn::Error&) {
   }
   try {
-    (void)nextn::read_model_type(dir.path());  // any string is a valid answer; only Error may escape
+    (void)nextn::cfg::read_model_type(dir.path());  // any string is a valid answer; only Error may escape
   } catch (const nextn::Error&) {
   }
   return 0;

@@ -3,7 +3,8 @@
 //
 //   safetensors:      the smallest tensors of each fixture checkpoint re-written as small files, one split
 //                     into two shards with an index, and a real header without its data (truncated file)
-//   hy_v4_config:     every committed config.json
+//   hy_v4_config:     every committed HY V4 config.json
+//   qwen4_exp_config: every committed Qwen4-Exp config.json
 //   tokenizer_encode: corpus lines and special tokens for each committed tokenizer, as text and as ids
 //   tokenizer_json:   each committed tokenizer cut down to its first tokens (and the merges among them),
 //                     with its tokenizer_config.json and a text
@@ -108,6 +109,12 @@ void config_seeds(const fs::path& out) {
   for (const std::string& dir : fixture_checkpoints())
     corpus.add(fs::path(dir).filename().string() + ".json", read_fixture_file(dir + "/config.json"));
   std::printf("hy_v4_config: %zu seeds\n", corpus.count());
+  Corpus qwen(out, "qwen4_exp_config");
+  for (const auto& e : fs::directory_iterator(kRoot + "/tests/fixtures/qwen4_exp"))
+    if (fs::exists(e.path() / "config.json"))
+      qwen.add(e.path().filename().string() + ".json", read_fixture_file((e.path() / "config.json").string()));
+  qwen.add("bundled.json", read_fixture_file(kRoot + "/models/nextn-qwen4exp-tiny/config.json"));
+  std::printf("qwen4_exp_config: %zu seeds\n", qwen.count());
 }
 
 std::vector<std::string> corpus_lines() {

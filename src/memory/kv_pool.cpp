@@ -58,4 +58,9 @@ int32_t KVPool::take_page() {
 
 void KVPool::return_page(int32_t page) { free_.push_back(page); }
 
+std::string KVPool::describe() const {
+  return what_ + " " + gib(bytes()) + " (" + std::to_string(pages_) + " pages of " + std::to_string(page_tokens_) +
+         " positions, " + std::to_string(pages_ - unreserved_pages()) + " reserved)";
+}
+
 }  // namespace nextn

@@ -40,6 +40,8 @@ class KVPool {
   float* plane(size_t p) { return planes_[p].get(); }
   const float* plane(size_t p) const { return planes_[p].get(); }
 
+  // "KV cache 1.2 GiB (64 pages of 64 positions, 3 reserved)", for memory summaries.
+  std::string describe() const;
   // Sets `n` pages aside for one cache; false (nothing reserved) when fewer than n are unreserved.
   bool try_reserve(int64_t n);
   void unreserve(int64_t n);

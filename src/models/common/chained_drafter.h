@@ -119,7 +119,8 @@ ChainedDraftSession<Stack>::ChainedDraftSession(Stack& model, int64_t capacity, 
   g_last_.assign(layers_, std::vector<float>(H_));
   canon_.assign(layers_, 0);
   stale_.assign(layers_, 0);
-  grow_rows(std::max<int64_t>(chained_draft::kDeferRows, options.k_max + 1));
+  // (a deferred backlog reaches kDeferRows - 1 positions, then takes one more verify of up to k_max + 1 rows)
+  grow_rows(chained_draft::kDeferRows + options.k_max + 1);
   // (filled per round: no growth; a selection never holds more positions than the cache)
   const int64_t topk_max = std::min<int64_t>(std::max<int64_t>(model.draft_selection_max(), 1), capacity);
   topk0_.reserve(topk_max);

@@ -1,5 +1,9 @@
 #include "models/common/load_report.h"
 
+#include <cstdio>
+
+#include "core/error.h"
+
 namespace nextn {
 
 namespace {
@@ -26,6 +30,12 @@ std::string LoadReport::error_message(const std::string& dir) const {
   if (errors.size() > kListedMax) msg += "\n... (" + std::to_string(errors.size() - kListedMax) + " more errors)";
   for (const auto& n : notes) add_line(msg, "note: " + n);
   return msg;
+}
+
+void LoadReport::print_or_throw(const std::string& dir) const {
+  for (const auto& s : infos) std::fprintf(stderr, "nextn: info: %s\n", s.c_str());
+  for (const auto& s : warnings) std::fprintf(stderr, "nextn: warning: %s\n", s.c_str());
+  if (!ok()) throw Error(error_message(dir));
 }
 
 }  // namespace nextn

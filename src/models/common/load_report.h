@@ -18,6 +18,9 @@ struct LoadReport {
   // The text of the nextn::Error a failed load throws: the missing tensors (the first 40), the errors (the
   // first 40), then the notes, one per line.
   std::string error_message(const std::string& dir) const;
+  // Prints the infos and warnings on stderr ("nextn: info: ..." / "nextn: warning: ..."), then throws
+  // nextn::Error(error_message(dir)) unless ok().
+  void print_or_throw(const std::string& dir) const;
 };
 
 }  // namespace nextn

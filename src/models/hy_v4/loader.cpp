@@ -491,9 +491,7 @@ HYV4Model::HYV4Model(const std::string& model_dir, ThreadPool* pool)
     : dir_(model_dir), cfg_(load_hy_v4_config(model_dir)), store_(WeightStore::open_dir(model_dir)), pool_(pool) {
   HYV4LoadReport r;
   bind_hy_v4_weights(cfg_, store_, w_, r);
-  for (const auto& s : r.infos) std::fprintf(stderr, "nextn: info: %s\n", s.c_str());
-  for (const auto& s : r.warnings) std::fprintf(stderr, "nextn: warning: %s\n", s.c_str());
-  if (!r.ok()) throw Error(r.error_message(model_dir));
+  r.print_or_throw(model_dir);
   init_facts();
 }
 

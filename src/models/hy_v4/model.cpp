@@ -232,12 +232,7 @@ bool HYV4Model::could_ever_admit(int64_t capacity, bool drafting) const {
 
 std::string HYV4Model::memory_summary() const {
   if (!target_pool_) return "KV pool not allocated yet";
-  auto pool_text = [](const KVPool& p) {
-    return p.what() + " " + gib(p.bytes()) + " (" + std::to_string(p.pages()) + " pages of " +
-           std::to_string(p.page_tokens()) + " positions, " + std::to_string(p.pages() - p.unreserved_pages()) +
-           " reserved)";
-  };
-  return pool_text(*target_pool_) + ", " + pool_text(*draft_pool_);
+  return target_pool_->describe() + ", " + draft_pool_->describe();
 }
 
 std::unique_ptr<SequenceState> HYV4Model::new_sequence(int64_t capacity) {

@@ -93,9 +93,7 @@ Qwen4ExpModel::Qwen4ExpModel(const std::string& model_dir, ThreadPool* pool)
     : dir_(model_dir), cfg_(load_qwen4_exp_config(model_dir)), store_(WeightStore::open_dir(model_dir)), pool_(pool) {
   LoadReport r;
   bind_qwen4_exp_weights(cfg_, store_, w_, r);
-  for (const auto& s : r.infos) std::fprintf(stderr, "nextn: info: %s\n", s.c_str());
-  for (const auto& s : r.warnings) std::fprintf(stderr, "nextn: warning: %s\n", s.c_str());
-  if (!r.ok()) throw Error(r.error_message(model_dir));
+  r.print_or_throw(model_dir);
   init_facts();
 }
 
@@ -277,12 +275,7 @@ bool Qwen4ExpModel::could_ever_admit(int64_t capacity, bool drafting) const {
 
 std::string Qwen4ExpModel::memory_summary() const {
   if (!target_pool_) return "KV pool not allocated yet";
-  auto pool_text = [](const KVPool& p) {
-    return p.what() + " " + gib(p.bytes()) + " (" + std::to_string(p.pages()) + " pages of " +
-           std::to_string(p.page_tokens()) + " positions, " + std::to_string(p.pages() - p.unreserved_pages()) +
-           " reserved)";
-  };
-  return pool_text(*target_pool_) + ", " + pool_text(*draft_pool_) + ", recurrent state " + gib(state_bytes()) +
+  return target_pool_->describe() + ", " + draft_pool_->describe() + ", recurrent state " + gib(state_bytes()) +
          " per sequence (" + std::to_string(slots_) + " slots; " + std::to_string(*live_states_) + " of " +
          (state_sets_ > 0 ? std::to_string(state_sets_) : std::string("unbounded")) + " in use)";
 }
