@@ -154,8 +154,8 @@ void validate_qsa(Qwen4ExpConfig& c, const std::string& src) {
 void validate_ple(Qwen4ExpConfig& c, const std::string& src) {
   if (c.ple_embed_dim == 0) c.ple_embed_dim = c.hidden_size;
   if (c.ple_layer_ids.empty()) return;
-  require_positive(c.ngram_size - 1, "ngram_size - 1", src);
-  require_at_most(c.ngram_size, Qwen4ExpLimits::kCount, "ngram_size", src);
+  if (c.ngram_size < 2) fail(src, "field 'ngram_size' must be at least 2, got " + std::to_string(c.ngram_size));
+  require_at_most(c.ngram_size, Qwen4ExpLimits::kNgram, "ngram_size", src);
   require_positive(c.heads_per_ngram, "heads_per_ngram", src);
   require_at_most(c.heads_per_ngram, Qwen4ExpLimits::kCount, "heads_per_ngram", src);
   require_positive(c.ple_embed_dim, "ple_embed_dim", src);
@@ -182,6 +182,10 @@ void validate_ple(Qwen4ExpConfig& c, const std::string& src) {
                     ": Qwen4-Exp PLE is only supported on linear_attention layers");
   }
   if (c.eos_token_ids.empty()) fail(src, "field 'eos_token_id' must be set when PLE layers are enabled");
+  // The n-gram hash multiplies token ids (eos included) by multipliers below int64 max / vocab_size.
+  if (c.eos_token_ids[0] >= c.vocab_size)
+    fail(src, "field 'eos_token_id' (" + std::to_string(c.eos_token_ids[0]) + ") is not below vocab_size (" +
+                  std::to_string(c.vocab_size) + "): PLE hashes it as a token");
 }
 
 void read_layer_types(const json& t, Qwen4ExpConfig& c, const std::string& src) {

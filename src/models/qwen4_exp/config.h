@@ -84,6 +84,7 @@ struct Qwen4ExpLimits {
   static constexpr int64_t kLayers = 1024;
   static constexpr int64_t kMtpLayers = 64;
   static constexpr int64_t kCount = 65536;  // experts, hc_count, ngram heads, conv kernels
+  static constexpr int64_t kNgram = 64;      // ngram_size (the forward keeps one n-gram window on the stack)
 };
 
 // Parses config.json (text or composite); `source` prefixes every error.

@@ -691,7 +691,6 @@ void Qwen4ExpModel::qsa(const QsaWeights& a, size_t cache_layer, const float* x,
     row_task(0, S, 0);
   ops::matmul(pool_, out, S, a.o_proj, y);
   add_bias(y, S, a.o_bias);
-  (void)nb_cap;
 }
 
 // MoE: softmax router over all experts, the top k (renormalized when norm_topk_prob), each expert run over the
@@ -760,7 +759,7 @@ void Qwen4ExpModel::ple(const PleWeights& p, int layer, const float* X, int64_t 
   const int64_t eos = c.eos_id();
   const float eps = static_cast<float>(c.rms_norm_eps);
   float* emb = b_.emb.data();
-  int64_t shifted[64];
+  int64_t shifted[Qwen4ExpLimits::kNgram];
   for (const RowSpan& sp : spans_) {
     const std::vector<int32_t>& toks = sp.seq->tokens();
     for (int64_t i = 0; i < sp.rows; ++i) {
