@@ -14,6 +14,7 @@
 //   int64_t draft_width() const;            // floats of the hidden state a layer takes and gives (per row)
 //   int64_t draft_selection_max() const;    // most positions one sparse-attention query selects
 //   KVCache new_shared_draft_cache(int64_t capacity);
+//   void reserve_batch(int64_t rows, int64_t positions);  // (Model's)
 //   void draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, int64_t pos0,
 //                      KVCache& cache, float* logits_out, float* hidden_out, const TopkOverride* forced,
 //                      std::vector<int32_t>* last_topk_positions);
@@ -119,8 +120,11 @@ ChainedDraftSession<Stack>::ChainedDraftSession(Stack& model, int64_t capacity, 
   g_last_.assign(layers_, std::vector<float>(H_));
   canon_.assign(layers_, 0);
   stale_.assign(layers_, 0);
-  // (a deferred backlog reaches kDeferRows - 1 positions, then takes one more verify of up to k_max + 1 rows)
+  // A deferred backlog reaches kDeferRows - 1 positions, then takes one more verify of up to k_max + 1 rows:
+  // the catch-up buffers, and the model's own for a forward of that many rows, are sized for it now, so that
+  // resuming drafting after a run of k = 0 rounds allocates nothing mid-decode.
   grow_rows(chained_draft::kDeferRows + options.k_max + 1);
+  model.reserve_batch(chained_draft::kDeferRows + options.k_max + 1, capacity);
   // (filled per round: no growth; a selection never holds more positions than the cache)
   const int64_t topk_max = std::min<int64_t>(std::max<int64_t>(model.draft_selection_max(), 1), capacity);
   topk0_.reserve(topk_max);
