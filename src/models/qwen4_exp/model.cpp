@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -141,11 +142,14 @@ size_t Qwen4ExpModel::weight_bytes_total() const {
   size_t routed = 0;
   for (const auto& L : w_.layers)
     routed += size_t(cfg_.num_experts_per_tok) * swiglu_bytes(L.moe.gate[0], L.moe.up[0], L.moe.down[0]);
-  return last_forward_weight_bytes() - last_routed_bytes_ + routed;
+  return weight_bytes_with(routed);
 }
 
-size_t Qwen4ExpModel::last_forward_weight_bytes() const {
-  size_t total = w_.lm_head.weight_bytes() + last_routed_bytes_;
+size_t Qwen4ExpModel::last_forward_weight_bytes() const { return weight_bytes_with(last_routed_bytes_); }
+
+// Weights a target forward reads apart from its routed experts, plus routed_bytes of those.
+size_t Qwen4ExpModel::weight_bytes_with(size_t routed_bytes) const {
+  size_t total = w_.lm_head.weight_bytes() + routed_bytes;
   auto gr = [](const GatedResidualWeights& g) {
     return g.mix_down.weight_bytes() + g.mix_up.weight_bytes() + (g.inject.data ? g.inject.weight_bytes() : 0);
   };
@@ -336,7 +340,7 @@ void Qwen4ExpModel::ensure_rows(int64_t S) {
   const int64_t qdim = int64_t(c.num_attention_heads) * 2 * c.head_dim, kvd = int64_t(c.num_key_value_heads) * c.head_dim;
   const int64_t idim = int64_t(c.indexer_n_heads + 1) * c.indexer_head_dim;
   const int64_t wide = std::max({CH, qdim, c.conv_dim(), 2 * c.moe_intermediate_size,
-                                 2 * c.shared_expert_intermediate_size, c.vocab_size > 0 ? H : H});
+                                 2 * c.shared_expert_intermediate_size, H});
   grow(b_.X, S * CH);
   grow(b_.Xn, S * CH);
   grow(b_.x, S * H);
@@ -900,18 +904,16 @@ void Qwen4ExpModel::forward(const BatchSegment* segments, size_t count, float* l
   last_routed_bytes_ = routed_bytes_;
   if (hidden) std::copy(X, X + S * CH, hidden);
   if (!logits) return;
-  // The rows that need logits (a prefill only its last), through the final mixer and one lm_head.
-  float* sel = b_.rows_out.data();
+  // The rows that need logits (a prefill only its last), gathered in place at the front of X (a row never moves
+  // back past where it is read), through the final mixer and one lm_head.
   int64_t n = 0;
   for (const RowSpan& sp : spans_) {
     const bool all = sp.all_logits;
     const int64_t first = all ? sp.first_row : sp.first_row + sp.rows - 1, rows = all ? sp.rows : 1;
-    std::copy(X + first * CH, X + (first + rows) * CH, sel + n * CH);
+    if (first != n) std::memmove(X + n * CH, X + first * CH, size_t(rows * CH) * sizeof(float));
     n += rows;
   }
   float* x = b_.x.data();
-  // (gated_residual reads its input from `sel` and uses rows_out as scratch: copy the rows aside first)
-  std::copy(sel, sel + n * CH, b_.X.data());
   gated_residual(w_.mixer, b_.X.data(), n, x, nullptr);
   ops::matmul(pool_, x, n, w_.lm_head, logits);
 }

@@ -195,6 +195,7 @@ class Qwen4ExpModel : public Model {
   };
   void init_facts();
   ThreadPool* pool_for(int64_t work);
+  size_t weight_bytes_with(size_t routed_bytes) const;
   int64_t state_slot_floats() const;
   std::vector<int64_t> plane_widths() const;  // one QSA layer: [k | v], [raw index key | pooled block key]
   std::vector<LayerPlanes> target_planes() const;
