@@ -1,7 +1,7 @@
 # The include rule of src/ (docs/architecture.md, "Layers"): every folder of src/ is a layer, and a layer's
 # code includes only its own headers and those of the layers below it:
 #
-#   core <- io <- ops <- memory <- models <- engine <- cli
+#   core <- io <- ops <- memory <- models <- engine <- serve <- cli
 #
 # Inside models, src/models/common (what every family's loader and model share) never includes a family
 # (src/models/<family>/), and no family includes another; files directly in src/models (the Model interface,
@@ -20,7 +20,7 @@
 
 cmake_policy(VERSION 3.22)  # in `cmake -P` too (while(TRUE), empty list elements)
 
-set(NEXTN_LAYERS core io ops memory models engine cli)  # bottom to top
+set(NEXTN_LAYERS core io ops memory models engine serve cli)  # bottom to top
 
 # The layer order as the messages show it: "core <- io <- ... <- cli".
 function(nextn_layer_order_text out)

@@ -349,7 +349,7 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
   std::vector<int64_t> emitted(n, 0);
   int64_t total = 0, started = 0;
   for (size_t i = 0; i < n; ++i)
-    engine.submit(Request{prompts[i], sp, spec, [&emitted, &total, &started, i](int32_t) {
+    engine.submit(Request{prompts[i], sp, spec, [&emitted, &total, &started, i](int32_t, const TokenLogprob*) {
                             if (emitted[i]++ == 0) ++started;
                             ++total;
                             return true;

@@ -22,6 +22,12 @@ int run_inspect(int argc, char** argv);
 // `nextn bench [--model DIR | --synthetic] [--json]`: bandwidth, decode, verify cost, speculation (src/cli/bench.cpp).
 int run_bench(int argc, char** argv);
 
+// `nextn serve [--model DIR] [--host H] [--port P] ...`: the OpenAI-compatible server (src/cli/serve.cpp, src/serve).
+int run_serve(int argc, char** argv);
+
+// The model commands use without --model: $NEXTN_MODEL, else the bundled models/nextn-hy4-tiny.
+std::string default_model();
+
 // k when none is given: generation_config.json's "num_speculative_tokens" (1..8), else 3. With
 // warn_unusable, a file that cannot be used says so on stderr (generate); bench, which only measures, does not.
 int default_speculative_tokens(const std::string& dir, bool warn_unusable);

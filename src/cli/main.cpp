@@ -69,6 +69,11 @@ int default_speculative_tokens(const std::string& dir, bool warn_unusable) {
   return static_cast<int>(k);
 }
 
+std::string default_model() {
+  if (const char* env = std::getenv("NEXTN_MODEL"); env && *env) return env;
+  return NEXTN_DEFAULT_MODEL;
+}
+
 namespace {
 
 const char* kMainUsage = R"(nextn: HY V4 inference with native MTP speculative decoding.
@@ -80,6 +85,7 @@ commands:
   logits       write the logits of a prompt (and of the MTP draft layer) to a safetensors file
   inspect      describe a checkpoint folder: architecture, quantization, MTP layers, problems
   bench        measure bandwidth, decode speed, verify cost and speculative speedup
+  serve        an OpenAI-compatible HTTP server (completions, chat, streaming, /metrics, a chat page at /)
   tokenize     print the token ids of a text as a JSON array
   detokenize   print the text of token ids
 
@@ -175,10 +181,6 @@ void print_stats(const SpecStats& s, bool speculated) {
     std::fprintf(stderr, "decode time: %s\n", s.round_split_text().c_str());
 }
 
-std::string default_model() {
-  if (const char* env = std::getenv("NEXTN_MODEL"); env && *env) return env;
-  return NEXTN_DEFAULT_MODEL;
-}
 
 bool has_tokenizer(const std::string& dir) { return std::filesystem::exists(dir + "/tokenizer.json"); }
 
@@ -404,6 +406,7 @@ int main(int argc, char** argv) {
     }
     if (cmd == "inspect") return run_inspect(argc, argv);
     if (cmd == "bench") return run_bench(argc, argv);
+    if (cmd == "serve") return run_serve(argc, argv);
     if (cmd == "tokenize" || cmd == "detokenize") {
       usage = kTokenizeUsage;
       return run_tokenize(argc, argv, cmd == "detokenize");

@@ -125,7 +125,7 @@ void parse_job(const std::string& text, const RequestDefaults& d, const Tokenize
   r.spec.validate();
   job.text = std::make_unique<TextStream>(tok, r.params.stop);
   TextStream* stream = job.text.get();
-  r.on_token = [stream](int32_t t) { return !stream->has_tokenizer() || !stream->push(t).stopped; };
+  r.on_token = [stream](int32_t t, const TokenLogprob*) { return !stream->has_tokenizer() || !stream->push(t).stopped; };
 }
 
 json result_json(Job& job) {

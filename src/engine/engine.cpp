@@ -154,6 +154,22 @@ void Engine::record_tuner(double step_seconds, bool had_prefill) {
   }
 }
 
+bool Engine::cancel(int64_t id) {
+  auto end_entry = [&](auto& list, auto it) {
+    it->seq->cancel();
+    it->seq->release_memory();
+    finished_.emplace_back(it->id, it->seq->take_result());
+    list.erase(it);
+    return true;
+  };
+  const auto has_id = [id](const Entry& e) { return e.id == id; };
+  if (auto it = std::find_if(waiting_.begin(), waiting_.end(), has_id); it != waiting_.end())
+    return end_entry(waiting_, it);
+  if (auto it = std::find_if(active_.begin(), active_.end(), has_id); it != active_.end())
+    return end_entry(active_, it);
+  return false;
+}
+
 void Engine::run() {
   while (!idle()) step();
 }

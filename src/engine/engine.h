@@ -40,6 +40,9 @@ class Engine {
   size_t active() const { return active_.size(); }
   size_t waiting() const { return waiting_.size(); }
   void step();
+  // Ends request `id`, waiting or running, between steps: its KV pages go back to the pool at once and it
+  // finishes with finish_reason "abort" (its result comes from take_finished). False: no such live request.
+  bool cancel(int64_t id);
   void run();  // steps until idle
   // Requests finished since the last call, in the order they finished: (id, result).
   std::vector<std::pair<int64_t, GenerationResult>> take_finished();

@@ -10,7 +10,9 @@ Generator::Generator(Model& model) : model_(model) {}
 GenerationResult Generator::generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
                                      const SpecOptions& spec, const std::function<bool(int32_t)>& on_token) {
   Engine engine(model_);
-  engine.submit(Request{prompt, params, spec, on_token});
+  TokenCallback callback;
+  if (on_token) callback = [&on_token](int32_t t, const TokenLogprob*) { return on_token(t); };
+  engine.submit(Request{prompt, params, spec, std::move(callback)});
   engine.run();
   auto finished = engine.take_finished();
   if (finished.size() != 1) throw Error("internal: the engine lost a request");

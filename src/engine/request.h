@@ -95,13 +95,16 @@ struct GenerationResult {
   SpecStats stats;
 };
 
-// A request as the engine takes it. on_token(id) is called for each emitted token in order (streaming) and
-// may return false to stop (stop strings).
+// Called for each emitted token in order (streaming), with its logprobs when params.logprobs >= 0 (else null);
+// returns false to stop (stop strings).
+using TokenCallback = std::function<bool(int32_t token, const TokenLogprob* logprob)>;
+
+// A request as the engine takes it.
 struct Request {
   std::vector<int32_t> prompt;
   SamplingParams params;
   SpecOptions spec;
-  std::function<bool(int32_t)> on_token;
+  TokenCallback on_token;
 };
 
 }  // namespace nextn

@@ -101,7 +101,12 @@ void Sequence::fail(const std::string& message) {
   phase_ = Phase::kFinished;
 }
 
+void Sequence::cancel() {
+  if (!finished()) finish("abort");
+}
+
 void Sequence::release_memory() {
+  if (drafter_) res_.stats.draft_forwards = drafter_->forwards();
   drafter_.reset();
   state_.reset();
 }
@@ -122,7 +127,7 @@ void Sequence::emit(int32_t t, const float* raw_logits) {
   res_.ids.push_back(t);
   ++res_.stats.num_generated;
   if (params.logprobs >= 0) res_.logprobs.push_back(make_logprob(raw_logits, V_, t, params.logprobs));
-  if (request_.on_token && !request_.on_token(t)) {
+  if (request_.on_token && !request_.on_token(t, params.logprobs >= 0 ? &res_.logprobs.back() : nullptr)) {
     stop_ = true;
     res_.finish_reason = "stop";
   }

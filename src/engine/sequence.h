@@ -65,6 +65,8 @@ class Sequence {
 
   // Ends the sequence with an error (finish_reason "error"); its memory is freed by the engine.
   void fail(const std::string& message);
+  // Ends the sequence now, keeping what it has emitted (finish_reason "abort", as vLLM's): a client went away.
+  void cancel();
   void release_memory();  // the KV pages go back to the pool at once
   GenerationResult take_result();
 

@@ -98,6 +98,9 @@ class Model {
   virtual bool can_admit(int64_t capacity, bool drafting) const = 0;
   virtual bool could_ever_admit(int64_t capacity, bool drafting) const = 0;
   virtual std::string memory_summary() const = 0;  // "KV pool 512 MiB: 3 of 64 pages in use, ..."
+  // The share of the target's KV pool reserved by live sequences, 0..1 (vLLM's kv_cache_usage_perc); 0 before
+  // configure_memory.
+  virtual double kv_usage() const = 0;
   // A sequence of up to `capacity` positions (throws nextn::Error when its memory does not fit).
   virtual std::unique_ptr<SequenceState> new_sequence(int64_t capacity) = 0;
   // The sequence's MTP drafter (null when the checkpoint has no MTP layers).

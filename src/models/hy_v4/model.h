@@ -201,6 +201,7 @@ class HYV4Model : public Model {
   bool can_admit(int64_t capacity, bool drafting) const override;
   bool could_ever_admit(int64_t capacity, bool drafting) const override;
   std::string memory_summary() const override;
+  double kv_usage() const override;
   std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override;
   std::unique_ptr<DraftSession> new_draft_session(SequenceState& sequence, const DraftOptions& options) override;
   void reserve_batch(int64_t rows, int64_t positions) override;

@@ -277,6 +277,11 @@ bool Qwen4ExpModel::could_ever_admit(int64_t capacity, bool drafting) const {
   return pages <= target_pool_->pages() && (!drafting || pages * num_mtp_layers() <= draft_pool_->pages());
 }
 
+double Qwen4ExpModel::kv_usage() const {
+  if (!target_pool_ || target_pool_->pages() == 0) return 0.0;
+  return 1.0 - double(target_pool_->unreserved_pages()) / double(target_pool_->pages());
+}
+
 std::string Qwen4ExpModel::memory_summary() const {
   if (!target_pool_) return "KV pool not allocated yet";
   return target_pool_->describe() + ", " + draft_pool_->describe() + ", recurrent state " + gib(state_bytes()) +

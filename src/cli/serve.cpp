@@ -1,0 +1,126 @@
+// `nextn serve`: loads the model, starts the engine thread and the HTTP server (src/serve), serves until
+// SIGINT / SIGTERM, then drains. docs/server.md describes the API.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/threadpool.h"
+#include "models/registry.h"
+#include "serve/chat_template/chat_template.h"
+#include "serve/engine_service.h"
+#include "serve/http_server.h"
+
+namespace nextn::cli {
+namespace {
+
+const char* kServeUsage = R"(usage: nextn serve [--model DIR] [--host 127.0.0.1] [--port 8000] [options]
+
+An OpenAI-compatible server (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, /health,
+/metrics with vLLM's metric names, and a chat page at /). Requests from many clients are batched together
+(continuous batching); each speculates with the checkpoint's own MTP layers: greedy output is exactly the
+target's, sampled output is distributed as the target's. docs/server.md has the API.
+
+  --model DIR               HuggingFace checkpoint folder (default: the bundled model)
+  --host ADDR               address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)
+  --port P                  port (default 8000; 0: any free port, printed when ready)
+  --served-model-name NAME  the model id clients send and /v1/models lists (default: the folder's name)
+  --chat-template FILE      a Jinja chat template instead of the checkpoint's own
+  --speculative-tokens K    k for requests that do not set num_speculative_tokens, 1..8 (default:
+                            generation_config.json's num_speculative_tokens, else 3); greedy requests tune
+                            k in 0..K by measured speed unless K is given here
+  --no-speculate            plain decoding unless a request asks for num_speculative_tokens
+  --max-sequences N         sequences decoding at once (default 64; more wait in the queue)
+  --max-queue N             requests waiting for a slot before new ones get 429 (default 256)
+  --kv-cache-mb N           the KV cache pool all sequences share, in MiB (default 512)
+  --max-body-kb N           largest request body, in KiB (default 8192; larger bodies get 413)
+  --http-threads N          connections served at once (default 128; each stream holds one)
+  --threads N               compute threads, 1 to 4x the cores (default, or 0: all cores)
+)";
+
+std::string model_name(const std::string& dir) {
+  std::filesystem::path p(dir);
+  while (!p.empty() && p.filename().empty()) p = p.parent_path();  // "models/x/" -> "models/x"
+  const std::string name = p.filename().string();
+  return name.empty() ? "model" : name;
+}
+
+std::string read_text_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw Error(path + ": cannot open the chat template");
+  std::ostringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// The template: --chat-template FILE (bos/eos from the checkpoint's template, when it has one), else the
+// checkpoint's. None: the chat endpoint answers 400 with the reason.
+std::optional<serve::ChatTemplate> chat_template(const Args& a, const std::string& dir) {
+  std::optional<serve::ChatTemplate> own = serve::ChatTemplate::from_checkpoint(dir);
+  if (!a.has("chat-template")) return own;
+  const std::string file = a.get("chat-template");
+  return serve::ChatTemplate::from_source(read_text_file(file), file, own ? own->bos_token() : "",
+                                          own ? own->eos_token() : "");
+}
+
+}  // namespace
+
+int run_serve(int argc, char** argv) {
+  Args a(argc, argv, 2, {"help", "no-speculate"},
+         {"model", "host", "port", "served-model-name", "chat-template", "speculative-tokens", "max-sequences",
+          "max-queue", "kv-cache-mb", "max-body-kb", "http-threads", "threads"});
+  if (a.has("help")) {
+    std::fputs(kServeUsage, stdout);
+    return 0;
+  }
+  if (!a.positional().empty()) throw UsageError("nextn serve: unexpected argument '" + a.positional()[0] + "'");
+  // Before any thread starts: the shutdown signals go to serve_http's sigwait, in every thread.
+  serve::block_shutdown_signals();
+
+  const std::string dir = a.get("model", default_model());
+  serve::HttpOptions http;
+  http.host = a.get("host", "127.0.0.1");
+  http.port = a.get_int("port", 8000, 0, 65535);
+  http.max_body_bytes = size_t(a.get_int("max-body-kb", 8192, 1, 1 << 20)) << 10;
+  http.http_threads = a.get_int("http-threads", 128, 4, 4096);
+  serve::ServiceOptions service_options;
+  service_options.max_sequences = a.get_int("max-sequences", 64, 1, 4096);
+  service_options.max_queue = a.get_int("max-queue", 256, 1, 1 << 20);
+  MemoryOptions memory;
+  memory.kv_cache_bytes = int64_t(a.get_int("kv-cache-mb", 512, 1, 1 << 30)) << 20;
+
+  ThreadPool pool(thread_count(a));
+  const std::unique_ptr<Model> model = load_model(dir, &pool);
+  model->prefault(/*progress=*/true);
+  model->configure_memory(memory);
+  std::unique_ptr<Tokenizer> tok;
+  if (std::filesystem::exists(dir + "/tokenizer.json")) tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(dir));
+  const std::optional<serve::ChatTemplate> templ = chat_template(a, dir);
+  if (!templ) std::fprintf(stderr, "nextn serve: %s has no chat template: /v1/chat/completions is off\n", dir.c_str());
+
+  serve::ServedModel served;
+  served.id = a.get("served-model-name", model_name(dir));
+  served.facts = &model->facts();
+  served.tokenizer = tok.get();
+  served.chat_template = templ ? &*templ : nullptr;
+  SpecOptions& spec = served.default_spec;
+  spec.enabled = !a.has("no-speculate") && model->facts().num_mtp_layers > 0;
+  const bool k_given = a.has("speculative-tokens");
+  spec.num_speculative_tokens = k_given ? a.get_int("speculative-tokens", 3, 1, 8) : default_speculative_tokens(dir, true);
+  spec.tune_k = !k_given;
+  spec.validate();
+
+  serve::Metrics metrics(served.id);
+  serve::EngineService service(*model, tok.get(), metrics, service_options);
+  std::fprintf(stderr, "nextn serve: %s (%s), CPU kernels %s, %d compute threads; %s\n", served.id.c_str(),
+               model->facts().model_type.c_str(), cpu_target_text().c_str(), pool.size(),
+               model->memory_summary().c_str());
+  return serve::serve_http(served, service, metrics, http);
+}
+
+}  // namespace nextn::cli

@@ -1,0 +1,272 @@
+#include "serve/openai_request.h"
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "serve/api_error.h"
+#include "serve/chat_template/chat_template.h"
+
+namespace nextn::serve {
+namespace {
+
+using nlohmann::json;
+
+// The field, or null when it is absent or JSON null (OpenAI treats both as "not given").
+const json* field(const json& body, const char* name) {
+  const auto it = body.find(name);
+  return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string range_text(double lo, double hi) { return json(lo).dump() + " and " + json(hi).dump(); }
+
+double number(const json& body, const char* name, double def, double lo, double hi) {
+  const json* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_number()) throw bad_field(name, std::string("'") + name + "' must be a number, got " + v->dump());
+  const double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    throw bad_field(name, std::string("'") + name + "' must be between " + range_text(lo, hi) + ", got " + v->dump());
+  return x;
+}
+
+int64_t integer(const json& body, const char* name, int64_t def, int64_t lo, int64_t hi) {
+  const json* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_number_integer() || (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)))
+    throw bad_field(name, std::string("'") + name + "' must be an integer, got " + v->dump());
+  const int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi)
+    throw bad_field(name, std::string("'") + name + "' must be between " + std::to_string(lo) + " and " +
+                              std::to_string(hi) + ", got " + v->dump());
+  return x;
+}
+
+bool boolean(const json& body, const char* name, bool def) {
+  const json* v = field(body, name);
+  if (!v) return def;
+  if (!v->is_boolean()) throw bad_field(name, std::string("'") + name + "' must be true or false, got " + v->dump());
+  return v->get<bool>();
+}
+
+void check_object(const json& body) {
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+}
+
+void check_model(const json& body, const ServedModel& m) {
+  const json* v = field(body, "model");
+  if (!v) return;
+  if (!v->is_string()) throw bad_field("model", "'model' must be a string, got " + v->dump());
+  if (v->get<std::string>() != m.id)
+    throw ApiError(404, "The model '" + v->get<std::string>() + "' does not exist; this server serves '" + m.id + "'",
+                   "model", "invalid_request_error", "model_not_found");
+}
+
+std::vector<std::string> stop_strings(const json& body) {
+  const json* v = field(body, "stop");
+  std::vector<std::string> out;
+  if (!v) return out;
+  auto add = [&](const json& s) {
+    if (!s.is_string()) throw bad_field("stop", "'stop' must be a string or an array of strings, got " + v->dump());
+    if (s.get<std::string>().empty()) throw bad_field("stop", "'stop' strings must not be empty");
+    out.push_back(s.get<std::string>());
+  };
+  if (v->is_array()) {
+    if (v->size() > 64) throw bad_field("stop", "'stop' holds " + std::to_string(v->size()) + " strings; at most 64");
+    for (const json& s : *v) add(s);
+  } else {
+    add(*v);
+  }
+  return out;
+}
+
+// Sampling, penalties, n, seed, speculation and streaming: the fields both endpoints share.
+void parse_common(const json& body, const ServedModel& m, ApiRequest& r) {
+  SamplingParams& p = r.params;
+  p.temperature = float(number(body, "temperature", 1.0, 0.0, 100.0));
+  p.top_p = float(number(body, "top_p", 1.0, 0.0, 1.0));
+  if (p.top_p <= 0.0f) throw bad_field("top_p", "'top_p' must be greater than 0, got 0");
+  const int64_t top_k = integer(body, "top_k", 0, -1, INT32_MAX);
+  p.top_k = top_k < 0 ? 0 : int(top_k);  // -1 (vLLM) and 0: off
+  p.min_p = float(number(body, "min_p", 0.0, 0.0, 1.0));
+  p.presence_penalty = float(number(body, "presence_penalty", 0.0, -2.0, 2.0));
+  p.frequency_penalty = float(number(body, "frequency_penalty", 0.0, -2.0, 2.0));
+  p.repetition_penalty = float(number(body, "repetition_penalty", 1.0, 1e-6, 100.0));
+  r.n = int(integer(body, "n", 1, 1, m.max_n));
+  if (field(body, "seed")) {
+    p.seed = uint64_t(integer(body, "seed", 0, INT64_MIN, INT64_MAX));
+  } else {
+    std::random_device rd;
+    p.seed = (uint64_t(rd()) << 32) ^ rd();
+  }
+  p.stop = stop_strings(body);
+  if (!p.stop.empty() && !m.tokenizer) throw bad_field("stop", "'stop' needs a tokenizer; this model has none");
+  if (!boolean(body, "ignore_eos", false)) p.stop_token_ids = m.facts->eos_token_ids;
+  r.stream = boolean(body, "stream", false);
+  if (const json* so = field(body, "stream_options")) {
+    if (!so->is_object()) throw bad_field("stream_options", "'stream_options' must be an object");
+    if (!r.stream) throw bad_field("stream_options", "'stream_options' is only allowed with 'stream': true");
+    r.include_usage = boolean(*so, "include_usage", false);
+  }
+  r.return_token_ids = boolean(body, "return_token_ids", false);
+
+  r.spec = m.default_spec;
+  if (field(body, "num_speculative_tokens")) {
+    const int k = int(integer(body, "num_speculative_tokens", 0, 0, 8));
+    r.spec.enabled = k > 0 && m.facts->num_mtp_layers > 0;
+    r.spec.num_speculative_tokens = std::max(k, 1);
+    r.spec.tune_k = false;  // an explicit k is kept
+  }
+  if (const json* rf = field(body, "response_format")) {
+    if (!rf->is_object() || rf->value("type", "") != "text")
+      throw bad_field("response_format", "'response_format' other than {\"type\": \"text\"} is not supported");
+  }
+}
+
+// max_tokens against the context: absent = what the context leaves after the longest prompt.
+void set_max_tokens(const json& body, const char* name, const ServedModel& m, ApiRequest& r) {
+  size_t longest = 0;
+  for (const auto& p : r.prompts) longest = std::max(longest, p.size());
+  const int64_t context = m.facts->context;
+  const int64_t left = context - int64_t(longest);
+  if (left < 1)
+    throw bad_field(r.chat ? "messages" : "prompt",
+                    "This model's maximum context length is " + std::to_string(context) + " tokens. However, your " +
+                        (r.chat ? "messages" : "prompt") + " resulted in " + std::to_string(longest) +
+                        " tokens, leaving no room for the completion.");
+  const json* v = field(body, name);
+  const int64_t max_tokens = v ? integer(body, name, 0, 1, INT32_MAX) : left;
+  if (max_tokens > left)
+    throw bad_field(name, "This model's maximum context length is " + std::to_string(context) +
+                              " tokens. However, you requested " + std::to_string(int64_t(longest) + max_tokens) +
+                              " tokens (" + std::to_string(longest) + " in the " + (r.chat ? "messages" : "prompt") +
+                              ", " + std::to_string(max_tokens) + " in the completion). Please reduce the length " +
+                              "of the " + (r.chat ? "messages" : "prompt") + " or the completion.");
+  r.params.max_tokens = int(max_tokens);
+}
+
+void finish_validation(ApiRequest& r) {
+  try {
+    r.params.validate();
+    r.spec.validate();
+  } catch (const Error& e) {
+    throw ApiError(400, e.what());
+  }
+}
+
+std::vector<int32_t> token_ids(const json& ids, const ServedModel& m) {
+  std::vector<int32_t> out;
+  for (const json& t : ids) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.facts->vocab_size)
+      throw bad_field("prompt", "'prompt' holds " + t.dump() + ", not a token id of this model (0.." +
+                                    std::to_string(m.facts->vocab_size - 1) + ")");
+    out.push_back(t.get<int32_t>());
+  }
+  if (out.empty()) throw bad_field("prompt", "'prompt' must not be empty");
+  return out;
+}
+
+std::vector<int32_t> encode_prompt(const std::string& text, const ServedModel& m) {
+  if (!m.tokenizer) throw bad_field("prompt", "this model has no tokenizer: give 'prompt' as token ids");
+  std::vector<int32_t> ids = m.tokenizer->encode(text, /*add_special=*/true);
+  if (ids.empty()) throw bad_field("prompt", "'prompt' must not be empty");
+  return ids;
+}
+
+// A string, an array of token ids, or an array of either (a batch).
+std::vector<std::vector<int32_t>> completion_prompts(const json& body, const ServedModel& m) {
+  const json* v = field(body, "prompt");
+  if (!v) throw bad_field("prompt", "'prompt' is required");
+  if (v->is_string()) return {encode_prompt(v->get<std::string>(), m)};
+  if (!v->is_array() || v->empty())
+    throw bad_field("prompt", "'prompt' must be a string, an array of token ids, or an array of those");
+  if ((*v)[0].is_number()) return {token_ids(*v, m)};
+  if (v->size() > size_t(m.max_n))
+    throw bad_field("prompt", "'prompt' holds " + std::to_string(v->size()) + " prompts; at most " +
+                                  std::to_string(m.max_n));
+  std::vector<std::vector<int32_t>> out;
+  for (const json& p : *v) {
+    if (p.is_string())
+      out.push_back(encode_prompt(p.get<std::string>(), m));
+    else if (p.is_array())
+      out.push_back(token_ids(p, m));
+    else
+      throw bad_field("prompt", "'prompt' must be a string, an array of token ids, or an array of those");
+  }
+  return out;
+}
+
+void check_messages(const json& messages) {
+  if (!messages.is_array() || messages.empty())
+    throw bad_field("messages", "'messages' must be a non-empty array of messages");
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const json& msg = messages[i];
+    const std::string where = "messages[" + std::to_string(i) + "]";
+    if (!msg.is_object()) throw bad_field("messages", where + " must be an object");
+    const auto role = msg.find("role");
+    if (role == msg.end() || !role->is_string()) throw bad_field("messages", where + ".role must be a string");
+    const auto content = msg.find("content");
+    if (content != msg.end() && !content->is_null() && !content->is_string() && !content->is_array())
+      throw bad_field("messages", where + ".content must be a string or an array of content parts");
+    if (content != msg.end() && content->is_array())
+      for (const json& part : *content)
+        if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+          throw bad_field("messages", where + ".content: only {\"type\": \"text\", \"text\": ...} parts are supported");
+  }
+}
+
+}  // namespace
+
+ApiRequest parse_completion_request(const json& body, const ServedModel& m) {
+  check_object(body);
+  check_model(body, m);
+  ApiRequest r;
+  r.prompts = completion_prompts(body, m);
+  parse_common(body, m, r);
+  if (boolean(body, "echo", false)) throw bad_field("echo", "'echo' is not supported");
+  if (field(body, "suffix")) throw bad_field("suffix", "'suffix' is not supported");
+  if (field(body, "best_of") && integer(body, "best_of", 1, 1, 1) != 1) throw bad_field("best_of", "'best_of' must be 1");
+  r.logprobs = int(integer(body, "logprobs", -1, 0, 20));
+  set_max_tokens(body, "max_tokens", m, r);
+  finish_validation(r);
+  return r;
+}
+
+ApiRequest parse_chat_request(const json& body, const ServedModel& m) {
+  check_object(body);
+  check_model(body, m);
+  ApiRequest r;
+  r.chat = true;
+  if (!m.chat_template || !m.tokenizer)
+    throw ApiError(400, "this model has no chat template (tokenizer_config.json's chat_template or "
+                        "chat_template.jinja): use /v1/completions, or start the server with --chat-template FILE");
+  const json* messages = field(body, "messages");
+  if (!messages) throw bad_field("messages", "'messages' is required");
+  check_messages(*messages);
+  const json* tools = field(body, "tools");
+  if (tools && !tools->is_array()) throw bad_field("tools", "'tools' must be an array");
+  if (const json* tc = field(body, "tool_choice"); tc && !(tc->is_string() && (*tc == "none" || *tc == "auto")))
+    throw bad_field("tool_choice", "'tool_choice' may be \"none\" or \"auto\"; forcing a tool is not supported");
+  json extra = json::object();
+  if (const json* kw = field(body, "chat_template_kwargs")) {
+    if (!kw->is_object()) throw bad_field("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    extra = *kw;
+  }
+  const bool add_generation_prompt = boolean(body, "add_generation_prompt", true);
+  std::string text;
+  try {
+    text = m.chat_template->render(*messages, add_generation_prompt, tools ? *tools : json(nullptr), extra);
+  } catch (const Error& e) {
+    throw bad_field("messages", std::string("the chat template refused the messages: ") + e.what());
+  }
+  r.prompts = {m.tokenizer->encode(text, /*add_special=*/false)};
+  if (r.prompts[0].empty()) throw bad_field("messages", "the rendered conversation is empty");
+  parse_common(body, m, r);
+  if (boolean(body, "logprobs", false)) r.logprobs = int(integer(body, "top_logprobs", 0, 0, 20));
+  else if (field(body, "top_logprobs")) throw bad_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
+  set_max_tokens(body, field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens", m, r);
+  finish_validation(r);
+  return r;
+}
+
+}  // namespace nextn::serve
