@@ -212,5 +212,47 @@ TEST(EngineMemory, RequestsWaitForPagesAndTooLargeOnesAreRefused) {
   }
 }
 
+// A client that goes away (the server's disconnect): cancelling a running and a waiting request frees their
+// pages at once, their results say "abort" with the tokens so far, and the others are untouched.
+TEST(EngineCancel, CancelledRequestsFreeTheirPagesAndLeaveTheOthersExact) {
+  ThreadPool pool(2);
+  auto model = load_model(fixture_dir("a_fp32"), &pool);
+  const ModelFacts& f = model->facts();
+  auto request = [&](int i) {
+    Request r;
+    r.prompt = random_prompt(10 + i, f.vocab_size, 70 + i);
+    r.params.max_tokens = 24;
+    r.params.logprobs = 1;
+    r.spec.num_speculative_tokens = 2;
+    return r;
+  };
+  const GenerationResult alone0 = run_alone(*model, request(0)), alone2 = run_alone(*model, request(2));
+  const int64_t capacity = Sequence(*model, request(0)).capacity();
+  Engine engine(*model, EngineOptions{2});  // two at once: request 3 waits
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 4; ++i) ids.push_back(engine.submit(request(i)));
+  for (int s = 0; s < 3; ++s) engine.step();
+  ASSERT_EQ(engine.active(), 2u);
+  EXPECT_TRUE(engine.cancel(ids[1]));  // running
+  EXPECT_TRUE(engine.cancel(ids[3]));  // waiting
+  EXPECT_FALSE(engine.cancel(ids[3])) << "a request ends once";
+  EXPECT_FALSE(engine.cancel(12345));
+  EXPECT_EQ(engine.active(), 1u);
+  EXPECT_EQ(engine.waiting(), 1u);
+  auto cancelled = engine.take_finished();
+  ASSERT_EQ(cancelled.size(), 2u);
+  for (auto& [id, res] : cancelled) {
+    EXPECT_EQ(res.finish_reason, "abort") << id;
+    EXPECT_LT(res.ids.size(), 24u) << id;
+  }
+  EXPECT_EQ(cancelled[1].second.ids.size(), 0u) << "the waiting request never ran";
+  engine.run();
+  auto done = engine.take_finished();
+  ASSERT_EQ(done.size(), 2u);
+  for (auto& [id, res] : done) expect_same(res, id == ids[0] ? alone0 : alone2, "request " + std::to_string(id));
+  EXPECT_EQ(model->kv_usage(), 0.0) << "every page is back";
+  EXPECT_TRUE(model->can_admit(capacity, true));
+}
+
 }  // namespace
 }  // namespace nextn

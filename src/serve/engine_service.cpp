@@ -172,7 +172,7 @@ bool EngineService::on_token(Live& live, int32_t token, const TokenLogprob* logp
   live.emitted = true;
   live.last_step = step_;
   live.last_emit = now;
-  return !delta.stopped && !job.cancelled;
+  return !delta.stopped;  // (a cancelled job ends through Engine::cancel, before the next step: "abort")
 }
 
 void EngineService::finish(int64_t id, GenerationResult& result) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 namespace nextn::serve {
 namespace {
@@ -19,9 +20,13 @@ std::vector<double> token_bounds() {
   return b;
 }
 
+// The shortest decimal that reads back as v (bucket bounds print as 0.3, not 0.29999999999999999).
 std::string number(double v) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
+  for (int digits = 6; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
   return buf;
 }
 

@@ -1,0 +1,155 @@
+// Request parsing: every refusal is an ApiError naming the field (OpenAI's `param`), with the status the
+// official clients expect; accepted requests set exactly the engine parameters asked for.
+#include "serve/openai_request.h"
+
+#include <gtest/gtest.h>
+
+#include "serve/api_error.h"
+
+namespace nextn::serve {
+namespace {
+
+using nlohmann::json;
+
+class OpenAIRequest : public ::testing::Test {
+ protected:
+  OpenAIRequest() : tok_(Tokenizer::from_dir(std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny")) {
+    facts_.vocab_size = int64_t(tok_.vocab_size());
+    facts_.context = 64;
+    facts_.num_mtp_layers = 2;
+    facts_.eos_token_ids = {2};
+    model_.id = "tiny";
+    model_.facts = &facts_;
+    model_.tokenizer = &tok_;
+    model_.default_spec.num_speculative_tokens = 3;
+    model_.default_spec.tune_k = true;
+  }
+
+  // The ApiError parse_completion_request throws for `body` (fails the test when it accepts it).
+  ApiError completion_error(const json& body) {
+    try {
+      parse_completion_request(body, model_);
+    } catch (const ApiError& e) {
+      return e;
+    }
+    ADD_FAILURE() << "accepted " << body.dump();
+    return ApiError(0, "");
+  }
+
+  Tokenizer tok_;
+  ModelFacts facts_;
+  ServedModel model_;
+};
+
+TEST_F(OpenAIRequest, CompletionFieldsSetTheEngineParameters) {
+  const ApiRequest r = parse_completion_request(
+      {{"model", "tiny"}, {"prompt", "def f():"}, {"max_tokens", 5}, {"temperature", 0.5}, {"top_k", -1},
+       {"top_p", 0.9}, {"min_p", 0.05}, {"seed", 7}, {"stop", "\n"}, {"n", 2}, {"logprobs", 3},
+       {"presence_penalty", 0.5}, {"frequency_penalty", -0.5}, {"stream", true},
+       {"stream_options", {{"include_usage", true}}}},
+      model_);
+  ASSERT_EQ(r.prompts.size(), 1u);
+  EXPECT_EQ(r.prompts[0], tok_.encode("def f():", true));
+  EXPECT_EQ(r.params.max_tokens, 5);
+  EXPECT_FLOAT_EQ(r.params.temperature, 0.5f);
+  EXPECT_EQ(r.params.top_k, 0) << "-1 is off, as in vLLM";
+  EXPECT_FLOAT_EQ(r.params.top_p, 0.9f);
+  EXPECT_EQ(r.params.seed, 7u);
+  EXPECT_EQ(r.params.stop, std::vector<std::string>{"\n"});
+  EXPECT_EQ(r.params.stop_token_ids, std::vector<int32_t>{2}) << "the eos ends generation unless ignore_eos";
+  EXPECT_EQ(r.n, 2);
+  EXPECT_EQ(r.choices(), 2u);
+  EXPECT_EQ(r.logprobs, 3);
+  EXPECT_TRUE(r.stream);
+  EXPECT_TRUE(r.include_usage);
+  EXPECT_TRUE(r.spec.tune_k) << "the server's default k";
+}
+
+TEST_F(OpenAIRequest, MaxTokensDefaultsToWhatTheContextLeaves) {
+  const ApiRequest r = parse_completion_request({{"prompt", json::array({5, 6, 7, 8})}}, model_);
+  EXPECT_EQ(r.params.max_tokens, 60);
+  EXPECT_FLOAT_EQ(r.params.temperature, 1.0f) << "OpenAI's default temperature";
+}
+
+TEST_F(OpenAIRequest, NumSpeculativeTokensSetsKOrTurnsSpeculationOff) {
+  const ApiRequest off = parse_completion_request({{"prompt", "x"}, {"num_speculative_tokens", 0}}, model_);
+  EXPECT_FALSE(off.spec.enabled);
+  const ApiRequest two = parse_completion_request({{"prompt", "x"}, {"num_speculative_tokens", 2}}, model_);
+  EXPECT_TRUE(two.spec.enabled);
+  EXPECT_EQ(two.spec.num_speculative_tokens, 2);
+  EXPECT_FALSE(two.spec.tune_k) << "an explicit k is kept";
+  EXPECT_EQ(completion_error({{"prompt", "x"}, {"num_speculative_tokens", 9}}).param, "num_speculative_tokens");
+}
+
+TEST_F(OpenAIRequest, BatchPromptsOfTextAndIds) {
+  const ApiRequest r = parse_completion_request({{"prompt", json::array({"a b", json::array({3, 4})})}, {"n", 3}}, model_);
+  ASSERT_EQ(r.prompts.size(), 2u);
+  EXPECT_EQ(r.prompts[1], (std::vector<int32_t>{3, 4}));
+  EXPECT_EQ(r.choices(), 6u);
+}
+
+TEST_F(OpenAIRequest, WrongTypesAndRangesNameTheField) {
+  const std::vector<std::pair<json, std::string>> cases = {
+      {{{"prompt", "x"}, {"max_tokens", "10"}}, "max_tokens"},
+      {{{"prompt", "x"}, {"max_tokens", 0}}, "max_tokens"},
+      {{{"prompt", "x"}, {"temperature", -1}}, "temperature"},
+      {{{"prompt", "x"}, {"temperature", true}}, "temperature"},
+      {{{"prompt", "x"}, {"top_p", 0}}, "top_p"},
+      {{{"prompt", "x"}, {"n", 0}}, "n"},
+      {{{"prompt", "x"}, {"n", 17}}, "n"},
+      {{{"prompt", "x"}, {"logprobs", 21}}, "logprobs"},
+      {{{"prompt", "x"}, {"stop", 3}}, "stop"},
+      {{{"prompt", "x"}, {"stop", json::array({""})}}, "stop"},
+      {{{"prompt", "x"}, {"stream", "yes"}}, "stream"},
+      {{{"prompt", "x"}, {"stream_options", {{"include_usage", true}}}}, "stream_options"},
+      {{{"prompt", "x"}, {"presence_penalty", 3}}, "presence_penalty"},
+      {{{"prompt", "x"}, {"seed", 1.5}}, "seed"},
+      {{{"prompt", json::array({1, 999999})}}, "prompt"},
+      {{{"prompt", json::array()}}, "prompt"},
+      {{{"prompt", 5}}, "prompt"},
+      {{{"max_tokens", 5}}, "prompt"},
+      {{{"prompt", "x"}, {"response_format", {{"type", "json_object"}}}}, "response_format"},
+  };
+  for (const auto& [body, param] : cases) {
+    const ApiError e = completion_error(body);
+    EXPECT_EQ(e.status, 400) << body.dump();
+    EXPECT_EQ(e.param, param) << body.dump() << ": " << e.what();
+  }
+}
+
+TEST_F(OpenAIRequest, PromptPastTheContextNamesTheLimit) {
+  const ApiError e = completion_error({{"prompt", json::array({5, 6, 7, 8})}, {"max_tokens", 61}});
+  EXPECT_EQ(e.status, 400);
+  EXPECT_EQ(e.param, "max_tokens");
+  EXPECT_NE(std::string(e.what()).find("maximum context length is 64 tokens"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("65 tokens (4 in the prompt, 61 in the completion)"), std::string::npos)
+      << e.what();
+  EXPECT_EQ(parse_completion_request({{"prompt", json::array({5, 6, 7, 8})}, {"max_tokens", 60}}, model_)
+                .params.max_tokens, 60);
+}
+
+TEST_F(OpenAIRequest, UnknownModelIs404AndNotAnObjectIs400) {
+  const ApiError e = completion_error({{"prompt", "x"}, {"model", "gpt-4"}});
+  EXPECT_EQ(e.status, 404);
+  EXPECT_EQ(e.code, "model_not_found");
+  EXPECT_EQ(completion_error(json::array({1})).status, 400);
+  EXPECT_EQ(error_body(e)["error"]["code"], "model_not_found");
+  EXPECT_EQ(error_body(ApiError(429, "full"))["error"]["type"], "rate_limit_error");
+}
+
+TEST_F(OpenAIRequest, ChatWithoutATemplateIsRefusedWithTheReason) {
+  try {
+    parse_chat_request({{"messages", json::array({{{"role", "user"}, {"content", "hi"}}})}}, model_);
+    FAIL() << "accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("no chat template"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DumpJson, InvalidUtf8BecomesReplacementCharacters) {
+  EXPECT_EQ(dump_json(json("a\xff" "b")), "\"a\xEF\xBF\xBD" "b\"");
+}
+
+}  // namespace
+}  // namespace nextn::serve
