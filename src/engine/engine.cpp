@@ -66,79 +66,103 @@ void Engine::step() {
   if (active_.empty()) return;
   ++steps_;
   const auto t0 = Clock::now();
-  bool any_tuned = false;
-  for (const Entry& e : active_) any_tuned |= e.seq->tuned() && e.seq->phase() == Sequence::Phase::kDecoding;
-  if (any_tuned && !tuner_) {
-    int k_max = 0;
-    for (const Entry& e : active_) k_max = std::max(k_max, e.seq->tuned() ? e.seq->k_max() : 0);
-    tuner_.emplace(k_max);
-  }
-  const int k_batch = any_tuned ? tuner_->next() : 0;
+  int64_t tuned_decoding = 0;
+  for (const Entry& e : active_) tuned_decoding += e.seq->tuned() && e.seq->phase() == Sequence::Phase::kDecoding;
+  const bool any_tuned = tuned_decoding > 0;
+  KTuner* tuner = any_tuned ? &tuner_for(tuned_decoding) : nullptr;
+  const int k_batch = tuner ? tuner->next() : 0;
 
-  // Draft, and gather every sequence's rows.
+  // Draft, and gather every sequence's rows: decoding rounds first, then prompts.
   segments_.clear();
   members_.clear();
   was_round_.clear();
-  bool had_prefill = false;
-  int64_t rows = 0, logit_rows = 0;
-  for (Entry& e : active_) {
-    Sequence& s = *e.seq;
-    try {
-      BatchSegment seg;
-      if (s.phase() == Sequence::Phase::kPrefill) {
-        seg = s.prefill_segment();
-        had_prefill = true;
-      } else {
-        s.draft(k_batch);
-        seg = s.verify_segment();
-      }
-      segments_.push_back(seg);
-      members_.push_back(&s);
-      was_round_.push_back(s.phase() == Sequence::Phase::kDecoding);
-      rows += seg.rows;
-      logit_rows += seg.all_logits ? seg.rows : 1;
-    } catch (const Error& err) {
-      s.fail(err.what());
-    }
-  }
-  if (!members_.empty()) {
-    const int64_t V = model_.facts().vocab_size, H = model_.facts().hidden_width;
-    if (int64_t(logits_.size()) < logit_rows * V) logits_.resize(logit_rows * V);
-    if (int64_t(hidden_.size()) < rows * H) hidden_.resize(rows * H);
-    const auto t_forward = Clock::now();
-    bool forward_ok = true;
-    try {
-      model_.forward(segments_.data(), segments_.size(), logits_.data(), hidden_.data());
-    } catch (const Error& err) {
-      for (Sequence* s : members_) s->fail(err.what());
-      forward_ok = false;
-    }
-    const double forward_seconds = seconds_since(t_forward);
-    const float* logits = logits_.data();
-    const float* hidden = hidden_.data();
-    for (size_t i = 0; i < members_.size() && forward_ok; ++i) {
-      Sequence& s = *members_[i];
-      const BatchSegment& seg = segments_[i];
+  for (int pass = 0; pass < 2; ++pass) {
+    for (Entry& e : active_) {
+      Sequence& s = *e.seq;
+      const bool decoding = s.phase() == Sequence::Phase::kDecoding;
+      if (decoding != (pass == 0) || s.finished()) continue;
       try {
-        if (s.phase() == Sequence::Phase::kPrefill)
-          s.finish_prefill(logits, hidden, forward_seconds);
-        else
-          s.finish_round(logits, hidden, forward_seconds);
+        if (decoding) s.draft(k_batch);
+        segments_.push_back(decoding ? s.verify_segment() : s.prefill_segment());
+        members_.push_back(&s);
+        was_round_.push_back(decoding);
       } catch (const Error& err) {
         s.fail(err.what());
       }
-      logits += (seg.all_logits ? seg.rows : 1) * V;
-      hidden += seg.rows * H;
     }
   }
-  if (any_tuned) record_tuner(seconds_since(t0), had_prefill);
+  const size_t rounds = size_t(std::count(was_round_.begin(), was_round_.end(), char(1)));
+  // One forward for the whole batch, except when the k tuner times this step and prompts share it: then the
+  // prompts run in a forward of their own, so that the rounds' time is measured alone (under a steady stream
+  // of arrivals nearly every step has a prompt, and the tuner would have nothing to go on).
+  const bool split = tuner && rounds > 0 && rounds < members_.size();
+  double prefill_seconds = 0;
+  if (split) {
+    run_forward(0, rounds);
+    const auto t_prefill = Clock::now();
+    run_forward(rounds, members_.size());
+    prefill_seconds = seconds_since(t_prefill);
+  } else {
+    run_forward(0, members_.size());
+  }
+  if (tuner) record_tuner(*tuner, seconds_since(t0) - prefill_seconds);
   retire_finished();
 }
 
-// The batch's k is judged by the step's time per decoding sequence and by each tuned sequence's tokens: the
-// tuner then minimizes the batch's time per token. A step that also prefilled is not a measure of k (its
-// prompt rows are a one-off), so it only counts the rounds.
-void Engine::record_tuner(double step_seconds, bool had_prefill) {
+// The target forward over members_[begin, end) and what each of them does with its rows.
+void Engine::run_forward(size_t begin, size_t end) {
+  if (begin == end) return;
+  const int64_t V = model_.facts().vocab_size, H = model_.facts().hidden_width;
+  int64_t rows = 0, logit_rows = 0;
+  for (size_t i = begin; i < end; ++i) {
+    rows += segments_[i].rows;
+    logit_rows += segments_[i].all_logits ? segments_[i].rows : 1;
+  }
+  if (int64_t(logits_.size()) < logit_rows * V) logits_.resize(logit_rows * V);
+  if (int64_t(hidden_.size()) < rows * H) hidden_.resize(rows * H);
+  const auto t_forward = Clock::now();
+  try {
+    model_.forward(segments_.data() + begin, end - begin, logits_.data(), hidden_.data());
+  } catch (const Error& err) {
+    for (size_t i = begin; i < end; ++i) members_[i]->fail(err.what());
+    return;
+  }
+  const double forward_seconds = seconds_since(t_forward);
+  const float* logits = logits_.data();
+  const float* hidden = hidden_.data();
+  for (size_t i = begin; i < end; ++i) {
+    Sequence& s = *members_[i];
+    const BatchSegment& seg = segments_[i];
+    try {
+      if (s.phase() == Sequence::Phase::kPrefill)
+        s.finish_prefill(logits, hidden, forward_seconds);
+      else
+        s.finish_round(logits, hidden, forward_seconds);
+    } catch (const Error& err) {
+      s.fail(err.what());
+    }
+    logits += (seg.all_logits ? seg.rows : 1) * V;
+    hidden += seg.rows * H;
+  }
+}
+
+// The best k depends on the batch: a verify of many sequences' k + 1 rows each costs more per row as the batch
+// grows (MoE experts and attention stop being shared reads), so each batch size class (1, 2-3, 4-7, ...
+// sequences) has a tuner of its own, created with the largest k a tuned sequence of the batch allows.
+KTuner& Engine::tuner_for(int64_t tuned_sequences) {
+  size_t bucket = 0;
+  while (bucket + 1 < kTunerBuckets && (int64_t(2) << bucket) <= tuned_sequences) ++bucket;
+  if (!tuners_[bucket]) {
+    int k_max = 0;
+    for (const Entry& e : active_) k_max = std::max(k_max, e.seq->tuned() ? e.seq->k_max() : 0);
+    tuners_[bucket].emplace(k_max);
+  }
+  return *tuners_[bucket];
+}
+
+// The batch's k is judged by the step's time per decoding sequence (prompts' time excluded: step() ran them
+// apart) and by each tuned sequence's tokens: the tuner then minimizes the batch's time per token.
+void Engine::record_tuner(KTuner& tuner, double step_seconds) {
   int64_t rounds = 0;
   for (size_t i = 0; i < members_.size(); ++i) rounds += was_round_[i] && !members_[i]->failed();
   if (rounds == 0) return;
@@ -147,10 +171,9 @@ void Engine::record_tuner(double step_seconds, bool had_prefill) {
     if (!was_round_[i] || !s.tuned() || s.failed()) continue;
     const Sequence::RoundReport& r = s.last_round();
     ++s.rounds_at_k()[r.k_chosen];
-    if (had_prefill) continue;
     const double seconds = step_seconds / double(rounds) - r.backlog_seconds + (r.k == 0 ? r.deferred_charge : 0.0);
     const auto& seam = s.spec().round_seconds_for_tests;
-    tuner_->record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : seconds, r.emitted, r.drafts_judged);
+    tuner.record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : seconds, r.emitted, r.drafts_judged);
   }
 }
 

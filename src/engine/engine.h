@@ -4,12 +4,14 @@
 //   1. admits waiting requests, first come first served, while the model's KV pool has room for them (a
 //      request reserves the pages of its whole capacity, so a step never runs out of memory);
 //   2. lets every decoding sequence draft its own k tokens with its MTP drafter (k chosen for the whole batch
-//      by measured speed: KTuner over the batch's time per sequence-round);
-//   3. runs ONE target forward over the rows of all of them: prefill prompts and k+1-row verify blocks;
+//      by measured speed: KTuner over the batch's time per sequence-round, one tuner per batch size class);
+//   3. runs ONE target forward over the rows of all of them: prefill prompts and k+1-row verify blocks (two
+//      when the k tuner is timing the rounds and prompts arrived: see step());
 //   4. accepts and rolls back per sequence, and retires the finished ones (their pages go back at once).
 // A row's logits do not depend on the other rows of the forward, so every sequence's output is exactly what
 // it would be alone.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -57,7 +59,9 @@ class Engine {
   };
   void admit();
   void retire_finished();
-  void record_tuner(double step_seconds, bool had_prefill);
+  void run_forward(size_t begin, size_t end);
+  KTuner& tuner_for(int64_t tuned_sequences);
+  void record_tuner(KTuner& tuner, double step_seconds);
 
   Model& model_;
   EngineOptions options_;
@@ -65,7 +69,8 @@ class Engine {
   std::deque<Entry> waiting_;
   std::vector<Entry> active_;
   std::vector<std::pair<int64_t, GenerationResult>> finished_;
-  std::optional<KTuner> tuner_;
+  static constexpr size_t kTunerBuckets = 8;  // batch size classes 1, 2-3, 4-7, ..., 128+
+  std::array<std::optional<KTuner>, kTunerBuckets> tuners_;
   // One step's batch (capacity kept between steps: decode does not allocate).
   std::vector<BatchSegment> segments_;
   std::vector<Sequence*> members_;

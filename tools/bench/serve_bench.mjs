@@ -1,0 +1,96 @@
+#!/usr/bin/env node
+// Throughput and latency of a running `nextn serve` at several concurrency levels, with and without
+// speculation (the same greedy requests; `num_speculative_tokens: 0` turns speculation off per request).
+// Node's own fetch only; loopback. Prints a markdown table (and --json FILE writes the numbers).
+//
+//   node tools/bench/serve_bench.mjs --url http://127.0.0.1:8000 [--concurrency 1,8,32,64]
+//        [--requests-per-client 4] [--max-tokens 96] [--json out.json]
+//
+// Per level: C clients each send R streaming completions back to back (C x R requests in all).
+// throughput = completion tokens / wall time of the level; TTFT = first content chunk - send;
+// ITL = gaps between a stream's chunks (a speculative round delivers several tokens in one chunk, as
+// vLLM's benchmark counts it); TPOT = (last chunk - first chunk) / (tokens - 1) per request.
+const args = Object.fromEntries(
+  process.argv.slice(2).reduce((acc, a, i, all) => (a.startsWith('--') ? [...acc, [a.slice(2), all[i + 1]]] : acc), []));
+const url = args.url ?? 'http://127.0.0.1:8000';
+const levels = (args.concurrency ?? '1,8,32,64').split(',').map(Number);
+const perClient = Number(args['requests-per-client'] ?? 4);
+const maxTokens = Number(args['max-tokens'] ?? 96);
+
+// Python openings the bundled models continue (they were trained on Python code).
+const prompts = [
+  'import os\n\n\ndef read_lines(path):\n    """Return the lines of a text file."""\n',
+  'class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n',
+  'def fibonacci(n):\n    if n < 2:\n        return n\n',
+  'import json\n\n\ndef load_config(path):\n',
+  'def merge_sort(values):\n    if len(values) <= 1:\n        return values\n',
+  'from collections import defaultdict\n\n\ndef group_by(items, key):\n',
+  'def parse_args():\n    import argparse\n    parser = argparse.ArgumentParser()\n',
+  'class Node:\n    def __init__(self, value, next=None):\n',
+];
+
+async function one(prompt, spec) {
+  const body = { prompt, max_tokens: maxTokens, temperature: 0, stream: true, ignore_eos: true,
+                 return_token_ids: true, ...(spec ? {} : { num_speculative_tokens: 0 }) };
+  const t0 = performance.now();
+  const res = await fetch(`${url}/v1/completions`, { method: 'POST', body: JSON.stringify(body),
+                                                      headers: { 'content-type': 'application/json' } });
+  if (!res.ok) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
+  const dec = new TextDecoder();
+  let buf = '', tokens = 0, first = 0, last = 0;
+  const gaps = [];
+  for await (const part of res.body) {
+    buf += dec.decode(part, { stream: true });
+    let cut;
+    while ((cut = buf.indexOf('\n\n')) >= 0) {
+      const event = buf.slice(0, cut);
+      buf = buf.slice(cut + 2);
+      if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
+      const chunk = JSON.parse(event.slice(6));
+      const n = chunk.choices?.[0]?.token_ids?.length ?? 0;
+      if (!n) continue;
+      const now = performance.now();
+      if (!first) first = now; else gaps.push((now - last) / 1000);
+      last = now;
+      tokens += n;
+    }
+  }
+  return { tokens, ttft: (first - t0) / 1000, tpot: tokens > 1 ? (last - first) / 1000 / (tokens - 1) : 0, gaps };
+}
+
+const pct = (xs, p) => { const s = [...xs].sort((a, b) => a - b); return s.length ? s[Math.min(s.length - 1, Math.floor(p * s.length))] : 0; };
+const mean = (xs) => xs.reduce((a, b) => a + b, 0) / Math.max(xs.length, 1);
+
+async function level(c, spec) {
+  const results = [];
+  const t0 = performance.now();
+  await Promise.all(Array.from({ length: c }, async (_, i) => {
+    for (let r = 0; r < perClient; ++r) results.push(await one(prompts[(i + r) % prompts.length], spec));
+  }));
+  const wall = (performance.now() - t0) / 1000;
+  const tokens = results.reduce((a, r) => a + r.tokens, 0);
+  return { concurrency: c, speculation: spec, requests: results.length, tokens, wall_s: wall,
+           tokens_per_s: tokens / wall, ttft_p50_s: pct(results.map((r) => r.ttft), 0.5),
+           ttft_p95_s: pct(results.map((r) => r.ttft), 0.95), tpot_mean_s: mean(results.map((r) => r.tpot)),
+           itl_p50_s: pct(results.flatMap((r) => r.gaps), 0.5), itl_p95_s: pct(results.flatMap((r) => r.gaps), 0.95) };
+}
+
+const rows = [];
+await one(prompts[0], true);  // warm-up (first-touch of weights and pages, the k tuner's first probes)
+for (const c of levels) {
+  for (const spec of [false, true]) {
+    rows.push(await level(c, spec));
+    const r = rows.at(-1);
+    console.error(`c=${c} ${spec ? 'spec' : 'plain'}: ${r.tokens_per_s.toFixed(1)} tok/s, TTFT p50 ${(r.ttft_p50_s * 1e3).toFixed(1)} ms`);
+  }
+}
+const ms = (s) => (s * 1000).toFixed(1);
+console.log('| clients | speculation | requests | tokens/s | ratio | TTFT p50 / p95 ms | ITL p50 / p95 ms | TPOT ms |');
+console.log('|---:|---|---:|---:|---:|---:|---:|---:|');
+for (const r of rows) {
+  const plain = rows.find((x) => x.concurrency === r.concurrency && !x.speculation);
+  console.log(`| ${r.concurrency} | ${r.speculation ? 'MTP (server default)' : 'off'} | ${r.requests} | ` +
+              `${r.tokens_per_s.toFixed(1)} | ${(r.tokens_per_s / plain.tokens_per_s).toFixed(2)}x | ` +
+              `${ms(r.ttft_p50_s)} / ${ms(r.ttft_p95_s)} | ${ms(r.itl_p50_s)} / ${ms(r.itl_p95_s)} | ${ms(r.tpot_mean_s)} |`);
+}
+if (args.json) (await import('node:fs')).writeFileSync(args.json, JSON.stringify(rows, null, 2));
