@@ -9,6 +9,8 @@
 //   tokenizer_json:   each committed tokenizer cut down to its first tokens (and the merges among them),
 //                     with its tokenizer_config.json and a text
 //   cli_args:         command lines like the README's
+//   openai_request:   request bodies of both server endpoints, as the openai clients send them
+//   chat_template:    the chat templates of Qwen3, DeepSeek-V3 and the bundled models
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -124,6 +126,37 @@ std::vector<std::string> corpus_lines() {
   for (size_t n = 0; std::getline(in, line); ++n)
     if (line.size() >= 8 && line.size() <= 200 && n % 7 == 0) lines.push_back(line + "\n");
   return lines;
+}
+
+// The server's request bodies: the shapes the openai clients send, for both endpoints.
+void openai_request_seeds(const fs::path& out) {
+  Corpus corpus(out, "openai_request");
+  const char* bodies[] = {
+      R"({"model": "nextn-hy4-tiny", "prompt": "def f():", "max_tokens": 16, "temperature": 0})",
+      R"({"prompt": [1, 5, 9], "n": 2, "seed": 3, "logprobs": 2, "stop": ["
+", "#"], "stream": true,
+          "stream_options": {"include_usage": true}, "num_speculative_tokens": 2})",
+      R"({"prompt": ["a", [4, 5]], "top_p": 0.9, "top_k": -1, "min_p": 0.1, "presence_penalty": 1})",
+      R"({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi"}],
+          "max_completion_tokens": 8, "logprobs": true, "top_logprobs": 3})",
+      R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "x"}]},
+          {"role": "assistant", "content": "y"}, {"role": "user", "content": "z"}], "tools": []})",
+  };
+  int i = 0;
+  for (const char* b : bodies) corpus.add("body" + std::to_string(i++) + ".json", b);
+  std::printf("openai_request: %zu seeds\n", corpus.count());
+}
+
+// Chat templates: the real ones the renderer is checked on (Qwen3, DeepSeek-V3, the bundled models').
+void chat_template_seeds(const fs::path& out) {
+  Corpus corpus(out, "chat_template");
+  for (const char* dir : {"tests/tokenizer/qwen3", "tests/tokenizer/deepseek_v3", "models/nextn-hy4-tiny",
+                          "models/nextn-qwen4exp-tiny"}) {
+    const auto j = nlohmann::json::parse(read_fixture_file(kRoot + "/" + dir + "/tokenizer_config.json"));
+    if (j.contains("chat_template") && j["chat_template"].is_string())
+      corpus.add(fs::path(dir).filename().string() + ".jinja", j["chat_template"].get<std::string>());
+  }
+  std::printf("chat_template: %zu seeds\n", corpus.count());
 }
 
 void tokenizer_encode_seeds(const fs::path& out) {
@@ -254,6 +287,8 @@ int main(int argc, char** argv) {
     tokenizer_encode_seeds(out);
     tokenizer_json_seeds(out);
     cli_args_seeds(out);
+    openai_request_seeds(out);
+    chat_template_seeds(out);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "nextn_fuzz_seeds: %s\n", e.what());
     return 1;
