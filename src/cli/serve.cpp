@@ -50,22 +50,10 @@ std::string model_name(const std::string& dir) {
   return name.empty() ? "model" : name;
 }
 
-std::string read_text_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) throw Error(path + ": cannot open the chat template");
-  std::ostringstream s;
-  s << f.rdbuf();
-  return s.str();
-}
-
-// The template: --chat-template FILE (bos/eos from the checkpoint's template, when it has one), else the
-// checkpoint's. None: the chat endpoint answers 400 with the reason.
+// The template: --chat-template FILE (with the checkpoint's special tokens), else the checkpoint's. None: the chat endpoint answers 400 with the reason.
 std::optional<serve::ChatTemplate> chat_template(const Args& a, const std::string& dir) {
-  std::optional<serve::ChatTemplate> own = serve::ChatTemplate::from_checkpoint(dir);
-  if (!a.has("chat-template")) return own;
-  const std::string file = a.get("chat-template");
-  return serve::ChatTemplate::from_source(read_text_file(file), file, own ? own->bos_token() : "",
-                                          own ? own->eos_token() : "");
+  if (!a.has("chat-template")) return serve::ChatTemplate::from_checkpoint(dir);
+  return serve::ChatTemplate::from_file(a.get("chat-template"), dir);
 }
 
 }  // namespace

@@ -171,7 +171,12 @@ class Routes {
     if (service_.draining()) throw ApiError(503, "the server is shutting down");
     const json body = parse_body(req);
     auto job = std::make_shared<Job>();
-    job->request = chat ? parse_chat_request(body, model_) : parse_completion_request(body, model_);
+    if (chat) {
+      const auto ordered = nlohmann::ordered_json::parse(req.body);  // (valid: parse_body read it)
+      job->request = parse_chat_request(body, model_, &ordered);
+    } else {
+      job->request = parse_completion_request(body, model_);
+    }
     job->header = {request_id(chat ? "chatcmpl-" : "cmpl-"), unix_now(), model_.id};
     for (const auto& p : job->request.prompts) job->prompt_tokens += int64_t(p.size());
     service_.submit(job);

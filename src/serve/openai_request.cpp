@@ -232,7 +232,7 @@ ApiRequest parse_completion_request(const json& body, const ServedModel& m) {
   return r;
 }
 
-ApiRequest parse_chat_request(const json& body, const ServedModel& m) {
+ApiRequest parse_chat_request(const json& body, const ServedModel& m, const nlohmann::ordered_json* ordered) {
   check_object(body);
   check_model(body, m);
   ApiRequest r;
@@ -255,7 +255,17 @@ ApiRequest parse_chat_request(const json& body, const ServedModel& m) {
   const bool add_generation_prompt = boolean(body, "add_generation_prompt", true);
   std::string text;
   try {
-    text = m.chat_template->render(*messages, add_generation_prompt, tools ? *tools : json(nullptr), extra);
+    if (ordered) {
+      using ojson = nlohmann::ordered_json;
+      const auto pick = [&](const char* name, ojson def) {
+        const auto it = ordered->find(name);
+        return it == ordered->end() || it->is_null() ? def : *it;
+      };
+      text = m.chat_template->render(pick("messages", ojson::array()), add_generation_prompt, pick("tools", nullptr),
+                                     pick("chat_template_kwargs", ojson::object()));
+    } else {
+      text = m.chat_template->render(*messages, add_generation_prompt, tools ? *tools : json(nullptr), extra);
+    }
   } catch (const Error& e) {
     throw bad_field("messages", std::string("the chat template refused the messages: ") + e.what());
   }

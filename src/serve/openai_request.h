@@ -38,6 +38,10 @@ struct ApiRequest {
 // Throw ApiError (400 naming the field, 404 for an unknown model) for anything the engine could not run as
 // asked, including a prompt + max_tokens past the model's context.
 ApiRequest parse_completion_request(const nlohmann::json& body, const ServedModel& model);
-ApiRequest parse_chat_request(const nlohmann::json& body, const ServedModel& model);
+// `ordered`: the same body parsed as nlohmann::ordered_json, whose messages, tools and chat_template_kwargs
+// then reach the template in the request's key order (templates print tool definitions with tojson, and
+// transformers keeps that order; nlohmann::json sorts keys).
+ApiRequest parse_chat_request(const nlohmann::json& body, const ServedModel& model,
+                              const nlohmann::ordered_json* ordered = nullptr);
 
 }  // namespace nextn::serve
