@@ -52,8 +52,6 @@ Value sort_key(const Value& item, const std::vector<Value>& path, bool case_sens
   return case_sensitive ? key : ignore_case(key);
 }
 
-Value string_list_value(std::vector<Value> items) { return Value::list(std::move(items)); }
-
 // ---- filters: strings ------------------------------------------------------------------------------------
 
 Value f_string(Interpreter&, const Value& v, CallArgs& args) {
@@ -86,23 +84,38 @@ Value f_title(Interpreter&, const Value& v, CallArgs& args) {
   bind(args, "title", {});
   return Value::string(text::jinja_title(to_str(v)));
 }
+}  // namespace
+
+void check_replace_size(const Interpreter& interp, const std::string& s, const std::string& old,
+                        const std::string& replacement, int64_t count) {
+  int64_t n = text::count(s, old);
+  if (count >= 0) n = std::min(n, count);
+  const long double bytes = (long double)s.size() + (long double)n * (long double)replacement.size();
+  interp.check_size(bytes > (long double)SIZE_MAX / 2 ? SIZE_MAX : size_t(bytes));
+}
+
+namespace {
+
 Value f_replace(Interpreter& interp, const Value& v, CallArgs& args) {
   const std::vector<Value> a = bind(args, "replace", {required("old"), required("new"), {"count", Value::none()}});
   const int64_t count = a[2].is_none() ? -1 : integer_argument(a[2], "count");
-  std::string out = text::replace(to_str(v), to_str(a[0]), to_str(a[1]), count);
-  interp.check_size(out.size());
+  const std::string s = to_str(v), old = to_str(a[0]), replacement = to_str(a[1]);
+  check_replace_size(interp, s, old, replacement, count);
+  std::string out = text::replace(s, old, replacement, count);
   return Value::string(std::move(out));
 }
 
-Value f_indent(Interpreter&, const Value& v, CallArgs& args) {
+Value f_indent(Interpreter& interp, const Value& v, CallArgs& args) {
   const std::vector<Value> a =
       bind(args, "indent", {{"width", Value::integer(4)}, {"first", Value::boolean(false)}, {"blank", Value::boolean(false)}});
   if (v.is_undefined()) fail(v.undefined_reason());
   if (v.is_list() && v.as_list().flavor == ListFlavor::List) fail("'list' object has no attribute 'splitlines'");
   if (!v.is_string()) fail("unsupported operand type(s) for +=: '" + type_name(v) + "' and 'str'");
-  const std::string indentation =
-      a[0].is_string() ? a[0].as_string() : std::string(size_t(std::max<int64_t>(0, integer_argument(a[0], "width"))), ' ');
+  const int64_t width = a[0].is_string() ? 0 : std::max<int64_t>(0, integer_argument(a[0], "width"));
+  interp.check_size(size_t(width));
+  const std::string indentation = a[0].is_string() ? a[0].as_string() : std::string(size_t(width), ' ');
   const std::vector<std::string> lines = text::splitlines(v.as_string() + "\n", false);
+  interp.check_size(v.as_string().size() + lines.size() * indentation.size());
   std::string out;
   if (truthy(a[2])) {  // blank: indent empty lines too
     for (size_t i = 0; i < lines.size(); ++i) out += (i ? "\n" + indentation : "") + lines[i];
@@ -318,7 +331,7 @@ Value select_items(Interpreter& interp, const Value& v, CallArgs& args, bool by_
     const bool passes = test ? test(interp, subject, each) : truthy(subject);
     if (passes == keep_when) out.push_back(item);
   }
-  return string_list_value(std::move(out));
+  return Value::list(std::move(out));
 }
 Value f_select(Interpreter& i, const Value& v, CallArgs& a) { return select_items(i, v, a, false, true); }
 Value f_reject(Interpreter& i, const Value& v, CallArgs& a) { return select_items(i, v, a, false, false); }
@@ -417,10 +430,13 @@ Value f_tojson(Interpreter& interp, const Value& v, CallArgs& args) {
                                                      {"separators", Value::none()}, {"sort_keys", Value::boolean(false)}});
   JsonFormat format;
   format.ensure_ascii = truthy(a[0]);
-  if (a[1].is_string())
+  if (a[1].is_string()) {
     format.indent = a[1].as_string();
-  else if (!a[1].is_none())
-    format.indent = std::string(size_t(std::max<int64_t>(0, integer_argument(a[1], "indent"))), ' ');
+  } else if (!a[1].is_none()) {
+    const int64_t width = std::max<int64_t>(0, integer_argument(a[1], "indent"));
+    interp.check_size(size_t(width));
+    format.indent = std::string(size_t(width), ' ');
+  }
   if (format.indent) format.item_separator = ",";
   if (!a[2].is_none()) {
     const bool pair = a[2].is_list() && a[2].as_list().items.size() == 2 && a[2].as_list().items[0].is_string() &&
@@ -430,6 +446,7 @@ Value f_tojson(Interpreter& interp, const Value& v, CallArgs& args) {
     format.key_separator = a[2].as_list().items[1].as_string();
   }
   format.sort_keys = truthy(a[3]);
+  format.max_bytes = interp.limits().max_output_bytes;
   std::string out = to_json(v, format);
   interp.check_size(out.size());
   return Value::string(std::move(out));

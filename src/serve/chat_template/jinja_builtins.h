@@ -28,6 +28,10 @@ Value get_slice(const Value& object, const Value& start, const Value& stop, cons
 // `object.name(args)` when `name` is a method of object's type (str.strip, dict.items, ...); nullopt when not.
 std::optional<Value> call_method(Interpreter& interp, const Value& object, const std::string& name, CallArgs& args);
 
+// Fails (through interp.check_size) when s.replace(old, replacement, count) would be too large to build.
+void check_replace_size(const Interpreter& interp, const std::string& s, const std::string& old,
+                        const std::string& replacement, int64_t count);
+
 // The filter / test named by a string argument (map('upper'), select('defined')); fails for unknown names.
 FilterFn filter_by_name(const Value& name);
 TestFn test_by_name(const Value& name);

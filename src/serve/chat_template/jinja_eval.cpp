@@ -83,7 +83,7 @@ Interpreter::Flow Interpreter::exec(const Stmt& s, Frame& frame) {
     case StmtKind::If: return exec_if(s, frame);
     case StmtKind::For: exec_for(s, frame); break;
     case StmtKind::Set: exec_set(s, frame); break;
-    case StmtKind::SetBlock: frame.set(s.target.names[0], Value::string(capture(s.body, *child_of(frame)))); break;
+    case StmtKind::SetBlock: return exec_set_block(s, frame);
     case StmtKind::Macro: define_macro(s, frame); break;
     case StmtKind::Break: return Flow::Break;
     case StmtKind::Continue: return Flow::Continue;
@@ -187,18 +187,28 @@ void Interpreter::exec_set(const Stmt& s, Frame& frame) {
   object.as_namespace().attributes.set(Value::string(s.target.attribute), std::move(value));
 }
 
-std::string Interpreter::capture(const Body& body, Frame& frame) {
+std::string Interpreter::capture(const Body& body, Frame& frame, Flow* flow) {
   std::string buffer;
   std::string* const saved = out_;
   out_ = &buffer;
   try {
-    exec_body(body, frame);
+    const Flow result = exec_body(body, frame);
+    if (flow) *flow = result;
   } catch (...) {
     out_ = saved;
     throw;
   }
   out_ = saved;
   return buffer;
+}
+
+// {% set x %}...{% endset %}. A break or continue inside leaves the enclosing loop before x is assigned,
+// as in jinja2's generated code.
+Interpreter::Flow Interpreter::exec_set_block(const Stmt& s, Frame& frame) {
+  Flow flow = Flow::Normal;
+  std::string text = capture(s.body, *child_of(frame), &flow);
+  if (flow == Flow::Normal) frame.set(s.target.names[0], Value::string(std::move(text)));
+  return flow;
 }
 
 void Interpreter::define_macro(const Stmt& s, Frame& frame) {
@@ -256,7 +266,9 @@ Value Interpreter::call_macro(const Stmt& macro, Frame& closure, CallArgs& args)
 Value Interpreter::call(const Value& callee, CallArgs& args) {
   if (callee.kind() == Value::Kind::Callable) return callee.as_callable().call(*this, args);
   if (callee.is_undefined()) fail(callee.undefined_reason());
-  fail("'" + type_name(callee) + "' object is not callable");
+  std::string message = "'";  // built by appending: GCC 12 -O2 warns falsely (-Wrestrict) on "..." + string
+  message += type_name(callee);
+  fail(message + "' object is not callable");
 }
 
 // ---- expressions -----------------------------------------------------------------------------------------

@@ -45,7 +45,8 @@ class Interpreter {
   void define_macro(const Stmt& s, Frame& frame);
   Value call_macro(const Stmt& macro, Frame& closure, CallArgs& args);
   void bind_macro_arguments(const Stmt& macro, Frame& frame, CallArgs& args);
-  std::string capture(const Body& body, Frame& frame);
+  Flow exec_set_block(const Stmt& s, Frame& frame);
+  std::string capture(const Body& body, Frame& frame, Flow* flow = nullptr);
   void assign(const AssignTarget& target, const Value& value, Frame& frame);
   std::shared_ptr<Frame> child_of(Frame& frame);
 

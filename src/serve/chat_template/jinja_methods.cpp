@@ -153,10 +153,11 @@ std::optional<Value> string_method(Interpreter& interp, const Value& object, con
     return search_method(s, name, args);
   if (name == "replace") {
     const std::vector<Value> a = bind(args, "replace", {required("old"), required("new"), {"count", Value::integer(-1)}});
-    const std::string out = text::replace(s, string_argument(a[0], name, 1), string_argument(a[1], name, 2),
-                                          integer_argument(a[2], "count"));
-    interp.check_size(out.size());
-    return Value::string(out);
+    const std::string& old = string_argument(a[0], name, 1);
+    const std::string& replacement = string_argument(a[1], name, 2);
+    const int64_t count = integer_argument(a[2], "count");
+    check_replace_size(interp, s, old, replacement, count);
+    return Value::string(text::replace(s, old, replacement, count));
   }
   if (name == "splitlines") {
     const std::vector<Value> a = bind(args, "splitlines", {{"keepends", Value::boolean(false)}});
@@ -298,7 +299,9 @@ Value get_slice(const Value& object, const Value& start, const Value& stop, cons
   }
   // jinja2 slices with Python's own [] (not its getitem), so a slice of anything else is Python's TypeError.
   if (object.is_dict()) fail("unhashable type: 'slice'");
-  fail("'" + type_name(object) + "' object is not subscriptable");
+  std::string message = "'";  // built by appending: GCC 12 -O2 warns falsely (-Wrestrict) on "..." + string
+  message += type_name(object);
+  fail(message + "' object is not subscriptable");
 }
 
 std::optional<Value> call_method(Interpreter& interp, const Value& object, const std::string& name, CallArgs& args) {

@@ -197,6 +197,9 @@ TEST(JinjaStatements, ScopesAreJinjas) {
 TEST(JinjaStatements, SetForms) {
   EXPECT_EQ(render("{% set a, b = 1, 2 %}{{ a }}{{ b }}{% set a, b = b, a %}{{ a }}{{ b }}"), "1221");
   EXPECT_EQ(render("{% set x %}  hi {{ 1 }}{% endset %}[{{ x }}]"), "[  hi 1]");
+  EXPECT_EQ(render("{% for i in [1, 2] %}{% set x %}{{ i }}{% if i == 2 %}{% break %}{% endif %}{% endset %}"
+                   "{{ x }}{% endfor %}"),
+            "1");  // a break inside leaves the loop
   EXPECT_EQ(render("{% set ns = namespace({'a': 1}, b=2) %}{{ ns.a }}{{ ns.b }}{{ ns }}"), "12<Namespace {'a': 1, 'b': 2}>");
   EXPECT_EQ(render("{% if not agp is defined %}{% set agp = false %}{% endif %}{{ agp }}"), "False");
 }
@@ -406,6 +409,14 @@ TEST(JinjaLimits, OutputAndStringSizesAreBounded) {
             "the template built a string or list larger than 1000 bytes/items");
   EXPECT_EQ(render_error("{{ 'ab' * 100000 }}", "{}", limits), "the template built a string or list larger than 1000 bytes/items");
   EXPECT_EQ(render("{% for i in range(500) %}x{% endfor %}", "{}", limits).size(), 500u);
+  // Sizes are checked before a filter builds its result, so a huge argument cannot exhaust memory first.
+  const char* too_big = "the template built a string or list larger than 1000 bytes/items";
+  EXPECT_EQ(render_error("{{ 'a\nb'|indent(1000000000000) }}", "{}", limits), too_big);
+  EXPECT_EQ(render_error("{{ ('x' * 500)|replace('', 'yyyy') }}", "{}", limits), too_big);
+  EXPECT_EQ(render_error("{{ ('x' * 500).replace('x', 'yy') }}", "{}", limits), too_big);
+  EXPECT_EQ(render_error("{{ [1, 2]|tojson(indent=1000000000000) }}", "{}", limits), too_big);
+  EXPECT_EQ(render_error("{{ [[[[1]]]]|tojson(indent='" + std::string(300, ' ') + "') }}", "{}", limits),
+            "the JSON text is larger than 1000 bytes");
 }
 
 TEST(JinjaLimits, WorkIsBounded) {

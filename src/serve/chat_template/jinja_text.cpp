@@ -428,7 +428,10 @@ std::string float_repr(double value) {
   const int point = exponent + 1;  // digits before the decimal point
   if (point > 16 || point < -3) {
     out += digits.substr(0, 1);
-    if (digits.size() > 1) out += "." + digits.substr(1);
+    if (digits.size() > 1) {
+      out += '.';
+      out += digits.substr(1);
+    }
     char exp_text[16];
     std::snprintf(exp_text, sizeof exp_text, "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
     return out + exp_text;

@@ -407,7 +407,11 @@ struct JsonWriter {
 
   void newline(int level) {
     out += '\n';
-    for (int i = 0; i < level; ++i) out += *format.indent;
+    for (int i = 0; i < level; ++i) {
+      if (out.size() + format.indent->size() > format.max_bytes)
+        fail("the JSON text is larger than " + std::to_string(format.max_bytes) + " bytes");
+      out += *format.indent;
+    }
   }
 
   // Python's json writes "[" / "{", then each item after a separator (and a newline + indent when indenting).

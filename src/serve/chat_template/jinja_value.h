@@ -15,6 +15,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/error.h"
+
 namespace nextn::serve::jinja {
 
 class Value;
@@ -22,9 +24,9 @@ class Interpreter;
 
 // A template-level failure (Python's TypeError, UndefinedError, raise_exception...). The interpreter adds the
 // template's origin and line and rethrows it as nextn::Error.
-class Failure : public std::runtime_error {
+class Failure : public nextn::Error {
  public:
-  explicit Failure(const std::string& message) : std::runtime_error(message) {}
+  explicit Failure(const std::string& message) : nextn::Error(message) {}
 };
 [[noreturn]] void fail(const std::string& message);
 
@@ -136,6 +138,7 @@ struct JsonFormat {
   std::string item_separator = ", ";
   std::string key_separator = ": ";
   bool sort_keys = false;
+  size_t max_bytes = SIZE_MAX;  // the output may not grow past this (a huge indent times many items)
 };
 std::string to_json(const Value& v, const JsonFormat& format);
 
