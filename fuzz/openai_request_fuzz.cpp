@@ -66,7 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const Served served;
   const nlohmann::json body = nlohmann::json::parse(data, data + size, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded()) return 0;  // (the server answers 400 before parsing fields)
-  one(body, served, nextn::serve::parse_completion_request);
-  one(body, served, nextn::serve::parse_chat_request);
+  one(body, served, [](const nlohmann::json& b, const auto& m) { return nextn::serve::parse_completion_request(b, m); });
+  one(body, served, [](const nlohmann::json& b, const auto& m) { return nextn::serve::parse_chat_request(b, m); });
   return 0;
 }
