@@ -1,5 +1,7 @@
 #include "io/tokenizer.h"
 
+#include "core/utf8.h"
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <unicode/uchar.h>
@@ -143,23 +145,6 @@ size_t utf8_char_len(unsigned char b) {
   return 1;
 }
 
-void append_utf8(uint32_t cp, std::string& out) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
 
 // Code point before byte offset `end` of a valid UTF-8 string (end > 0).
 uint32_t cp_before(std::string_view s, size_t end) {
@@ -203,7 +188,7 @@ struct ByteLevelAlphabet {
       const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
       byte_to_cp[b] = printable ? b : 256 + extra++;
       cp_to_byte[byte_to_cp[b]] = static_cast<int16_t>(b);
-      append_utf8(byte_to_cp[b], byte_to_utf8[b]);
+      append_utf8(byte_to_utf8[b], byte_to_cp[b]);
     }
   }
 };

@@ -9,6 +9,8 @@
 #include <locale.h>
 #include <wctype.h>
 
+#include "core/utf8.h"
+
 namespace nextn::serve::jinja::text {
 namespace {
 
@@ -143,23 +145,10 @@ uint32_t next_code_point(std::string_view s, size_t& i) {
 }
 
 void append_utf8(std::string& out, uint32_t cp) {
-  if (cp >= kEscapedByteBase + 0x80 && cp <= kEscapedByteBase + 0xFF) {
-    out += static_cast<char>(cp - kEscapedByteBase);
-  } else if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
+  if (cp >= kEscapedByteBase + 0x80 && cp <= kEscapedByteBase + 0xFF)
+    out += static_cast<char>(cp - kEscapedByteBase);  // a byte that was not valid UTF-8 goes back as it was
+  else
+    nextn::append_utf8(out, cp);
 }
 
 size_t code_point_count(std::string_view s) {
