@@ -827,6 +827,12 @@ using StrMap = std::unordered_map<std::string, V, SvHash, std::equal_to<>>;
 
 }  // namespace
 
+std::string utf8_lossy(std::string_view bytes) {
+  std::string out;
+  append_lossy(bytes, out, /*hold_tail=*/false);
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tokenizer::Impl
 

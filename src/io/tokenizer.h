@@ -78,6 +78,10 @@ class Tokenizer {
 // Never splits a UTF-8 character: an incomplete trailing byte sequence is held back until it is
 // completed (or turns out invalid, then it becomes U+FFFD). The concatenation of all push()
 // results and flush() equals decode(all ids, skip_special).
+// `bytes` as UTF-8 text: each maximal invalid subpart becomes U+FFFD, as decode() does (a token's bytes can
+// be part of a character).
+std::string utf8_lossy(std::string_view bytes);
+
 class StreamingDecoder {
  public:
   explicit StreamingDecoder(const Tokenizer& tokenizer, bool skip_special = true);

@@ -7,30 +7,10 @@ namespace {
 
 using nlohmann::json;
 
-// Bytes that are not part of a well-formed UTF-8 character become U+FFFD (JSON strings must be UTF-8).
-std::string utf8_safe(std::string_view s) {
-  std::string out;
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    const size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    bool ok = len > 0 && i + len <= s.size();
-    for (size_t k = 1; ok && k < len; ++k) ok = (static_cast<unsigned char>(s[i + k]) & 0xC0) == 0x80;
-    if (ok) {
-      out.append(s, i, len);
-      i += len;
-    } else {
-      out += "\xEF\xBF\xBD";
-      ++i;
-    }
-  }
-  return out;
-}
-
 // A token's text as logprobs show it: its bytes (a byte-level piece may be part of a character: those bytes
 // show as U+FFFD), and the bytes themselves as integers (chat's "bytes").
 std::string token_text(const Tokenizer* tok, int32_t id) {
-  return tok ? utf8_safe(tok->token_bytes(id)) : "token_id:" + std::to_string(id);
+  return tok ? utf8_lossy(tok->token_bytes(id)) : "token_id:" + std::to_string(id);
 }
 
 json token_bytes(const Tokenizer* tok, int32_t id) {
