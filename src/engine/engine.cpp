@@ -155,7 +155,15 @@ KTuner& Engine::tuner_for(int64_t tuned_sequences) {
   if (!tuners_[bucket]) {
     int k_max = 0;
     for (const Entry& e : active_) k_max = std::max(k_max, e.seq->tuned() ? e.seq->k_max() : 0);
-    tuners_[bucket].emplace(k_max);
+    // from the nearest class that has a tuner of the same k range, else a climb from k = 0
+    const KTuner* neighbour = nullptr;
+    for (size_t d = 1; d < kTunerBuckets && !neighbour; ++d)
+      for (size_t b : {bucket - d, bucket + d})  // (bucket - d wraps past 0 to a huge index)
+        if (!neighbour && b < kTunerBuckets && tuners_[b] && tuners_[b]->k_max() == k_max) neighbour = &*tuners_[b];
+    if (neighbour)
+      tuners_[bucket] = KTuner::seeded_from(*neighbour);
+    else
+      tuners_[bucket].emplace(k_max);
   }
   return *tuners_[bucket];
 }
@@ -166,6 +174,9 @@ void Engine::record_tuner(KTuner& tuner, double step_seconds) {
   int64_t rounds = 0;
   for (size_t i = 0; i < members_.size(); ++i) rounds += was_round_[i] && !members_[i]->failed();
   if (rounds == 0) return;
+  int64_t tuned_rounds = 0;
+  for (size_t i = 0; i < members_.size(); ++i) tuned_rounds += was_round_[i] && members_[i]->tuned() && !members_[i]->failed();
+  const double weight = tuned_rounds > 0 ? 1.0 / double(tuned_rounds) : 1.0;  // the step is one observation
   for (size_t i = 0; i < members_.size(); ++i) {
     Sequence& s = *members_[i];
     if (!was_round_[i] || !s.tuned() || s.failed()) continue;
@@ -173,7 +184,7 @@ void Engine::record_tuner(KTuner& tuner, double step_seconds) {
     ++s.rounds_at_k()[r.k_chosen];
     const double seconds = step_seconds / double(rounds) - r.backlog_seconds + (r.k == 0 ? r.deferred_charge : 0.0);
     const auto& seam = s.spec().round_seconds_for_tests;
-    tuner.record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : seconds, r.emitted, r.drafts_judged);
+    tuner.record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : seconds, r.emitted, r.drafts_judged, weight);
   }
 }
 

@@ -4,7 +4,8 @@
 //   1. admits waiting requests, first come first served, while the model's KV pool has room for them (a
 //      request reserves the pages of its whole capacity, so a step never runs out of memory);
 //   2. lets every decoding sequence draft its own k tokens with its MTP drafter (k chosen for the whole batch
-//      by measured speed: KTuner over the batch's time per sequence-round, one tuner per batch size class);
+//      by measured speed: KTuner over the batch's time per sequence-round, one tuner per batch size class,
+//      a new class starting from its nearest neighbour's; a step counts as one observation);
 //   3. runs ONE target forward over the rows of all of them: prefill prompts and k+1-row verify blocks (two
 //      when the k tuner is timing the rounds and prompts arrived: see step());
 //   4. accepts and rolls back per sequence, and retires the finished ones (their pages go back at once).

@@ -1,6 +1,7 @@
 #include "engine/k_tuner.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 
@@ -10,6 +11,9 @@ namespace {
 constexpr double kDecay = 0.8;  // round times, per round measured at that k: the last ~5 rounds dominate
 constexpr double kAcceptDecay = 0.95;  // acceptance, per draft tried at that position: the last ~20
 constexpr double kPriorTries = 2.0;
+// Plain decoding keeps near-ties: speculation costs a little that no round's time shows (the MTP layers'
+// pass over each prompt, their deferred catch-up), so a k > 0 is best only when it beats k = 0 by this much.
+constexpr double kPlainMargin = 0.02;
 }
 
 KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval)
@@ -43,9 +47,25 @@ double KTuner::seconds_per_token(int k) const {
 
 int KTuner::best() const {
   int b = -1;
-  for (int k = 0; k <= k_max_; ++k)
+  for (int k = 1; k <= k_max_; ++k)
     if (weight_[k] > 0 && (b < 0 || seconds_per_token(k) < seconds_per_token(b))) b = k;
+  if (weight_[0] > 0 && (b < 0 || seconds_per_token(b) > (1.0 - kPlainMargin) * seconds_per_token(0))) b = 0;
   return b < 0 ? k_max_ : b;
+}
+
+KTuner KTuner::seeded_from(const KTuner& other) {
+  KTuner t = other;
+  const int b = other.best();
+  t.rescale_k_ = b;
+  t.rescale_from_ = other.weight_[b] > 0 ? other.seconds_[b] / other.weight_[b] : 0.0;
+  t.seconds_[b] = t.weight_[b] = 0;
+  t.climbed_ = true;
+  t.probe_k_ = b;
+  t.probe_left_ = t.probe_rounds_;
+  t.best_before_probe_ = -1;
+  t.since_probe_ = 0;
+  t.interval_ = t.reprobe_interval_;
+  return t;
 }
 
 int KTuner::next() {
@@ -87,18 +107,30 @@ int KTuner::next() {
   return b;
 }
 
-void KTuner::record(int k, double seconds, int emitted, bool drafts_judged) {
-  if (k < 0 || k > k_max_ || emitted <= 0 || !(seconds >= 0)) return;
-  seconds_[k] = seconds_[k] * kDecay + seconds;
-  weight_[k] = weight_[k] * kDecay + 1.0;
+void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, double weight) {
+  if (k < 0 || k > k_max_ || emitted <= 0 || !(seconds >= 0) || !(weight > 0 && weight <= 1)) return;
+  const double decay = std::pow(kDecay, weight), accept_decay = std::pow(kAcceptDecay, weight);
+  seconds_[k] = seconds_[k] * decay + weight * seconds;
+  weight_[k] = weight_[k] * decay + weight;
   // emitted - 1 drafts were accepted: positions up to there were, the next (if drafted) was not.
   const int accepted = std::min(k, emitted - 1);
   for (int i = 1; drafts_judged && i <= std::min(k, accepted + 1); ++i) {
-    tried_[i - 1] = tried_[i - 1] * kAcceptDecay + 1.0;
-    accepted_[i - 1] = accepted_[i - 1] * kAcceptDecay + (i <= accepted ? 1.0 : 0.0);
+    tried_[i - 1] = tried_[i - 1] * accept_decay + weight;
+    accepted_[i - 1] = accepted_[i - 1] * accept_decay + (i <= accepted ? weight : 0.0);
   }
   ++rounds_[k];
-  if (probe_left_ > 0 && k == probe_k_ && --probe_left_ == 0 && best_before_probe_ >= 0) {
+  if (probe_left_ <= 0 || k != probe_k_) return;
+  probe_left_ -= weight;
+  if (probe_left_ > 1e-6) return;  // (a remainder left by rounding 1/n weights counts as done)
+  probe_left_ = 0;
+  if (k == rescale_k_) {
+    const double now = seconds_[k] / weight_[k];
+    if (rescale_from_ > 0)
+      for (int j = 0; j <= k_max_; ++j)
+        if (j != k) seconds_[j] *= now / rescale_from_;
+    rescale_k_ = -1;
+  }
+  if (best_before_probe_ >= 0) {
     // A re-measure that changed nothing: wait twice as long for the next (up to 8x); else back to 1x.
     interval_ = best() == best_before_probe_ ? std::min(2 * interval_, 8 * reprobe_interval_) : reprobe_interval_;
     best_before_probe_ = -1;

@@ -23,11 +23,22 @@ class KTuner {
  public:
   explicit KTuner(int k_max, int probe_rounds = 3, int reprobe_interval = 32);
 
+  // A tuner for a new batch size class, started from a neighbouring class's (`other`): its acceptance rates
+  // and its times, instead of a climb from k = 0 whose probes a burst of requests would pay for. It first
+  // re-measures other's best k, and scales the other k's times by how that one's changed (a round's time
+  // per sequence moves with the batch, but the ratios between the k move slowly).
+  static KTuner seeded_from(const KTuner& other);
+
   int next();                                   // k for the coming round
   // What the round at k cost and yielded. drafts_judged: false when the round stopped early (end of
   // output) or drafted fewer than k, so that its tokens say nothing about the acceptance of the positions.
-  void record(int k, double seconds, int emitted, bool drafts_judged = true);
-  int best() const;                             // the k with the lowest time per token so far
+  // weight: the round's share of one observation. A batch of n sequences records n rounds per step at
+  // weight 1/n: they share the step's one measured time, so the averages' memory and the probes' length
+  // are counted in steps, whatever the batch (at weight 1, a batch of 64 would forget everything but the
+  // last step, and a probe would last a single step).
+  void record(int k, double seconds, int emitted, bool drafts_judged = true, double weight = 1.0);
+  int best() const;  // the k with the lowest time per token so far (k = 0 keeps near-ties)
+  int k_max() const { return k_max_; }
   double seconds_per_token(int k) const;        // 0 when k was never measured
   const std::vector<int64_t>& rounds() const { return rounds_; }  // rounds run at each k
 
@@ -38,11 +49,14 @@ class KTuner {
   std::vector<double> accepted_, tried_;  // decaying sums per draft position i (index i - 1)
   std::vector<int64_t> rounds_;
   int interval_;                       // rounds between re-measures: doubles while they change nothing
-  int probe_k_ = -1, probe_left_ = 0;  // a k being (re)measured, and its rounds to go
+  int probe_k_ = -1;                   // a k being (re)measured,
+  double probe_left_ = 0;              // and its rounds (weights) to go
   int best_before_probe_ = -1;         // the best k when the current re-measure began
   bool climbed_ = false;               // the first climb from k = 0 is over
   int64_t since_probe_ = 0;
   bool reprobe_up_ = false;  // alternates the neighbour re-measured
+  int rescale_k_ = -1;       // seeded: the k re-measured first, and its time per round before
+  double rescale_from_ = 0;
 };
 
 }  // namespace nextn

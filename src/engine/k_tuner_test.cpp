@@ -145,5 +145,60 @@ TEST(KTuner, IgnoresEmptyRoundsAndRejectsBadSettings) {
   EXPECT_THROW(KTuner(2, 1, 0), Error);
 }
 
+// A batch of n sequences records n rounds per step at weight 1/n: a probe lasts probe_rounds steps and the
+// averages remember steps, not rounds (at weight 1 a 64-sequence step would end a probe by itself).
+TEST(KTuner, CountsABatchStepAsOneObservation) {
+  KTuner t(2, 3, 1000);
+  const int n = 64;
+  std::vector<int> ks;
+  for (int step = 0; step < 6; ++step) {
+    const int k = t.next();
+    ks.push_back(k);
+    for (int i = 0; i < n; ++i) t.record(k, k == 0 ? 1.0 : 0.8, k + 1, true, 1.0 / n);  // every draft accepted
+  }
+  EXPECT_EQ(ks, (std::vector<int>{0, 0, 0, 1, 1, 1}));  // the climb: 3 steps at k = 0, then 3 at k = 1
+  EXPECT_EQ(t.rounds()[0], 3 * n);
+  // One slow step at k = 1 weighs as one step in its decaying average (0.8 per step, three steps before
+  // it), where at weight 1 its 64 rounds would have pushed out nearly everything before.
+  ASSERT_NEAR(t.seconds_per_token(1), 0.8 / 2, 1e-9);
+  for (int i = 0; i < n; ++i) t.record(1, 1.8, 2, true, 1.0 / n);
+  const double w = 0.8 * (1 + 0.8 + 0.64);
+  EXPECT_NEAR(t.seconds_per_token(1), (0.8 * w + 1.8) / (w + 1) / 2, 0.01);
+}
+
+// Plain decoding keeps a near-tie (speculation has costs outside the timed rounds); a clear gain wins.
+TEST(KTuner, PlainDecodingKeepsNearTies) {
+  KTuner t(1, 1, 1000);
+  t.record(0, 1.0, 1);
+  t.record(1, 1.99, 2);  // 0.995 s per token against 1.0: within the margin
+  EXPECT_EQ(t.best(), 0);
+  KTuner u(1, 1, 1000);
+  u.record(0, 1.0, 1);
+  u.record(1, 1.8, 2);  // 0.9 s per token
+  EXPECT_EQ(u.best(), 1);
+}
+
+// A new batch size class starts from its neighbour's tuner: no climb from k = 0, its best k first; the
+// other k's times scale with how that one's changed.
+TEST(KTuner, SeededTunerStartsFromItsNeighboursBest) {
+  KTuner small(2, 3, 1000);
+  for (int r = 0; r < 40; ++r) {
+    const int k = small.next();
+    small.record(k, 1.0 + 0.2 * k, k + 1);  // every draft accepted: k = 2 best
+  }
+  ASSERT_EQ(small.best(), 2);
+  KTuner big = KTuner::seeded_from(small);
+  std::vector<int> ks;
+  for (int r = 0; r < 3; ++r) {
+    const int k = big.next();
+    ks.push_back(k);
+    big.record(k, 2.0 * (1.0 + 0.2 * k), k + 1);  // everything twice as slow in the bigger batch
+  }
+  EXPECT_EQ(ks, (std::vector<int>{2, 2, 2}));
+  EXPECT_NEAR(big.seconds_per_token(0), 2.0 * small.seconds_per_token(0), 1e-9);
+  EXPECT_NEAR(big.seconds_per_token(2) / big.seconds_per_token(0), small.seconds_per_token(2) / small.seconds_per_token(0), 1e-9);
+  EXPECT_EQ(big.next(), 2);
+}
+
 }  // namespace
 }  // namespace nextn

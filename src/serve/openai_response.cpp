@@ -54,6 +54,8 @@ json nextn_stats(const std::vector<const ChoiceOutput*>& choices) {
     if (sum.accepted_per_position.size() < s.accepted_per_position.size())
       sum.accepted_per_position.resize(s.accepted_per_position.size(), 0);
     for (size_t i = 0; i < s.accepted_per_position.size(); ++i) sum.accepted_per_position[i] += s.accepted_per_position[i];
+    if (sum.rounds_at_k.size() < s.rounds_at_k.size()) sum.rounds_at_k.resize(s.rounds_at_k.size(), 0);
+    for (size_t k = 0; k < s.rounds_at_k.size(); ++k) sum.rounds_at_k[k] += s.rounds_at_k[k];
     ttft = std::max(ttft, c->time_to_first_token);
     decode_seconds += s.decode_seconds;
     decode_tokens += std::max<int64_t>(0, s.num_generated - 1);
@@ -63,6 +65,7 @@ json nextn_stats(const std::vector<const ChoiceOutput*>& choices) {
           {"num_accepted_tokens", sum.num_accepted_tokens},
           {"mean_acceptance_length", sum.mean_acceptance_length()},
           {"accepted_per_position", sum.accepted_per_position},
+          {"rounds_at_k", sum.rounds_at_k},
           {"decode_tokens_per_second", decode_seconds > 0 ? double(decode_tokens) / decode_seconds : 0.0},
           {"time_to_first_token_s", ttft}};
 }

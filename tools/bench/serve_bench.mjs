@@ -16,6 +16,10 @@ const url = args.url ?? 'http://127.0.0.1:8000';
 const levels = (args.concurrency ?? '1,8,32,64').split(',').map(Number);
 const perClient = Number(args['requests-per-client'] ?? 4);
 const maxTokens = Number(args['max-tokens'] ?? 96);
+// --repeat N: each level runs off, on, off, on, ... (N of each), and the table gives each mode's run of
+// median throughput (on a shared 2-core machine one run's throughput varies by 10% or more).
+const repeat = Number(args.repeat ?? 1);
+const specK = args['spec-k'] === undefined ? undefined : Number(args['spec-k']);  // fixed k instead of the tuned
 
 // Python openings the bundled models continue (they were trained on Python code).
 const prompts = [
@@ -31,13 +35,14 @@ const prompts = [
 
 async function one(prompt, spec) {
   const body = { prompt, max_tokens: maxTokens, temperature: 0, stream: true, ignore_eos: true,
-                 return_token_ids: true, ...(spec ? {} : { num_speculative_tokens: 0 }) };
+                 return_token_ids: true, ...(spec ? (specK === undefined ? {} : { num_speculative_tokens: specK })
+                                                 : { num_speculative_tokens: 0 }) };
   const t0 = performance.now();
   const res = await fetch(`${url}/v1/completions`, { method: 'POST', body: JSON.stringify(body),
                                                       headers: { 'content-type': 'application/json' } });
   if (!res.ok) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
   const dec = new TextDecoder();
-  let buf = '', tokens = 0, first = 0, last = 0;
+  let buf = '', tokens = 0, first = 0, last = 0, stats = null;
   const gaps = [];
   for await (const part of res.body) {
     buf += dec.decode(part, { stream: true });
@@ -47,6 +52,7 @@ async function one(prompt, spec) {
       buf = buf.slice(cut + 2);
       if (!event.startsWith('data: ') || event === 'data: [DONE]') continue;
       const chunk = JSON.parse(event.slice(6));
+      if (chunk.choices?.[0]?.nextn) stats = chunk.choices[0].nextn;
       const n = chunk.choices?.[0]?.token_ids?.length ?? 0;
       if (!n) continue;
       const now = performance.now();
@@ -55,7 +61,7 @@ async function one(prompt, spec) {
       tokens += n;
     }
   }
-  return { tokens, ttft: (first - t0) / 1000, tpot: tokens > 1 ? (last - first) / 1000 / (tokens - 1) : 0, gaps };
+  return { tokens, ttft: (first - t0) / 1000, tpot: tokens > 1 ? (last - first) / 1000 / (tokens - 1) : 0, gaps, stats };
 }
 
 const pct = (xs, p) => { const s = [...xs].sort((a, b) => a - b); return s.length ? s[Math.min(s.length - 1, Math.floor(p * s.length))] : 0; };
@@ -69,19 +75,29 @@ async function level(c, spec) {
   }));
   const wall = (performance.now() - t0) / 1000;
   const tokens = results.reduce((a, r) => a + r.tokens, 0);
+  const roundsAtK = [];  // what the k tuner chose, over the level's requests
+  for (const r of results)
+    (r.stats?.rounds_at_k ?? []).forEach((n, k) => { roundsAtK[k] = (roundsAtK[k] ?? 0) + n; });
   return { concurrency: c, speculation: spec, requests: results.length, tokens, wall_s: wall,
            tokens_per_s: tokens / wall, ttft_p50_s: pct(results.map((r) => r.ttft), 0.5),
            ttft_p95_s: pct(results.map((r) => r.ttft), 0.95), tpot_mean_s: mean(results.map((r) => r.tpot)),
-           itl_p50_s: pct(results.flatMap((r) => r.gaps), 0.5), itl_p95_s: pct(results.flatMap((r) => r.gaps), 0.95) };
+           itl_p50_s: pct(results.flatMap((r) => r.gaps), 0.5), itl_p95_s: pct(results.flatMap((r) => r.gaps), 0.95),
+           rounds_at_k: Array.from(roundsAtK, (n) => n ?? 0) };
 }
 
 const rows = [];
 await one(prompts[0], true);  // warm-up (first-touch of weights and pages, the k tuner's first probes)
 for (const c of levels) {
+  const runs = { false: [], true: [] };
+  for (let i = 0; i < repeat; ++i)
+    for (const spec of [false, true]) runs[spec].push(await level(c, spec));
   for (const spec of [false, true]) {
-    rows.push(await level(c, spec));
+    const sorted = runs[spec].sort((a, b) => a.tokens_per_s - b.tokens_per_s);
+    rows.push({ ...sorted[Math.floor(sorted.length / 2)], all_tokens_per_s: sorted.map((x) => x.tokens_per_s) });
     const r = rows.at(-1);
-    console.error(`c=${c} ${spec ? 'spec' : 'plain'}: ${r.tokens_per_s.toFixed(1)} tok/s, TTFT p50 ${(r.ttft_p50_s * 1e3).toFixed(1)} ms`);
+    console.error(`c=${c} ${spec ? 'spec' : 'plain'}: ${r.all_tokens_per_s.map((x) => x.toFixed(1)).join(' / ')} tok/s, ` +
+                  `TTFT p50 ${(r.ttft_p50_s * 1e3).toFixed(1)} ms` +
+                  (r.rounds_at_k.length ? `, rounds per k ${r.rounds_at_k.join(' ')}` : ''));
   }
 }
 const ms = (s) => (s * 1000).toFixed(1);
@@ -89,7 +105,7 @@ console.log('| clients | speculation | requests | tokens/s | ratio | TTFT p50 / 
 console.log('|---:|---|---:|---:|---:|---:|---:|---:|');
 for (const r of rows) {
   const plain = rows.find((x) => x.concurrency === r.concurrency && !x.speculation);
-  console.log(`| ${r.concurrency} | ${r.speculation ? 'MTP (server default)' : 'off'} | ${r.requests} | ` +
+  console.log(`| ${r.concurrency} | ${r.speculation ? (specK === undefined ? 'MTP (server default)' : `MTP k = ${specK}`) : 'off'} | ${r.requests} | ` +
               `${r.tokens_per_s.toFixed(1)} | ${(r.tokens_per_s / plain.tokens_per_s).toFixed(2)}x | ` +
               `${ms(r.ttft_p50_s)} / ${ms(r.ttft_p95_s)} | ${ms(r.itl_p50_s)} / ${ms(r.itl_p95_s)} | ${ms(r.tpot_mean_s)} |`);
 }
