@@ -10,7 +10,7 @@ build=${1:-build}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out="$root/devrun"
 rm -rf "$out" && mkdir -p "$out/lib"
-for b in nextn nextn_bench_kernels nextn_tests; do
+for b in nextn nextn_bench_kernels nextn_bench_cuda nextn_tests; do
   [ -x "$root/$build/bin/$b" ] && cp "$root/$build/bin/$b" "$out/"
 done
 ldd "$out"/nextn* | awk '$3 ~ /^\// {print $3}' | sort -u | while read -r lib; do

@@ -1,0 +1,84 @@
+// Decode-width matmul on the GPU against the device's copy bandwidth, measured in the same run: weight bytes
+// read per second by cuda::matmul at M = 1..8 rows over a stack of matrices too large for L2, bf16 and FP8
+// (128x128 block scales), as a fraction of what a device-to-device copy reaches.
+//
+//   ./build/bin/nextn_bench_cuda [--gib 4] [--out 8192] [--in 8192]
+#include <cstdio>
+#include <cstdlib>
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "ops/cuda/cuda_ops.h"
+
+using namespace nextn;
+
+namespace {
+
+struct Run {
+  const std::vector<cuda::DeviceLinear>* ws;
+  const float* x;
+  float* y;
+  int64_t M;
+};
+
+void run_all(void* p) {
+  auto* r = static_cast<Run*>(p);
+  for (const auto& d : *r->ws) cuda::matmul(r->x, r->M, d.w, r->y);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double gib = 4;
+  int64_t out = 8192, in = 8192;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--gib")) gib = std::atof(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--out")) out = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--in")) in = std::atoll(argv[i + 1]);
+  }
+  std::string why;
+  if (!cuda::available(&why)) {
+    std::fprintf(stderr, "nextn_bench_cuda: %s\n", why.c_str());
+    return 1;
+  }
+  std::printf("device: %s\n", cuda::device_name().c_str());
+  const double copy = cuda::copy_bandwidth_gbps(size_t(2) << 30, 20);
+  std::printf("device copy bandwidth (read + write): %.0f GB/s\n", copy);
+  std::printf("| weights | M | GB/s read | of copy bandwidth |\n|---|---:|---:|---:|\n");
+  for (DType t : {DType::BF16, DType::F8_E4M3}) {
+    const size_t es = dtype_size(t);
+    const int64_t per = out * in * int64_t(es);
+    const int n_mats = std::max<int>(1, int(gib * double(1 << 30) / double(per)));
+    // Random-ish bytes (no NaN FP8 codes): the values do not matter for speed.
+    std::vector<unsigned char> bytes(static_cast<size_t>(per));
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = (unsigned char)((i * 2654435761u >> 13) & 0x7e);
+    std::vector<float> scales(size_t(((out + 127) / 128) * ((in + 127) / 128)), 1.0f / 64);
+    Linear w;
+    w.dtype = t;
+    w.out = out;
+    w.in = in;
+    w.row_stride = in;
+    w.data = bytes.data();
+    if (t == DType::F8_E4M3) {
+      w.scale = scales.data();
+      w.scale_dtype = DType::F32;
+      w.scale_cols = (in + 127) / 128;
+    }
+    std::vector<cuda::DeviceLinear> ws;
+    for (int i = 0; i < n_mats; ++i) ws.push_back(cuda::upload(w));
+    cuda::DeviceBuffer x(size_t(8 * in) * 4), y(size_t(8 * out) * 4);
+    std::vector<float> hx(size_t(8 * in), 0.01f);
+    x.upload(hx.data(), hx.size() * 4);
+    for (int64_t M : {1, 2, 4, 8}) {
+      Run r{&ws, x.f32(), y.f32(), M};
+      const double s = cuda::time_device(10, run_all, &r);
+      const double gbps = double(per) * n_mats / s / 1e9;
+      std::printf("| %s %d x %lldx%lld | %lld | %.0f | %.2f |\n", dtype_name(t), n_mats, (long long)out, (long long)in,
+                  (long long)M, gbps, gbps / copy);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,71 @@
+// The CUDA kernels (P11's backend, first pieces): device memory, weights uploaded as stored (bf16 stays bf16,
+// FP8 stays FP8 with its block scales), the decode/verify matmul and RMSNorm, and the device's copy
+// bandwidth, the yardstick of a bandwidth-bound decode.
+//
+// Plain C++ on this side: no CUDA type appears here, so the rest of nextn compiles without the toolkit.
+// A build without CUDA (no nvcc found, or a sanitizer build) links no_cuda.cpp instead, whose available()
+// says why; everything else then throws.
+//
+// Batch invariance, as on the CPU (ops.h): a row's output is computed with the same instructions and the
+// same reduction order whatever the number of rows M in the call, so a verify of k+1 rows gives each row
+// exactly what a one-row decode step gives it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "ops/ops.h"
+
+namespace nextn::cuda {
+
+// Whether a CUDA device can run the kernels; if not, why (built without CUDA, no driver, no device).
+bool available(std::string* why = nullptr);
+std::string device_name();  // "NVIDIA H200 (sm_90, 141 GB)"
+
+// Device memory, freed with its owner (move-only).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return ptr_; }
+  float* f32() const { return static_cast<float*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+  void upload(const void* host, size_t bytes, size_t offset = 0);  // host -> device (synchronous)
+  void download(void* host, size_t bytes, size_t offset = 0) const;
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// A Linear whose weight, FP8 scales and bias live on the device; `w` is its descriptor with device pointers
+// (the layout, dtypes and block sizes of the host Linear it came from).
+struct DeviceLinear {
+  Linear w;
+  DeviceBuffer data, scale, bias;
+};
+// Copies w's bytes to the device once (its rows, its scale rows, its bias). Throws for a dtype the kernels
+// do not take (F32, BF16 and F8_E4M3 with F32, BF16 or E8M0 scales are taken).
+DeviceLinear upload(const Linear& w);
+
+// y[M, w.out] = x[M, w.in] · wᵀ (+ bias), all pointers on the device (w from upload()), rows x_stride and
+// y_stride floats apart (default w.in, w.out). For decode and verify widths (any M; the weights are read
+// once per 8 rows). Asynchronous on the default stream: synchronize() before reading y on the host.
+void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride = -1, int64_t y_stride = -1);
+// out[r] = x[r] * rsqrt(mean(x[r]²) + eps) * weight (weight may be null), rows of width d on the device.
+void rms_norm(const float* x, int64_t rows, int64_t d, const float* weight, float eps, float* out);
+void synchronize();  // waits for the device; throws with CUDA's message if a kernel failed
+
+// Seconds per call of fn(), averaged over `iters` calls after one warm-up, timed with device events.
+double time_device(int iters, void (*fn)(void*), void* arg);
+// Device-to-device copy bandwidth in GB/s ((read + write bytes) / time) over a `bytes` buffer: the most a
+// kernel that streams memory can expect.
+double copy_bandwidth_gbps(size_t bytes, int iters = 10);
+
+}  // namespace nextn::cuda

@@ -1,0 +1,233 @@
+// Every CUDA op against the CPU implementation (ops.h) over many shapes, by an error bound (llama.cpp's
+// test-backend-ops is the pattern), and the batch invariance the exactness of speculation rests on: row m of
+// an M-row call is bit-identical to the one-row call on that row. Without a usable device every test
+// reports itself skipped, saying why.
+#include "ops/cuda/cuda_ops.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace nextn {
+namespace {
+
+#define SKIP_WITHOUT_CUDA()                                              \
+  do {                                                                   \
+    std::string why;                                                     \
+    if (!cuda::available(&why)) GTEST_SKIP() << "CUDA: " << why;         \
+  } while (0)
+
+// A random weight as a checkpoint stores it, with the bytes it points into.
+struct HostWeight {
+  Linear w;
+  std::vector<unsigned char> data, scale;
+  std::vector<float> bias;
+};
+
+uint8_t random_e4m3(std::mt19937& rng) {
+  for (;;) {
+    const uint8_t v = uint8_t(rng());
+    if ((v & 0x7f) != 0x7f) return v;  // (not NaN)
+  }
+}
+
+HostWeight make_weight(DType dtype, DType scale_dtype, int64_t out, int64_t in, int64_t row_stride, bool bias,
+                       uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  HostWeight h;
+  Linear& w = h.w;
+  w.dtype = dtype;
+  w.out = out;
+  w.in = in;
+  w.row_stride = row_stride;
+  const int64_t n = (out - 1) * row_stride + in;
+  h.data.resize(size_t(n) * dtype_size(dtype));
+  for (int64_t i = 0; i < n; ++i) {
+    if (dtype == DType::F32) {
+      const float v = g(rng) * 0.05f;
+      std::memcpy(&h.data[size_t(i) * 4], &v, 4);
+    } else if (dtype == DType::BF16) {
+      const uint16_t v = f32_to_bf16(g(rng) * 0.05f);
+      std::memcpy(&h.data[size_t(i) * 2], &v, 2);
+    } else {
+      h.data[size_t(i)] = random_e4m3(rng);
+    }
+  }
+  w.data = h.data.data();
+  if (dtype == DType::F8_E4M3) {
+    w.scale_dtype = scale_dtype;
+    w.block_out = w.block_in = 128;
+    w.scale_cols = (in + 127) / 128;
+    const int64_t rows = (out + 127) / 128, count = rows * w.scale_cols;
+    h.scale.resize(size_t(count) * dtype_size(scale_dtype));
+    std::uniform_real_distribution<float> u(0.5f, 2.f);
+    for (int64_t i = 0; i < count; ++i) {
+      const float s = u(rng) * (1.f / 256.f);
+      if (scale_dtype == DType::F32) {
+        std::memcpy(&h.scale[size_t(i) * 4], &s, 4);
+      } else if (scale_dtype == DType::BF16) {
+        const uint16_t b = f32_to_bf16(s);
+        std::memcpy(&h.scale[size_t(i) * 2], &b, 2);
+      } else {
+        h.scale[size_t(i)] = uint8_t(127 - 8 - int(rng() % 3));  // 2^-8 .. 2^-10
+      }
+    }
+    w.scale = h.scale.data();
+  }
+  if (bias) {
+    h.bias.resize(size_t(out));
+    for (float& b : h.bias) b = g(rng);
+    w.bias = h.bias.data();
+  }
+  return h;
+}
+
+std::vector<float> random_rows(int64_t M, int64_t width, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, 1.f);
+  std::vector<float> x(size_t(M * width));
+  for (float& v : x) v = g(rng);
+  return x;
+}
+
+struct Shape {
+  DType dtype, scale_dtype;
+  int64_t out, in, pad;  // row_stride = in + pad
+  bool bias;
+};
+
+std::string name(const Shape& s) {
+  return std::string(dtype_name(s.dtype)) + (s.dtype == DType::F8_E4M3 ? std::string("/") + dtype_name(s.scale_dtype) : "") +
+         " " + std::to_string(s.out) + "x" + std::to_string(s.in) + (s.pad ? " stride+" + std::to_string(s.pad) : "") +
+         (s.bias ? " bias" : "");
+}
+
+std::vector<Shape> shapes() {
+  std::vector<Shape> v;
+  for (DType t : {DType::F32, DType::BF16}) {
+    for (auto [o, i] : {std::pair<int64_t, int64_t>{1, 1}, {7, 5}, {64, 256}, {300, 1000}, {256, 2048}, {1024, 512}})
+      v.push_back({t, DType::F32, o, i, 0, false});
+    v.push_back({t, DType::F32, 96, 200, 8, true});   // a row slice of a wider tensor, aligned
+    v.push_back({t, DType::F32, 50, 130, 3, false});  // unaligned rows: the scalar path
+  }
+  for (DType s : {DType::F32, DType::BF16, DType::F8_E8M0}) {
+    for (auto [o, i] : {std::pair<int64_t, int64_t>{128, 128}, {300, 1000}, {512, 2048}, {129, 136}})
+      v.push_back({DType::F8_E4M3, s, o, i, 0, false});
+    v.push_back({DType::F8_E4M3, s, 200, 384, 128, true});
+  }
+  return v;
+}
+
+// |gpu - cpu| <= 1e-5 · Σ_k |w x| (+ a tiny floor): both sum the same fp32 products in different orders.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::vector<float>& bound,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  int bad = 0;
+  for (size_t i = 0; i < got.size() && bad < 5; ++i)
+    if (!(std::fabs(got[i] - want[i]) <= 1e-5f * bound[i] + 1e-6f)) {
+      ADD_FAILURE() << what << ": element " << i << " cuda " << got[i] << " cpu " << want[i];
+      ++bad;
+    }
+}
+
+TEST(CudaOps, MatmulMatchesTheCpuOverManyShapes) {
+  SKIP_WITHOUT_CUDA();
+  uint32_t seed = 1;
+  for (const Shape& s : shapes()) {
+    const HostWeight h = make_weight(s.dtype, s.scale_dtype, s.out, s.in, s.in + s.pad, s.bias, seed++);
+    const cuda::DeviceLinear d = cuda::upload(h.w);
+    // Σ|w||x| per output, from the dequantized rows, for the bound.
+    std::vector<float> row(size_t(s.in));
+    for (int64_t M : {1, 2, 3, 4, 8, 9, 16}) {
+      const std::vector<float> x = random_rows(M, s.in, seed++);
+      std::vector<float> want(size_t(M * s.out)), got(want.size()), bound(want.size(), 0.f);
+      ops::matmul(nullptr, x.data(), M, h.w, want.data());
+      for (int64_t n = 0; n < s.out; ++n) {
+        ops::dequant_row(h.w, n, row.data());
+        for (int64_t m = 0; m < M; ++m) {
+          double b = 0;
+          for (int64_t k = 0; k < s.in; ++k) b += std::fabs(double(row[size_t(k)]) * x[size_t(m * s.in + k)]);
+          bound[size_t(m * s.out + n)] = float(b);
+        }
+      }
+      cuda::DeviceBuffer dx(x.size() * 4), dy(got.size() * 4);
+      dx.upload(x.data(), x.size() * 4);
+      cuda::matmul(dx.f32(), M, d.w, dy.f32());
+      cuda::synchronize();
+      dy.download(got.data(), got.size() * 4);
+      expect_close(got, want, bound, name(s) + " M=" + std::to_string(M));
+    }
+  }
+}
+
+TEST(CudaOps, MatmulRowsDoNotDependOnTheBatch) {
+  SKIP_WITHOUT_CUDA();
+  uint32_t seed = 100;
+  for (const Shape& s : shapes()) {
+    const HostWeight h = make_weight(s.dtype, s.scale_dtype, s.out, s.in, s.in + s.pad, s.bias, seed++);
+    const cuda::DeviceLinear d = cuda::upload(h.w);
+    const int64_t M = 13;  // one full pass of 8 rows and a partial one
+    const std::vector<float> x = random_rows(M, s.in, seed++);
+    cuda::DeviceBuffer dx(x.size() * 4), dy(size_t(M * s.out) * 4), d1(size_t(s.out) * 4);
+    dx.upload(x.data(), x.size() * 4);
+    cuda::matmul(dx.f32(), M, d.w, dy.f32());
+    std::vector<float> all(size_t(M * s.out)), one(size_t(s.out));
+    cuda::synchronize();
+    dy.download(all.data(), all.size() * 4);
+    for (int64_t m = 0; m < M; ++m) {
+      cuda::matmul(dx.f32() + m * s.in, 1, d.w, d1.f32());
+      cuda::synchronize();
+      d1.download(one.data(), one.size() * 4);
+      ASSERT_EQ(std::memcmp(one.data(), all.data() + m * s.out, one.size() * 4), 0) << name(s) << " row " << m;
+    }
+  }
+}
+
+TEST(CudaOps, RmsNormMatchesTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  for (int64_t d : {1, 7, 256, 1000, 7168}) {
+    const int64_t rows = 5;
+    const std::vector<float> x = random_rows(rows, d, uint32_t(d)), wt = random_rows(1, d, uint32_t(d + 1));
+    std::vector<float> want(x.size()), got(x.size());
+    ops::rms_norm(x.data(), rows, d, wt.data(), 1e-6f, want.data());
+    cuda::DeviceBuffer dx(x.size() * 4), dw(wt.size() * 4), dy(x.size() * 4);
+    dx.upload(x.data(), x.size() * 4);
+    dw.upload(wt.data(), wt.size() * 4);
+    cuda::rms_norm(dx.f32(), rows, d, dw.f32(), 1e-6f, dy.f32());
+    cuda::synchronize();
+    dy.download(got.data(), got.size() * 4);
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-5f * std::fabs(want[i]) + 1e-6f) << "d=" << d << " element " << i;
+  }
+}
+
+TEST(CudaOps, RefusesWhatTheKernelsDoNotTake) {
+  SKIP_WITHOUT_CUDA();
+  HostWeight h = make_weight(DType::BF16, DType::F32, 4, 4, 4, false, 7);
+  h.w.dtype = DType::F16;
+  EXPECT_THROW(cuda::upload(h.w), Error);
+  h.w.dtype = DType::BF16;
+  h.w.row_stride = 2;  // shorter than a row
+  EXPECT_THROW(cuda::upload(h.w), Error);
+}
+
+TEST(CudaOps, SaysWhyWhenUnavailable) {
+  std::string why;
+  if (cuda::available(&why)) GTEST_SKIP() << "a CUDA device is present";
+  EXPECT_FALSE(why.empty());
+#if !NEXTN_WITH_CUDA
+  EXPECT_THROW(cuda::synchronize(), Error);
+#endif
+}
+
+}  // namespace
+}  // namespace nextn
