@@ -42,8 +42,6 @@ struct DeviceWeight {
 };
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kColsPerWarp = 4;     // output columns (weight rows) per warp: they share each load of x
-constexpr int kRowsPerPass = 8;     // activation rows sharing one read of the weights
 constexpr int kVecBytes = 16;
 
 __device__ __forceinline__ float bf16_bits_to_f32(unsigned short v) { return __uint_as_float(unsigned(v) << 16); }
@@ -128,16 +126,17 @@ __device__ __forceinline__ void load_x(const float* xr, bool x_vectors, float* o
   }
 }
 
-// y[m, n] for m in [0, M) and the warp's kColsPerWarp columns n (weight rows), which share each load of x.
-// Lane l takes the 16-byte vectors l, l + 32, ... of a weight row (then the scalar tail), accumulating each
-// (row, column) in its own register in that order; a warp's sums meet in a fixed butterfly. None of it
-// depends on M or on which columns share a warp.
-template <WeightKind K>
+// y[m, n] for m in [0, M) and the warp's C columns n (weight rows), which share each load of x, R activation
+// rows per pass over the weights, U weight vectors per lane in flight. Lane l takes the 16-byte vectors l,
+// l + 32, ... of a weight row (then the scalar tail), accumulating each (row, column) in its own register in
+// that order; a warp's sums meet in a fixed butterfly. None of it depends on M, C, R or U, so the launch
+// shape can follow M (matmul() below) and every row still gets the value the one-row call gives it.
+template <WeightKind K, int C, int R, int U>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     matmul_kernel(const float* __restrict__ x, int64_t M, int64_t xs, DeviceWeight w, float* __restrict__ y,
                   int64_t ys, bool vectors, bool x_vectors) {
   using V = Vec<K>;
-  constexpr int E = V::kElems, C = kColsPerWarp;
+  constexpr int E = V::kElems;
   const int lane = threadIdx.x & 31;
   const int64_t n0 = (int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * C;
   if (n0 >= w.out) return;
@@ -148,21 +147,22 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   for (int c = 0; c < C; ++c) srow[c] = K == WeightKind::kFP8 ? scale_row(w, n0 + (c < cols ? c : 0), scale_bytes) : nullptr;
   const unsigned vec_per_block = K == WeightKind::kFP8 ? unsigned(w.block_in / E) : 1u;
   const int64_t nvec = vectors ? w.in / E : 0;
-  for (int64_t m0 = 0; m0 < M; m0 += kRowsPerPass) {
-    const int rows = int(M - m0 < kRowsPerPass ? M - m0 : kRowsPerPass);
-    float acc[C][kRowsPerPass];
+  for (int64_t m0 = 0; m0 < M; m0 += R) {
+    const int rows = int(M - m0 < R ? M - m0 : R);
+    float acc[C][R];
 #pragma unroll
     for (int c = 0; c < C; ++c)
 #pragma unroll
-      for (int r = 0; r < kRowsPerPass; ++r) acc[c][r] = 0.f;
+      for (int r = 0; r < R; ++r) acc[c][r] = 0.f;
     const float* xm = x + m0 * xs;
+#pragma unroll U
     for (int64_t v = lane; v < nvec; v += 32) {
       float wv[C][E];
 #pragma unroll
       for (int c = 0; c < C; ++c)
         if (c < cols) V::load(w, srow[c], vec_per_block, n0 + c, v, wv[c]);
 #pragma unroll
-      for (int r = 0; r < kRowsPerPass; ++r) {
+      for (int r = 0; r < R; ++r) {
         if (r >= rows) break;
         float xv[E];
         load_x<E>(xm + r * xs + v * E, x_vectors, xv);
@@ -183,12 +183,29 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int c = 0; c < C; ++c)
 #pragma unroll
-      for (int r = 0; r < kRowsPerPass; ++r) {
+      for (int r = 0; r < R; ++r) {
         if (r >= rows) break;
         const float s = warp_sum(acc[c][r]);
         if (lane == 0 && c < cols) y[(m0 + r) * ys + n0 + c] = w.bias ? s + w.bias[n0 + c] : s;
       }
   }
+}
+
+template <WeightKind K, int C, int R, int U>
+void launch_shape(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys, bool vectors,
+                  bool x_vectors) {
+  const int64_t per_block = int64_t(kWarpsPerBlock) * C;
+  const dim3 grid(unsigned((w.out + per_block - 1) / per_block)), block(kWarpsPerBlock * 32);
+  matmul_kernel<K, C, R, U><<<grid, block>>>(x, M, xs, w, y, ys, vectors, x_vectors);
+}
+
+template <WeightKind K>
+void launch(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys, bool vectors,
+            bool x_vectors) {
+  if (M == 1) return launch_shape<K, 1, 1, 4>(x, M, xs, w, y, ys, vectors, x_vectors);
+  if (M == 2) return launch_shape<K, 2, 2, 2>(x, M, xs, w, y, ys, vectors, x_vectors);
+  if (M <= 4) return launch_shape<K, 4, 4, 1>(x, M, xs, w, y, ys, vectors, x_vectors);
+  launch_shape<K, 4, 8, 1>(x, M, xs, w, y, ys, vectors, x_vectors);
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------------
@@ -317,12 +334,12 @@ void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stri
                        (w.dtype != DType::F8_E4M3 || w.block_in % elems == 0);
   // float4 loads of x need 16-byte aligned rows (they change no value: the products are summed in the same order).
   const bool x_vectors = reinterpret_cast<uintptr_t>(x) % 16 == 0 && xs % 4 == 0;
-  const int64_t per_block = int64_t(kWarpsPerBlock) * kColsPerWarp;
-  const dim3 grid(unsigned((w.out + per_block - 1) / per_block)), block(kWarpsPerBlock * 32);
+  // The launch shape by M (measured on the H200, bench/cuda): one column per warp and four vectors in flight
+  // per lane for a decode row; for verify rows, columns share x and rows share the weights.
   switch (w.dtype) {
-    case DType::F32: matmul_kernel<WeightKind::kF32><<<grid, block>>>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
-    case DType::BF16: matmul_kernel<WeightKind::kBF16><<<grid, block>>>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
-    case DType::F8_E4M3: matmul_kernel<WeightKind::kFP8><<<grid, block>>>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
+    case DType::F32: launch<WeightKind::kF32>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
+    case DType::BF16: launch<WeightKind::kBF16>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
+    case DType::F8_E4M3: launch<WeightKind::kFP8>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
     default: throw Error(std::string("cuda::matmul: weights of dtype ") + dtype_name(w.dtype) + " are not supported");
   }
   check(cudaGetLastError(), "matmul launch");

@@ -169,25 +169,32 @@ TEST(CudaOps, MatmulMatchesTheCpuOverManyShapes) {
   }
 }
 
+// The launch shape follows M (columns per warp, rows per pass): every shape must give each row the bits of
+// the one-row call.
 TEST(CudaOps, MatmulRowsDoNotDependOnTheBatch) {
   SKIP_WITHOUT_CUDA();
   uint32_t seed = 100;
   for (const Shape& s : shapes()) {
     const HostWeight h = make_weight(s.dtype, s.scale_dtype, s.out, s.in, s.in + s.pad, s.bias, seed++);
     const cuda::DeviceLinear d = cuda::upload(h.w);
-    const int64_t M = 13;  // one full pass of 8 rows and a partial one
-    const std::vector<float> x = random_rows(M, s.in, seed++);
-    cuda::DeviceBuffer dx(x.size() * 4), dy(size_t(M * s.out) * 4), d1(size_t(s.out) * 4);
+    const int64_t max_m = 13;  // (a full pass of 8 rows and a partial one)
+    const std::vector<float> x = random_rows(max_m, s.in, seed++);
+    cuda::DeviceBuffer dx(x.size() * 4), dy(size_t(max_m * s.out) * 4), d1(size_t(s.out) * 4);
     dx.upload(x.data(), x.size() * 4);
-    cuda::matmul(dx.f32(), M, d.w, dy.f32());
-    std::vector<float> all(size_t(M * s.out)), one(size_t(s.out));
-    cuda::synchronize();
-    dy.download(all.data(), all.size() * 4);
-    for (int64_t m = 0; m < M; ++m) {
+    std::vector<std::vector<float>> single(size_t(max_m), std::vector<float>(size_t(s.out)));
+    for (int64_t m = 0; m < max_m; ++m) {
       cuda::matmul(dx.f32() + m * s.in, 1, d.w, d1.f32());
       cuda::synchronize();
-      d1.download(one.data(), one.size() * 4);
-      ASSERT_EQ(std::memcmp(one.data(), all.data() + m * s.out, one.size() * 4), 0) << name(s) << " row " << m;
+      d1.download(single[size_t(m)].data(), size_t(s.out) * 4);
+    }
+    std::vector<float> all(size_t(max_m * s.out));
+    for (int64_t M : {2, 3, 4, 5, 8, 13}) {
+      cuda::matmul(dx.f32(), M, d.w, dy.f32());
+      cuda::synchronize();
+      dy.download(all.data(), size_t(M * s.out) * 4);
+      for (int64_t m = 0; m < M; ++m)
+        ASSERT_EQ(std::memcmp(single[size_t(m)].data(), all.data() + m * s.out, size_t(s.out) * 4), 0)
+            << name(s) << " M=" << M << " row " << m;
     }
   }
 }
