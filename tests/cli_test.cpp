@@ -222,6 +222,12 @@ TEST(Cli, BenchJsonHasTheSpecifiedKeys) {
     const std::string key = std::to_string(rows);
     EXPECT_GT(j["verify_cost"][key].get<double>(), 0.0) << key;
     EXPECT_GE(j["verify_bytes"][key].get<double>(), 1.0 - 1e-12) << key;
+    // Against the bytes' time at the run's bandwidth: the same steps, so relative to the one-row step's it
+    // is the time ratio over the bytes ratio.
+    const double floor = j["verify_floor_ratio"][key].get<double>(), floor1 = j["verify_floor_ratio"]["1"].get<double>();
+    EXPECT_GT(floor, 0.0) << key;
+    EXPECT_NEAR(floor / floor1, j["verify_cost"][key].get<double>() / j["verify_bytes"][key].get<double>(),
+                1e-9 * floor / floor1) << key;
   }
   EXPECT_FALSE(j.contains("concurrency"));  // only with --concurrency
   ASSERT_EQ(j["speculative"].size(), 4u);

@@ -36,7 +36,8 @@ verify step relative to a 1-token step for k = 1..7 next to the bytes such a ste
 token (its bandwidth floor: with MoE, more rows touch more experts), and tokens/s with speculation for
 k = 1..4 with the acceptance metrics (when the checkpoint has MTP layers); with --concurrency, also many
 requests decoding together through one engine. JSON keys include read_bandwidth_gbps, decode_gbps,
-bandwidth_fraction, baseline_tokens_per_s, verify_cost, verify_bytes, speculative and (--concurrency)
+bandwidth_fraction, baseline_tokens_per_s, verify_cost, verify_bytes, verify_floor_ratio (a step's time /
+the time its bytes take at the measured bandwidth, keyed like verify_cost by rows = k + 1), speculative and (--concurrency)
 concurrency.
 
   --model DIR        checkpoint to measure (default: the bundled model)
@@ -509,23 +510,33 @@ int run_bench(int argc, char** argv) {
   // Against the bytes each step reads (weights with the experts its rows used, plus the cache, read once
   // per step): with MoE, more rows touch more experts, and the bytes ratio is the floor under the time ratio.
   nlohmann::json vb;
+  // And against the time those bytes take at the read bandwidth measured in this run (verify_floor_ratio:
+  // 1.0 = a step as fast as its bytes allow; no bound when the checkpoint fits in the last-level cache).
+  nlohmann::json vf;
   const StepResult one = time_step(m, prompt, 1, kStepReps);
-  std::string bytes_line;
+  std::string bytes_line, floor_line;
   log("verify cost (time of a k+1-token step / 1-token step):");
   for (int rows = 1; rows <= 8; ++rows) {
     const StepResult st = rows == 1 ? one : time_step(m, prompt, rows, kStepReps);
     const double bytes_ratio = (st.weight_bytes + cache_bytes) / (one.weight_bytes + cache_bytes);
     vc[std::to_string(rows)] = st.seconds / one.seconds;
     vb[std::to_string(rows)] = bytes_ratio;
+    const double floor_seconds = (st.weight_bytes + cache_bytes) / (bw_med * 1e9);
+    vf[std::to_string(rows)] = st.seconds / floor_seconds;
     log(" %d:%.2f", rows, st.seconds / one.seconds);
     char cell[32];
     std::snprintf(cell, sizeof cell, " %d:%.2f", rows, bytes_ratio);
     bytes_line += cell;
+    std::snprintf(cell, sizeof cell, " %d:%.2f", rows, st.seconds / floor_seconds);
+    floor_line += cell;
   }
   log("\n");
   log("bytes a k+1-token step reads / 1-token step (the bandwidth floor of the ratio above):%s\n", bytes_line.c_str());
+  log("step time / the time its bytes take at %.1f GB/s (verify_floor_ratio%s):%s\n", bw_med,
+      fits_in_llc ? "; the checkpoint fits in the last-level cache, so no bound" : "", floor_line.c_str());
   out["verify_cost"] = vc;
   out["verify_bytes"] = vb;
+  out["verify_floor_ratio"] = vf;
   if (profile::enabled()) {  // what grows with the rows of a verification step
     for (int rows : {1, 4}) {
       profile::clear();

@@ -92,12 +92,16 @@ void Engine::step() {
     }
   }
   const size_t rounds = size_t(std::count(was_round_.begin(), was_round_.end(), char(1)));
-  // One forward for the whole batch, except when the k tuner times this step and prompts share it: then the
-  // prompts run in a forward of their own, so that the rounds' time is measured alone (under a steady stream
-  // of arrivals nearly every step has a prompt, and the tuner would have nothing to go on).
-  const bool split = tuner && rounds > 0 && rounds < members_.size();
+  // One forward for the whole batch. Prompts that share it make its time no measure of the rounds, so a
+  // tuned step with prompts is timed only when the tuner needs it: while it probes a k, or when no step was
+  // timed for kMaxUnmeasured steps (under a steady stream of arrivals nearly every step has a prompt); then
+  // the prompts run in a forward of their own. A second forward costs a pass over the weights and the
+  // threads' hand-offs, which at 8 sequences cost plain decoding more than 10% when every arrival paid it.
+  constexpr int64_t kMaxUnmeasured = 4;
+  const bool prompts = rounds < members_.size();
+  const bool timed = tuner && rounds > 0 && (!prompts || tuner->probing() || unmeasured_steps_ >= kMaxUnmeasured);
   double prefill_seconds = 0;
-  if (split) {
+  if (timed && prompts) {
     run_forward(0, rounds);
     const auto t_prefill = Clock::now();
     run_forward(rounds, members_.size());
@@ -105,7 +109,10 @@ void Engine::step() {
   } else {
     run_forward(0, members_.size());
   }
-  if (tuner) record_tuner(*tuner, seconds_since(t0) - prefill_seconds);
+  if (tuner) {
+    unmeasured_steps_ = timed ? 0 : unmeasured_steps_ + 1;
+    record_tuner(*tuner, timed ? seconds_since(t0) - prefill_seconds : -1.0);
+  }
   retire_finished();
 }
 
@@ -168,8 +175,9 @@ KTuner& Engine::tuner_for(int64_t tuned_sequences) {
   return *tuners_[bucket];
 }
 
-// The batch's k is judged by the step's time per decoding sequence (prompts' time excluded: step() ran them
-// apart) and by each tuned sequence's tokens: the tuner then minimizes the batch's time per token.
+// The batch's k is judged by the step's time per decoding sequence (prompts' time excluded: a step with prompts is
+// timed only when step() ran them apart) and by each tuned sequence's tokens: the tuner then minimizes the
+// batch's time per token.
 void Engine::record_tuner(KTuner& tuner, double step_seconds) {
   int64_t rounds = 0;
   for (size_t i = 0; i < members_.size(); ++i) rounds += was_round_[i] && !members_[i]->failed();
@@ -182,6 +190,7 @@ void Engine::record_tuner(KTuner& tuner, double step_seconds) {
     if (!was_round_[i] || !s.tuned() || s.failed()) continue;
     const Sequence::RoundReport& r = s.last_round();
     ++s.rounds_at_k()[r.k_chosen];
+    if (step_seconds < 0) continue;
     const double seconds = step_seconds / double(rounds) - r.backlog_seconds + (r.k == 0 ? r.deferred_charge : 0.0);
     const auto& seam = s.spec().round_seconds_for_tests;
     tuner.record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : seconds, r.emitted, r.drafts_judged, weight);

@@ -7,7 +7,7 @@
 //      by measured speed: KTuner over the batch's time per sequence-round, one tuner per batch size class,
 //      a new class starting from its nearest neighbour's; a step counts as one observation);
 //   3. runs ONE target forward over the rows of all of them: prefill prompts and k+1-row verify blocks (two
-//      when the k tuner is timing the rounds and prompts arrived: see step());
+//      when the k tuner needs the rounds timed apart from prompts that arrived: see step());
 //   4. accepts and rolls back per sequence, and retires the finished ones (their pages go back at once).
 // A row's logits do not depend on the other rows of the forward, so every sequence's output is exactly what
 // it would be alone.
@@ -62,11 +62,13 @@ class Engine {
   void retire_finished();
   void run_forward(size_t begin, size_t end);
   KTuner& tuner_for(int64_t tuned_sequences);
+  // step_seconds < 0: the step is not a measurement (its rounds only count in the sequences' stats).
   void record_tuner(KTuner& tuner, double step_seconds);
 
   Model& model_;
   EngineOptions options_;
   int64_t next_id_ = 0, steps_ = 0;
+  int64_t unmeasured_steps_ = 0;  // tuned steps since the last one the tuner could time (see step())
   std::deque<Entry> waiting_;
   std::vector<Entry> active_;
   std::vector<std::pair<int64_t, GenerationResult>> finished_;

@@ -30,6 +30,7 @@ class KTuner {
   static KTuner seeded_from(const KTuner& other);
 
   int next();                                   // k for the coming round
+  bool probing() const { return probe_left_ > 0; }  // the coming round (re)measures a k
   // What the round at k cost and yielded. drafts_judged: false when the round stopped early (end of
   // output) or drafted fewer than k, so that its tokens say nothing about the acceptance of the positions.
   // weight: the round's share of one observation. A batch of n sequences records n rounds per step at
