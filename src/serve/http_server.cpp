@@ -38,10 +38,11 @@ void send_error(httplib::Response& res, const ApiError& e) {
   res.set_content(dump_json(error_body(e)), kJson);
 }
 
-json parse_body(const httplib::Request& req) {
+template <class Json = json>
+Json parse_body(const httplib::Request& req) {
   try {
-    return json::parse(req.body);
-  } catch (const json::exception& e) {
+    return Json::parse(req.body);
+  } catch (const nlohmann::json::exception& e) {
     throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
   }
 }
@@ -169,13 +170,14 @@ class Routes {
 
   void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
     if (service_.draining()) throw ApiError(503, "the server is shutting down");
-    const json body = parse_body(req);
     auto job = std::make_shared<Job>();
     if (chat) {
-      const auto ordered = nlohmann::ordered_json::parse(req.body);  // (valid: parse_body read it)
-      job->request = parse_chat_request(body, model_, &ordered);
+      // Parsed once, in the key order the client sent (the template renders maps in that order, as
+      // transformers does); the request fields are read from a copy of that tree.
+      const auto ordered = parse_body<nlohmann::ordered_json>(req);
+      job->request = parse_chat_request(json(ordered), model_, &ordered);
     } else {
-      job->request = parse_completion_request(body, model_);
+      job->request = parse_completion_request(parse_body(req), model_);
     }
     job->header = {request_id(chat ? "chatcmpl-" : "cmpl-"), unix_now(), model_.id};
     for (const auto& p : job->request.prompts) job->prompt_tokens += int64_t(p.size());
