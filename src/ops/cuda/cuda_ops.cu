@@ -4,6 +4,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+
 #include <algorithm>
 #include <string>
 #include <utility>
@@ -41,7 +42,7 @@ struct DeviceWeight {
   const float* bias;
 };
 
-constexpr int kWarpsPerBlock = 8;
+constexpr int kWarpsPerBlock = 8;  // a block's warps split each weight row's vectors (fixed: it sets the order)
 constexpr int kVecBytes = 16;
 
 __device__ __forceinline__ float bf16_bits_to_f32(unsigned short v) { return __uint_as_float(unsigned(v) << 16); }
@@ -126,20 +127,21 @@ __device__ __forceinline__ void load_x(const float* xr, bool x_vectors, float* o
   }
 }
 
-// y[m, n] for m in [0, M) and the warp's C columns n (weight rows), which share each load of x, R activation
-// rows per pass over the weights, U weight vectors per lane in flight. Lane l takes the 16-byte vectors l,
-// l + 32, ... of a weight row (then the scalar tail), accumulating each (row, column) in its own register in
-// that order; a warp's sums meet in a fixed butterfly. None of it depends on M, C, R or U, so the launch
-// shape can follow M (matmul() below) and every row still gets the value the one-row call gives it.
+// y[m, n] for m in [0, M) and the block's C columns n (weight rows), R activation rows per pass over the
+// weights, U weight vectors per thread in flight. Thread t of the block takes the vectors t, t + 256, ... of
+// each of its columns (then the scalar tail, likewise), so that the C columns share each load of x; each
+// (row, column) accumulates in its own register in that order, a warp's sums meet in a fixed butterfly and
+// the block's 8 warps' sums are added in warp order. None of it depends on M, C, R or U, so the launch
+// shape can follow M (launch() below) and every row still gets the value the one-row call gives it.
 template <WeightKind K, int C, int R, int U>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     matmul_kernel(const float* __restrict__ x, int64_t M, int64_t xs, DeviceWeight w, float* __restrict__ y,
                   int64_t ys, bool vectors, bool x_vectors) {
   using V = Vec<K>;
-  constexpr int E = V::kElems;
-  const int lane = threadIdx.x & 31;
-  const int64_t n0 = (int64_t(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * C;
-  if (n0 >= w.out) return;
+  constexpr int E = V::kElems, kThreads = kWarpsPerBlock * 32;
+  __shared__ float part[kWarpsPerBlock][C][R];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t n0 = int64_t(blockIdx.x) * C;
   const int cols = int(w.out - n0 < C ? w.out - n0 : C);
   const int scale_bytes = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
   const unsigned char* srow[C];
@@ -156,7 +158,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       for (int r = 0; r < R; ++r) acc[c][r] = 0.f;
     const float* xm = x + m0 * xs;
 #pragma unroll U
-    for (int64_t v = lane; v < nvec; v += 32) {
+    for (int64_t v = tid; v < nvec; v += kThreads) {
       float wv[C][E];
 #pragma unroll
       for (int c = 0; c < C; ++c)
@@ -172,7 +174,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
           for (int e = 0; e < E; ++e) acc[c][r] = fmaf(wv[c][e], xv[e], acc[c][r]);
       }
     }
-    for (int64_t k = nvec * E + lane; k < w.in; k += 32) {
+    for (int64_t k = nvec * E + tid; k < w.in; k += kThreads) {
 #pragma unroll
       for (int c = 0; c < C; ++c) {
         if (c >= cols) break;
@@ -184,25 +186,36 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int c = 0; c < C; ++c)
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        if (r >= rows) break;
         const float s = warp_sum(acc[c][r]);
-        if (lane == 0 && c < cols) y[(m0 + r) * ys + n0 + c] = w.bias ? s + w.bias[n0 + c] : s;
+        if (lane == 0) part[warp][c][r] = s;
       }
+    __syncthreads();
+    if (tid < C * R) {
+      const int c = tid / R, r = tid % R;
+      if (c < cols && r < rows) {
+        float s = part[0][c][r];
+        for (int wi = 1; wi < kWarpsPerBlock; ++wi) s += part[wi][c][r];
+        y[(m0 + r) * ys + n0 + c] = w.bias ? s + w.bias[n0 + c] : s;
+      }
+    }
+    __syncthreads();
   }
 }
+
 
 template <WeightKind K, int C, int R, int U>
 void launch_shape(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys, bool vectors,
                   bool x_vectors) {
-  const int64_t per_block = int64_t(kWarpsPerBlock) * C;
-  const dim3 grid(unsigned((w.out + per_block - 1) / per_block)), block(kWarpsPerBlock * 32);
+  const dim3 grid(unsigned((w.out + C - 1) / C)), block(kWarpsPerBlock * 32);
   matmul_kernel<K, C, R, U><<<grid, block>>>(x, M, xs, w, y, ys, vectors, x_vectors);
 }
 
 template <WeightKind K>
 void launch(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys, bool vectors,
             bool x_vectors) {
-  if (M == 1) return launch_shape<K, 1, 1, 4>(x, M, xs, w, y, ys, vectors, x_vectors);
+  // (measured on the H200 with bench/cuda: a decode row reads bf16 best with 2 columns per block, FP8 with 4)
+  if (M == 1 && K == WeightKind::kFP8) return launch_shape<K, 4, 1, 2>(x, M, xs, w, y, ys, vectors, x_vectors);
+  if (M == 1) return launch_shape<K, 2, 1, 2>(x, M, xs, w, y, ys, vectors, x_vectors);
   if (M == 2) return launch_shape<K, 2, 2, 2>(x, M, xs, w, y, ys, vectors, x_vectors);
   if (M <= 4) return launch_shape<K, 4, 4, 1>(x, M, xs, w, y, ys, vectors, x_vectors);
   launch_shape<K, 4, 8, 1>(x, M, xs, w, y, ys, vectors, x_vectors);
@@ -334,8 +347,7 @@ void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stri
                        (w.dtype != DType::F8_E4M3 || w.block_in % elems == 0);
   // float4 loads of x need 16-byte aligned rows (they change no value: the products are summed in the same order).
   const bool x_vectors = reinterpret_cast<uintptr_t>(x) % 16 == 0 && xs % 4 == 0;
-  // The launch shape by M (measured on the H200, bench/cuda): one column per warp and four vectors in flight
-  // per lane for a decode row; for verify rows, columns share x and rows share the weights.
+  // The launch shape follows M (launch()): for verify rows, more columns share x and rows share the weights.
   switch (w.dtype) {
     case DType::F32: launch<WeightKind::kF32>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
     case DType::BF16: launch<WeightKind::kBF16>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
