@@ -94,9 +94,12 @@ int KTuner::next() {
   const int b = best();
   if (++since_probe_ >= interval_) {
     since_probe_ = 0;
-    reprobe_up_ = !reprobe_up_;
-    int n = reprobe_up_ ? b + 1 : b - 1;
-    if (n < 0 || n > k_max_) n = reprobe_up_ ? b - 1 : b + 1;
+    // Re-measures cycle over the best's neighbours and, once the best is 2 or more, plain decoding itself:
+    // every other choice is judged against k = 0's time, which must not go stale while the context and the
+    // batch change (it is no neighbour then).
+    reprobe_turn_ = (reprobe_turn_ + 1) % (b >= 2 ? 3 : 2);
+    int n = reprobe_turn_ == 2 ? 0 : reprobe_turn_ == 1 ? b + 1 : b - 1;
+    if (n < 0 || n > k_max_) n = reprobe_turn_ == 1 ? b - 1 : b + 1;
     if (n >= 0 && n <= k_max_) {
       probe_k_ = n;
       probe_left_ = probe_rounds_;

@@ -6,8 +6,9 @@
 // versus compute-bound), the context length and the text. Each candidate k in 0..k_max (0 = plain
 // decoding) is tried for a few rounds, climbing from k = 0 while a larger k is faster (looking one step
 // past the first k that is not), then the k with the lowest time per emitted token runs, and a neighbour
-// of it is re-measured every `reprobe_interval` rounds (twice as long after each re-measure that changed
-// nothing, up to 8x) so that the choice follows the context as it grows.
+// of it (or, when the best is 2 or more, k = 0 every third time) is re-measured every `reprobe_interval`
+// rounds (twice as long after each re-measure that changed nothing, up to 8x) so that the choice follows
+// the context as it grows.
 // Time per token at k is estimated as (seconds per round at k) / (tokens a round at k yields), two things
 // measured apart: a round's time barely varies, but its tokens swing from 1 to k+1. So the tokens come
 // from the acceptance rate of each draft position given the ones before it, pooled over every round that
@@ -55,7 +56,7 @@ class KTuner {
   int best_before_probe_ = -1;         // the best k when the current re-measure began
   bool climbed_ = false;               // the first climb from k = 0 is over
   int64_t since_probe_ = 0;
-  bool reprobe_up_ = false;  // alternates the neighbour re-measured
+  int reprobe_turn_ = 0;     // which re-measure is next: the neighbour below (0), above (1), or k = 0 (2)
   int rescale_k_ = -1;       // seeded: the k re-measured first, and its time per round before
   double rescale_from_ = 0;
 };
