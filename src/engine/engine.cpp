@@ -175,15 +175,17 @@ KTuner& Engine::tuner_for(int64_t tuned_sequences) {
   return *tuners_[bucket];
 }
 
-// The batch's k is judged by the step's time per decoding sequence (prompts' time excluded: a step with prompts is
-// timed only when step() ran them apart) and by each tuned sequence's tokens: the tuner then minimizes the
-// batch's time per token.
+// The batch's k is judged by the step's time per decoding sequence (prompts' time excluded: a step with
+// prompts is timed only when step() ran them apart) and by each tuned sequence's tokens: the tuner then
+// minimizes the batch's time per token.
 void Engine::record_tuner(KTuner& tuner, double step_seconds) {
-  int64_t rounds = 0;
-  for (size_t i = 0; i < members_.size(); ++i) rounds += was_round_[i] && !members_[i]->failed();
+  int64_t rounds = 0, tuned_rounds = 0;
+  for (size_t i = 0; i < members_.size(); ++i) {
+    const bool round = was_round_[i] && !members_[i]->failed();
+    rounds += round;
+    tuned_rounds += round && members_[i]->tuned();
+  }
   if (rounds == 0) return;
-  int64_t tuned_rounds = 0;
-  for (size_t i = 0; i < members_.size(); ++i) tuned_rounds += was_round_[i] && members_[i]->tuned() && !members_[i]->failed();
   const double weight = tuned_rounds > 0 ? 1.0 / double(tuned_rounds) : 1.0;  // the step is one observation
   for (size_t i = 0; i < members_.size(); ++i) {
     Sequence& s = *members_[i];
