@@ -103,6 +103,32 @@ TEST_P(SpecExactness, TunedKEqualsPlainGreedy) {
   EXPECT_THROW(Generator(*model_).generate(prompts[0], sp, both), Error);
 }
 
+// A long run of k = 0 rounds (plain decoding, as the tuner picks at high concurrency) runs no MTP forward
+// after the prompt's: the deferred positions past the window are dropped. Drafting that resumes after it
+// restarts the layers' chains from the newest positions, and the output stays the target's.
+TEST_P(SpecExactness, LongPlainStretchRunsNoDraftForwardsAndResumesExactly) {
+  const auto& c = model_->facts();
+  const std::vector<int32_t> prompt = make_prompts(1, c.vocab_size, c.sparse_budget, 17)[0];
+  const int N = 200;  // > 2 x 64 k = 0 rounds, then drafting again
+  ASSERT_LT(int64_t(prompt.size()) + N + 8, c.context);
+  const auto ref = plain(prompt, N);
+  SamplingParams sp;
+  sp.max_tokens = N;
+  SpecOptions so;
+  so.num_speculative_tokens = 2;
+  so.k_schedule_for_tests = [](int64_t) { return 0; };
+  const auto all_plain = Generator(*model_).generate(prompt, sp, so);
+  ASSERT_EQ(all_plain.ids, ref.ids);
+  EXPECT_LE(all_plain.stats.draft_forwards, c.num_mtp_layers);  // the prompt's catch-up only
+  EXPECT_EQ(all_plain.stats.num_drafts, 0);
+  for (int64_t resume : {150, 170}) {
+    so.k_schedule_for_tests = [resume](int64_t round) { return round < resume ? 0 : 2; };
+    const auto got = Generator(*model_).generate(prompt, sp, so);
+    ASSERT_EQ(got.ids, ref.ids) << "resumed at round " << resume;
+    EXPECT_GT(got.stats.num_drafts, 0);
+  }
+}
+
 // Drafts forced to the right answer (from the plain run) except at chosen positions: exercises full
 // acceptance with bonus tokens, partial acceptance and rollback of target and draft caches.
 TEST_P(SpecExactness, ForcedAcceptancePatternsStayExact) {

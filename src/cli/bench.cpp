@@ -339,6 +339,7 @@ struct ConcurrentRun {
   double bytes_per_step = 0;    // mean over the decode steps: target weights read + KV cache of the sequences
   double mean_acceptance_length = 1;  // over all requests: 1 + accepted / drafts
   std::vector<int64_t> rounds_at_k;   // tuned k: the requests' rounds at each k, summed
+  double draft_share = 0;             // the MTP layers' time (drafts and catch-up, all requests) / decode_seconds
 };
 
 ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
@@ -381,11 +382,13 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
     if (res.finish_reason == "error") throw Error("bench --concurrency: request " + std::to_string(id) + ": " + res.error);
     drafts += res.stats.num_drafts;
     accepted += res.stats.num_accepted_tokens;
+    r.draft_share += res.stats.draft_seconds + res.stats.catch_up_seconds;
     const auto& at_k = res.stats.rounds_at_k;
     if (r.rounds_at_k.size() < at_k.size()) r.rounds_at_k.resize(at_k.size(), 0);
     for (size_t k = 0; k < at_k.size(); ++k) r.rounds_at_k[k] += at_k[k];
   }
   r.mean_acceptance_length = drafts ? 1.0 + double(accepted) / double(drafts) : 1.0;
+  r.draft_share = r.decode_seconds > 0 ? r.draft_share / r.decode_seconds : 0.0;
   return r;
 }
 
@@ -649,7 +652,8 @@ int run_bench(int argc, char** argv) {
     auto first = [&](int n) { return std::vector<std::vector<int32_t>>(prompts.begin(), prompts.begin() + n); };
     const size_t C = o.concurrency.size();
     std::vector<double> pass_bw_c, single_tps;
-    std::vector<std::vector<double>> plain_tps(C), spec_tps(C), plain_x(C), spec_x(C), plain_frac(C), spec_frac(C);
+    std::vector<std::vector<double>> plain_tps(C), spec_tps(C), plain_x(C), spec_x(C), plain_frac(C), spec_frac(C),
+        spec_draft(C);
     std::vector<ConcurrentRun> last_plain(C), last_spec(C);
     auto fraction = [](const ConcurrentRun& r, double gbps) {
       return r.decode_seconds > 0 ? r.bytes_per_step * double(r.decode_steps) / r.decode_seconds / 1e9 / gbps : 0.0;
@@ -670,6 +674,7 @@ int run_bench(int argc, char** argv) {
         spec_tps[i].push_back(last_spec[i].tokens_per_s);
         spec_x[i].push_back(last_spec[i].tokens_per_s / last_plain[i].tokens_per_s);
         spec_frac[i].push_back(fraction(last_spec[i], gbps));
+        spec_draft[i].push_back(last_spec[i].draft_share);
       }
       single_tps.push_back(single);
     }
@@ -686,8 +691,8 @@ int run_bench(int argc, char** argv) {
         "  ceiling = N x read bandwidth / bytes a plain step reads (target weights with the experts its rows used, "
         "plus each sequence's KV cache): the bandwidth-bound limit of plain decoding at N\n",
         n_tokens, drafting ? k_default : 0, repeats, bw_c, median(single_tps));
-    log("  %5s %12s %8s %9s %13s %7s | %12s %7s %10s %9s %7s\n", "N", "plain tok/s", "x single", "MB/step",
-        "ceiling tok/s", "of ceil", "spec tok/s", "x plain", "accept len", "MB/step", "of BW");
+    log("  %5s %12s %8s %9s %13s %7s | %12s %7s %10s %9s %7s %7s\n", "N", "plain tok/s", "x single", "MB/step",
+        "ceiling tok/s", "of ceil", "spec tok/s", "x plain", "accept len", "MB/step", "of BW", "drafts");
     nlohmann::json conc = nlohmann::json::array();
     std::string k_lines;
     for (size_t i = 0; i < C; ++i) {
@@ -717,16 +722,18 @@ int run_bench(int argc, char** argv) {
         e["speculative_bytes_per_step"] = ls.bytes_per_step;
         e["speculative_bandwidth_fraction"] = median(spec_frac[i]);
         e["speculative_rounds_at_k"] = ls.rounds_at_k;
-        log("%s | %12.2f %7.2f %10.2f %9.2f %6.1f%%\n", plain_cells, median(spec_tps[i]), median(spec_x[i]),
-            ls.mean_acceptance_length, ls.bytes_per_step / 1e6, 100 * median(spec_frac[i]));
+        e["speculative_draft_share"] = median(spec_draft[i]);
+        log("%s | %12.2f %7.2f %10.2f %9.2f %6.1f%% %6.1f%%\n", plain_cells, median(spec_tps[i]), median(spec_x[i]),
+            ls.mean_acceptance_length, ls.bytes_per_step / 1e6, 100 * median(spec_frac[i]), 100 * median(spec_draft[i]));
         k_lines += "  N=" + std::to_string(n) + ":" + rounds_at_k_text(ls.rounds_at_k) + "\n";
       } else {
-        log("%s | %12s %7s %10s %9s %7s\n", plain_cells, "-", "-", "-", "-", "-");
+        log("%s | %12s %7s %10s %9s %7s %7s\n", plain_cells, "-", "-", "-", "-", "-", "-");
       }
       conc.push_back(e);
     }
     if (drafting)
-      log("  speculative rounds at each k, summed over the requests (last pass; MB/step and of BW count the target's "
+      log("  drafts = the MTP layers' time (draft steps and catch-up, summed over the requests) / decode time\n"
+          "  speculative rounds at each k, summed over the requests (last pass; MB/step and of BW count the target's "
           "forwards only, not the MTP layers'):\n%s", k_lines.c_str());
     if (fits_in_llc)
       log("  (the checkpoint fits in the last-level cache: the ceiling above, from DRAM bandwidth, is no bound)\n");

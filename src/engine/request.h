@@ -34,6 +34,9 @@ struct SpecOptions {
   // Test seam: replaces a tuned round's measured duration: (k, tokens emitted) -> seconds.
   std::function<double(int k, int emitted)> round_seconds_for_tests;
 
+  // Test seam: the k of round `round` (0, 1, ...), in place of num_speculative_tokens (clamped to it).
+  std::function<int(int64_t round)> k_schedule_for_tests;
+
   // Test seam: replaces the draft token for absolute position `pos` (q becomes one-hot at the result).
   // Lets tests drive exact, partial and zero acceptance through the real verify / rollback path.
   std::function<int32_t(int64_t pos, int32_t drafted)> draft_hook;

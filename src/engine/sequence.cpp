@@ -193,7 +193,10 @@ void Sequence::draft(int k_tuned) {
   t_round_ = Clock::now();
   m_ = int64_t(seq_.size()) - 1;  // seq_[m] is the newest token; the target has seen [0, m)
   report_ = RoundReport{};
-  const int k_chosen = tuned_ ? std::clamp(k_tuned, 0, k_max_) : k_cur_;
+  const int k_chosen = spec.k_schedule_for_tests ? std::clamp(spec.k_schedule_for_tests(rounds_), 0, k_max_)
+                       : tuned_                  ? std::clamp(k_tuned, 0, k_max_)
+                                                 : k_cur_;
+  ++rounds_;
   int k = k_chosen;
   if (speculate_ && spec.adaptive && k_cur_ == 0 && ++since_probe_ >= spec.adaptive_probe_interval) {
     k = 1;  // probe
@@ -218,7 +221,8 @@ void Sequence::draft(int k_tuned) {
     report_.backlog_seconds = catch_seconds;
     deferred_row_seconds_ = catch_seconds / double(backlog_rows);
   }
-  if (k == 0) report_.deferred_charge = deferred_row_seconds_;
+  // (a position past the window is dropped, never caught up: it costs nothing later)
+  if (k == 0 && drafter_->pending_rows() <= drafter_->deferred_window()) report_.deferred_charge = deferred_row_seconds_;
 }
 
 // k draft steps: each step's raw logits -> the draft distribution q (penalties as the target will apply

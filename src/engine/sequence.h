@@ -99,6 +99,7 @@ class Sequence {
   std::vector<int32_t> drafts_, verify_tokens_;
   int64_t m_ = 0;  // this round's newest position: seq_[m_] is not yet run through the target
   int drafted_ = 0;
+  int64_t rounds_ = 0;
   RoundReport report_;
   std::vector<int64_t> rounds_at_k_;
   double deferred_row_seconds_ = 0;  // tuned k: what catching up one position left by a k = 0 round cost

@@ -70,8 +70,10 @@ class DraftSession {
   virtual bool begin_round(const std::vector<int32_t>& tokens, int k) = 0;
   virtual float* step(int s, int32_t prev_draft) = 0;  // (the caller may modify the logits in place)
   virtual void end_round() = 0;
-  // Verified positions whose catch-up is still deferred (k = 0 rounds batch it for later).
+  // Verified positions whose catch-up is still deferred (k = 0 rounds batch it for later), and the most a
+  // later catch-up runs (older deferred positions are dropped: the drafter restarts from the newest).
   virtual int64_t pending_rows() const = 0;
+  virtual int64_t deferred_window() const = 0;
   // Seconds the catch-up forwards of the current round took so far, and draft forwards run in all.
   virtual double round_catch_up_seconds() const = 0;
   virtual int64_t forwards() const = 0;

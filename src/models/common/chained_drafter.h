@@ -5,9 +5,11 @@
 // q gets token q+1 and layer j-1's output at q-1 (the target's hidden state for j = 0), so before a round
 // every layer the round uses catches up on the positions verified since the last one. Step 0 is layer 0's
 // row at the newest position; steps >= 1 attend to the positions step 0's indexer selected (vLLM's shared
-// top-k), and layer 1's catch-up runs step 1 in the same forward. Rounds with k = 0 defer the catch-up (up
-// to 64 positions) so that it runs batched when drafting resumes: a layer's outputs do not depend on how
-// many rows share its forward, so the drafts are the same.
+// top-k), and layer 1's catch-up runs step 1 in the same forward. Rounds with k = 0 defer the catch-up so
+// that it runs batched when drafting resumes (a layer's outputs do not depend on how many rows share its
+// forward, so the drafts are the same). A long run of k = 0 rounds (plain decoding chosen by the tuner, as
+// at high concurrency, where a verify's rows cost what they read) keeps only the newest deferred positions:
+// the layers then restart their chains from those, and plain decoding pays no MTP forwards at all.
 //
 // What Stack provides:
 //   int num_mtp_layers() const;  const ModelFacts& facts() const;
@@ -47,7 +49,8 @@ struct TopkOverride {
 
 namespace chained_draft {
 
-// Rounds with k = 0 leave the MTP layers' catch-up for later, up to this many positions.
+// Rounds with k = 0 leave the MTP layers' catch-up for later. Once 2 · kDeferRows positions wait, the oldest
+// are dropped and kDeferRows kept: what a resumed round catches up on is bounded, and costs one forward.
 inline constexpr int64_t kDeferRows = 64;
 
 using Clock = std::chrono::steady_clock;
@@ -66,6 +69,7 @@ class ChainedDraftSession : public DraftSession {
   float* step(int s, int32_t prev_draft) override;
   void end_round() override;
   int64_t pending_rows() const override { return pending_rows_; }
+  int64_t deferred_window() const override { return chained_draft::kDeferRows; }
   double round_catch_up_seconds() const override { return catch_seconds_; }
   int64_t forwards() const override { return forwards_; }
 
@@ -77,6 +81,7 @@ class ChainedDraftSession : public DraftSession {
     float* out;
   };
   void grow_rows(int64_t rows);
+  void drop_oldest_deferred();
   TopkOverride step0_selection(int j, int64_t end);
   void catch_up(int j, int64_t m, const ExtraRow* extra);
   void finish_catch_up(int first, int active, int64_t m);
@@ -120,11 +125,12 @@ ChainedDraftSession<Stack>::ChainedDraftSession(Stack& model, int64_t capacity, 
   g_last_.assign(layers_, std::vector<float>(H_));
   canon_.assign(layers_, 0);
   stale_.assign(layers_, 0);
-  // A deferred backlog reaches kDeferRows - 1 positions, then takes one more verify of up to k_max + 1 rows:
-  // the catch-up buffers, and the model's own for a forward of that many rows, are sized for it now, so that
-  // resuming drafting after a run of k = 0 rounds allocates nothing mid-decode.
-  grow_rows(chained_draft::kDeferRows + options.k_max + 1);
-  model.reserve_batch(chained_draft::kDeferRows + options.k_max + 1, capacity);
+  // A deferred backlog reaches 2 · kDeferRows - 1 positions, then takes one more verify of up to k_max + 1
+  // rows: the catch-up buffers, and the model's own for a forward of that many rows, are sized for it now, so
+  // that resuming drafting after a run of k = 0 rounds allocates nothing mid-decode.
+  const int64_t backlog_max = 2 * chained_draft::kDeferRows + options.k_max + 1;
+  grow_rows(backlog_max);
+  model.reserve_batch(backlog_max, capacity);
   // (filled per round: no growth; a selection never holds more positions than the cache)
   const int64_t topk_max = std::min<int64_t>(std::max<int64_t>(model.draft_selection_max(), 1), capacity);
   topk0_.reserve(topk_max);
@@ -149,6 +155,25 @@ void ChainedDraftSession<Stack>::push_verified(const float* hidden, int64_t rows
   grow_rows(pending_rows_ + rows);
   std::copy(hidden, hidden + rows * H_, pending_h_.begin() + pending_rows_ * H_);
   pending_rows_ += rows;
+}
+
+// Keeps the newest kDeferRows deferred positions. Every layer forgets its chain: layer 0 restarts at the first
+// kept position (its row q takes the target's hidden state at q, which is kept), the others after it as usual.
+template <class Stack>
+void ChainedDraftSession<Stack>::drop_oldest_deferred() {
+  const int64_t drop = pending_rows_ - chained_draft::kDeferRows;
+  if (drop <= 0) return;
+  const int64_t first_kept = dcache_[0].base_position() + dcache_[0].length() + drop;
+  std::copy(pending_h_.begin() + drop * H_, pending_h_.begin() + pending_rows_ * H_, pending_h_.begin());
+  pending_rows_ -= drop;
+  for (int j = 0; j < layers_; ++j) {
+    dcache_[j].truncate(0);
+    canon_[j] = 0;
+    g_rows_[j] = 0;
+    stale_[j] = j > 0;
+  }
+  dcache_[0].set_base_position(first_kept);
+  g_start_[0] = first_kept;
 }
 
 // Draft steps >= 1 attend to the positions step 0 selected (the seed's shared top-k buffer): those of layer
@@ -251,8 +276,8 @@ bool ChainedDraftSession<Stack>::begin_round(const std::vector<int32_t>& tokens,
   m_ = int64_t(tokens.size()) - 1;  // tokens[m] is the newest token; the target has seen [0, m)
   catch_seconds_ = 0;
   merged_ = false;
-  const bool defer = k == 0 && pending_rows_ < chained_draft::kDeferRows;
-  const bool catching = !defer;
+  if (k == 0 && pending_rows_ >= 2 * chained_draft::kDeferRows) drop_oldest_deferred();
+  const bool catching = k > 0;
   // Layers this round's steps use. An unused layer drops its chain and restarts it when next needed, from
   // the first position this round's outputs of layer j-1 allow.
   active_ = std::max(1, std::min(layers_, k));
