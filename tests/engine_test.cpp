@@ -100,6 +100,11 @@ TEST_P(CrossSequence, EachSequenceIsExactlyAsAlone) {
   for (auto& [id, res] : done) {
     expect_same(res, alone[id], GetParam() + " request " + std::to_string(id));
     drafted += res.stats.num_draft_tokens;
+    // The draft rounds ran with the others' (their MTP forwards batched): a fixed k drafts exactly as alone.
+    if (!make_request(int(id), f, max_tokens).spec.tune_k) {
+      EXPECT_EQ(res.stats.num_draft_tokens, alone[id].stats.num_draft_tokens) << "request " << id;
+      EXPECT_EQ(res.stats.num_accepted_tokens, alone[id].stats.num_accepted_tokens) << "request " << id;
+    }
   }
   EXPECT_GT(drafted, 0) << "speculation ran";
 }

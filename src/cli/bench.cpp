@@ -179,6 +179,11 @@ double time_draft_step(Model& m, const std::vector<int32_t>& prompt, int reps) {
   DraftOptions dopt;
   dopt.k_max = 1;
   auto drafter = m.new_draft_session(*seq, dopt);
+  struct Argmax final : DraftPicker {
+    int64_t V;
+    explicit Argmax(int64_t v) : V(v) {}
+    int32_t pick(int, float* logits) override { return Sampler::argmax(logits, V); }
+  } argmax(V);
   drafter->push_verified(hid.data(), T);
   drafter->catch_up_prompt(toks, 1);
   std::vector<double> ts;
@@ -188,8 +193,7 @@ double time_draft_step(Model& m, const std::vector<int32_t>& prompt, int reps) {
     toks.push_back(Sampler::argmax(lg.data(), V));
     drafter->push_verified(hid.data(), 1);
     const double t0 = now_s();
-    if (drafter->begin_round(toks, 1)) drafter->step(0, 0);
-    drafter->end_round();
+    run_draft_round(m, *drafter, toks, 1, argmax);
     ts.push_back(now_s() - t0);
   }
   std::sort(ts.begin(), ts.end());

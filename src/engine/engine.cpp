@@ -72,7 +72,8 @@ void Engine::step() {
   KTuner* tuner = any_tuned ? &tuner_for(tuned_decoding) : nullptr;
   const int k_batch = tuner ? tuner->next() : 0;
 
-  // Draft, and gather every sequence's rows: decoding rounds first, then prompts.
+  draft_all(k_batch);
+  // Gather every sequence's rows: decoding rounds first, then prompts.
   segments_.clear();
   members_.clear();
   was_round_.clear();
@@ -82,7 +83,6 @@ void Engine::step() {
       const bool decoding = s.phase() == Sequence::Phase::kDecoding;
       if (decoding != (pass == 0) || s.finished()) continue;
       try {
-        if (decoding) s.draft(k_batch);
         segments_.push_back(decoding ? s.verify_segment() : s.prefill_segment());
         members_.push_back(&s);
         was_round_.push_back(decoding);
@@ -114,6 +114,33 @@ void Engine::step() {
     record_tuner(*tuner, timed ? seconds_since(t0) - prefill_seconds : -1.0);
   }
   retire_finished();
+}
+
+// Every decoding sequence's draft round, their MTP forwards batched (one pass over each MTP layer per step
+// of the rounds, whatever the number of sequences).
+void Engine::draft_all(int k_batch) {
+  rounds_.clear();
+  drafting_.clear();
+  for (Entry& e : active_) {
+    Sequence& s = *e.seq;
+    if (s.phase() != Sequence::Phase::kDecoding) continue;
+    try {
+      if (DraftRound* r = s.start_draft(k_batch)) {
+        rounds_.push_back(r);
+        drafting_.push_back(&s);
+      }
+    } catch (const Error& err) {
+      s.fail(err.what());
+    }
+  }
+  model_.run_draft_rounds(rounds_.data(), rounds_.size());
+  for (Sequence* s : drafting_) {
+    try {
+      s->finish_draft();
+    } catch (const Error& err) {
+      s->fail(err.what());
+    }
+  }
 }
 
 // The target forward over members_[begin, end) and what each of them does with its rows.

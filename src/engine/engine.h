@@ -61,6 +61,7 @@ class Engine {
   void admit();
   void retire_finished();
   void run_forward(size_t begin, size_t end);
+  void draft_all(int k_batch);
   KTuner& tuner_for(int64_t tuned_sequences);
   // step_seconds < 0: the step is not a measurement (its rounds only count in the sequences' stats).
   void record_tuner(KTuner& tuner, double step_seconds);
@@ -78,6 +79,8 @@ class Engine {
   std::vector<BatchSegment> segments_;
   std::vector<Sequence*> members_;
   std::vector<char> was_round_;  // per member: a decoding round (else a prefill)
+  std::vector<DraftRound*> rounds_;  // this step's draft rounds, and their sequences
+  std::vector<Sequence*> drafting_;
   std::vector<float> logits_, hidden_;
 };
 

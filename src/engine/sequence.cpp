@@ -188,9 +188,8 @@ void Sequence::finish_prefill(const float* last_logits, const float* hidden, dou
 
 // ---- a round ----------------------------------------------------------------------------------------------
 
-void Sequence::draft(int k_tuned) {
+DraftRound* Sequence::start_draft(int k_tuned) {
   const SpecOptions& spec = request_.spec;
-  t_round_ = Clock::now();
   m_ = int64_t(seq_.size()) - 1;  // seq_[m] is the newest token; the target has seen [0, m)
   report_ = RoundReport{};
   const int k_chosen = spec.k_schedule_for_tests ? std::clamp(spec.k_schedule_for_tests(rounds_), 0, k_max_)
@@ -207,53 +206,62 @@ void Sequence::draft(int k_tuned) {
   report_.k_chosen = k_chosen;
   report_.k = k;
   drafted_ = 0;
-  if (!speculate_) return;
+  pick_seconds_ = 0;
+  if (!speculate_) return nullptr;
   // A catch-up longer than one round's own rows (positions deferred by k = 0 rounds) is a one-off; the tuner
   // does not charge it to this round's k.
-  const int64_t backlog_rows = drafter_->pending_rows() > k_max_ + 1 ? drafter_->pending_rows() : 0;
-  if (drafter_->begin_round(seq_, k) && k > 0) draft_steps(k);
-  drafter_->end_round();
+  backlog_rows_ = drafter_->pending_rows() > k_max_ + 1 ? drafter_->pending_rows() : 0;
+  round_ = drafter_->round(seq_, k, *this);
+  return &round_;
+}
+
+void Sequence::finish_draft() {
+  if (!round_.valid()) return;
+  for (int s = drafted_ - 1; s >= 0; --s) history_.pop(drafts_[s]);
+  const std::exception_ptr error = round_.error();
+  round_.reset();
+  if (error) std::rethrow_exception(error);
   const double catch_seconds = drafter_->round_catch_up_seconds();
   SpecStats& st = res_.stats;
   st.catch_up_seconds += catch_seconds;
-  st.draft_seconds += seconds_between(t_round_, Clock::now()) - catch_seconds;
-  if (backlog_rows > 0 && catch_seconds > 0) {
+  st.draft_seconds += drafter_->round_draft_seconds() + pick_seconds_;
+  if (backlog_rows_ > 0 && catch_seconds > 0) {
     report_.backlog_seconds = catch_seconds;
-    deferred_row_seconds_ = catch_seconds / double(backlog_rows);
+    deferred_row_seconds_ = catch_seconds / double(backlog_rows_);
   }
   // (a position past the window is dropped, never caught up: it costs nothing later)
-  if (k == 0 && drafter_->pending_rows() <= drafter_->deferred_window()) report_.deferred_charge = deferred_row_seconds_;
+  if (report_.k == 0 && drafter_->pending_rows() <= drafter_->deferred_window())
+    report_.deferred_charge = deferred_row_seconds_;
 }
 
-// k draft steps: each step's raw logits -> the draft distribution q (penalties as the target will apply
-// them) -> the draft token.
-void Sequence::draft_steps(int k) {
+// Draft step s: its raw logits -> the draft distribution q (penalties as the target will apply them) -> the
+// draft token.
+int32_t Sequence::pick(int s, float* raw) {
+  const auto t0 = Clock::now();
   const SpecOptions& spec = request_.spec;
-  for (int s = 0; s < k; ++s) {
-    float* raw = drafter_->step(s, s > 0 ? drafts_[s - 1] : 0);  // (penalties applied in place)
-    float* qs = q_.data() + int64_t(s) * V_;
-    sampler_.apply_penalties(raw, history_);
-    sampler_.distribution(raw, qs);
-    if (spec.draft_dist_hook) {
-      std::vector<int32_t> ctx = seq_;
-      ctx.insert(ctx.end(), drafts_.begin(), drafts_.begin() + s);
-      spec.draft_dist_hook(ctx, qs);
-    }
-    int32_t d = draw(qs);
-    if (spec.draft_hook) {  // test seam: replace the drafted token (greedy only)
-      d = spec.draft_hook(int64_t(seq_.size()) + s, d);
-      std::fill(qs, qs + V_, 0.0f);
-      qs[d] = 1.0f;
-    }
-    if (!spec.use_draft_probs) {  // one-hot q at the drafted token
-      std::fill(qs, qs + V_, 0.0f);
-      qs[d] = 1.0f;
-    }
-    drafts_[s] = d;
-    history_.push(d);
-    ++drafted_;
+  float* qs = q_.data() + int64_t(s) * V_;
+  sampler_.apply_penalties(raw, history_);
+  sampler_.distribution(raw, qs);
+  if (spec.draft_dist_hook) {
+    std::vector<int32_t> ctx = seq_;
+    ctx.insert(ctx.end(), drafts_.begin(), drafts_.begin() + s);
+    spec.draft_dist_hook(ctx, qs);
   }
-  for (int s = drafted_ - 1; s >= 0; --s) history_.pop(drafts_[s]);
+  int32_t d = draw(qs);
+  if (spec.draft_hook) {  // test seam: replace the drafted token (greedy only)
+    d = spec.draft_hook(int64_t(seq_.size()) + s, d);
+    std::fill(qs, qs + V_, 0.0f);
+    qs[d] = 1.0f;
+  }
+  if (!spec.use_draft_probs) {  // one-hot q at the drafted token
+    std::fill(qs, qs + V_, 0.0f);
+    qs[d] = 1.0f;
+  }
+  drafts_[s] = d;
+  history_.push(d);  // (popped when the round ends)
+  ++drafted_;
+  pick_seconds_ += seconds_between(t0, Clock::now());
+  return d;
 }
 
 BatchSegment Sequence::verify_segment() {

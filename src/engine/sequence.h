@@ -20,7 +20,7 @@
 
 namespace nextn {
 
-class Sequence {
+class Sequence : private DraftPicker {
  public:
   enum class Phase { kWaiting, kPrefill, kDecoding, kFinished };
 
@@ -47,8 +47,10 @@ class Sequence {
   BatchSegment prefill_segment();
   void finish_prefill(const float* last_logits, const float* hidden, double forward_seconds);
 
-  // A decoding round. k_tuned: the batch's k for tuned sequences (ignored by the others).
-  void draft(int k_tuned);
+  // A decoding round. k_tuned: the batch's k for tuned sequences (ignored by the others). The draft round
+  // (null: no drafting) runs with the batch's others (Model::run_draft_rounds); finish_draft throws its error.
+  DraftRound* start_draft(int k_tuned);
+  void finish_draft();
   BatchSegment verify_segment();
   void finish_round(const float* logits, const float* hidden, double forward_seconds);
 
@@ -76,7 +78,7 @@ class Sequence {
   void require_finite_target(const float* raw, int64_t pos) const;
   void target_dist(const float* raw, float* probs);
   int32_t draw(const float* probs);
-  void draft_steps(int k);
+  int32_t pick(int s, float* raw) override;
   int accept(const float* logits);  // returns the drafts accepted
   void update_adaptive_k(int drafted, int accepted);
   void finish(const char* reason);
@@ -92,6 +94,9 @@ class Sequence {
   TokenHistory history_;
   std::unique_ptr<SequenceState> state_;
   std::unique_ptr<DraftSession> drafter_;
+  DraftRound round_;  // (after drafter_: destroyed first, its frame lives in the drafter's arena)
+  int64_t backlog_rows_ = 0;
+  double pick_seconds_ = 0;
   GenerationResult res_;
   std::vector<int32_t> seq_;  // prompt + emitted tokens
   // One round's buffers, sized at admission (the decode loop does not allocate beyond the result vectors).
@@ -107,7 +112,7 @@ class Sequence {
   int k_cur_ = 0;
   std::vector<std::pair<int, int>> window_;  // (drafted, accepted) of recent rounds
   int64_t since_probe_ = 0;
-  Clock::time_point t_round_, t_decode_, t_admit_;
+  Clock::time_point t_decode_, t_admit_;
 };
 
 }  // namespace nextn

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "models/common/draft_round.h"
+
 namespace nextn {
 
 class ThreadPool;
@@ -57,26 +59,26 @@ struct BatchSegment {
 
 // Drafting for one sequence with the checkpoint's MTP layers. The engine drives it once per round:
 //   push_verified(hidden of the positions the target just kept)  — after prefill and after every verify
-//   begin_round(tokens so far, k)                                — catch up on them; false: cannot draft now
-//   step(0, -), step(1, d0), ... step(k-1, d_{k-2})              — raw draft logits [V] for the next position
-//   end_round()                                                  — forget the draft rows
-// The drafts only ever change speed: the engine verifies every one of them with the target.
+//   round(tokens so far, k, picker)                              — catch up on them, then k draft steps,
+//       each step's raw logits [V] handed to the picker, which returns the draft token
+// A round is a coroutine that waits on its MTP forwards: Model::run_draft_rounds runs many sequences' rounds
+// with their forwards batched. The drafts only ever change speed: the engine verifies every one of them.
 class DraftSession {
  public:
   virtual ~DraftSession() = default;
   virtual void push_verified(const float* hidden, int64_t rows) = 0;
   // Right after prefill (before any round): the layers' first catch-up over the prompt, for up to k_max steps.
   virtual void catch_up_prompt(const std::vector<int32_t>& tokens, int k_max) = 0;
-  virtual bool begin_round(const std::vector<int32_t>& tokens, int k) = 0;
-  virtual float* step(int s, int32_t prev_draft) = 0;  // (the caller may modify the logits in place)
-  virtual void end_round() = 0;
+  // `tokens` and `picker` must outlive the round. k = 0: no step (the catch-up is deferred).
+  virtual DraftRound round(const std::vector<int32_t>& tokens, int k, DraftPicker& picker) = 0;
   // Verified positions whose catch-up is still deferred (k = 0 rounds batch it for later), and the most a
   // later catch-up runs (older deferred positions are dropped: the drafter restarts from the newest).
   virtual int64_t pending_rows() const = 0;
   virtual int64_t deferred_window() const = 0;
-  // Seconds the catch-up forwards of the current round took so far, and draft forwards run in all.
+  // The last round's share of the batched forwards it ran: catch-up, and draft steps with their logits.
   virtual double round_catch_up_seconds() const = 0;
-  virtual int64_t forwards() const = 0;
+  virtual double round_draft_seconds() const = 0;
+  virtual int64_t forwards() const = 0;  // MTP forwards this sequence took part in
 };
 
 struct DraftOptions {
@@ -117,6 +119,10 @@ class Model {
   // (either may be null).
   virtual void forward(const BatchSegment* segments, size_t count, float* logits, float* hidden) = 0;
 
+  // Runs draft rounds of this model's sessions (any number of sequences) to their ends, their MTP forwards
+  // batched. Never throws: a round that fails holds its error (DraftRound::error).
+  virtual void run_draft_rounds(DraftRound* const* rounds, size_t n) = 0;
+
   // The first MTP layer teacher-forced over a prompt of T tokens whose target hidden states are `hidden`
   // [T, hidden_width]: position p gets token p+1 and hidden p; logits [T-1, V] (`nextn logits --draft`).
   virtual void prompt_draft_logits(const int32_t* tokens, int64_t T, const float* hidden, float* logits) = 0;
@@ -130,5 +136,14 @@ class Model {
   // cached position when it reads the whole cache), plus those of all its MTP layers when `drafting`.
   virtual int64_t kv_bytes_per_position(bool drafting) const = 0;
 };
+
+// One round alone, in a batch of one (bench, tests); throws the round's error.
+inline void run_draft_round(Model& model, DraftSession& session, const std::vector<int32_t>& tokens, int k,
+                            DraftPicker& picker) {
+  DraftRound round = session.round(tokens, k, picker);
+  DraftRound* one = &round;
+  model.run_draft_rounds(&one, 1);
+  if (round.error()) std::rethrow_exception(round.error());
+}
 
 }  // namespace nextn

@@ -17,10 +17,9 @@
 //   int64_t draft_selection_max() const;    // most positions one sparse-attention query selects
 //   KVCache new_shared_draft_cache(int64_t capacity);
 //   void reserve_batch(int64_t rows, int64_t positions);  // (Model's)
-//   void draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, int64_t pos0,
-//                      KVCache& cache, float* logits_out, float* hidden_out, const TopkOverride* forced,
-//                      std::vector<int32_t>* last_topk_positions);
-//   void draft_logits(const float* hidden, float* logits);   // one row's draft logits [V]
+//   void check_draft_request(const DraftRequest& r) const;  // throws nextn::Error naming what is wrong
+//   void draft_forward_batch(int layer, DraftRequest* const* requests, size_t n);  // many sequences' rows
+//   void draft_logits_rows(const float* hidden, int64_t rows, float* logits);    // [rows, width] -> [rows, V]
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -31,21 +30,10 @@
 #include "core/error.h"
 #include "core/finite.h"
 #include "memory/kv_cache.h"
+#include "models/common/draft_round.h"
 #include "models/model.h"
 
 namespace nextn {
-
-// Attention over a fixed set of cache slots instead of the indexer's choice (draft steps >= 1), for rows
-// first_row.. of the call; the rows before it (a draft layer's catch-up, run in the same forward) use the
-// indexer as usual.
-struct TopkOverride {
-  const int32_t* slots;  // ascending
-  int64_t count;
-  int64_t first_row = 0;
-  // Slots from this one up to the row's own are selected too, where a family keeps them (Qwen4-Exp's QSA
-  // always keeps the keys after the ones a query chose from): the draft rows after step 0's query.
-  int64_t extend_from_slot = -1;
-};
 
 namespace chained_draft {
 
@@ -65,13 +53,13 @@ class ChainedDraftSession : public DraftSession {
 
   void push_verified(const float* hidden, int64_t rows) override;
   void catch_up_prompt(const std::vector<int32_t>& tokens, int k_max) override;
-  bool begin_round(const std::vector<int32_t>& tokens, int k) override;
-  float* step(int s, int32_t prev_draft) override;
-  void end_round() override;
+  DraftRound round(const std::vector<int32_t>& tokens, int k, DraftPicker& picker) override;
   int64_t pending_rows() const override { return pending_rows_; }
   int64_t deferred_window() const override { return chained_draft::kDeferRows; }
   double round_catch_up_seconds() const override { return catch_seconds_; }
+  double round_draft_seconds() const override { return draft_seconds_; }
   int64_t forwards() const override { return forwards_; }
+  FrameArena& frame_arena() { return arena_; }
 
  private:
   // A speculative row run with a layer's catch-up: token, layer j-1's output, where the output goes.
@@ -82,9 +70,12 @@ class ChainedDraftSession : public DraftSession {
   };
   void grow_rows(int64_t rows);
   void drop_oldest_deferred();
+  void plan_round(const std::vector<int32_t>& tokens, int k);
   TopkOverride step0_selection(int j, int64_t end);
-  void catch_up(int j, int64_t m, const ExtraRow* extra);
-  void finish_catch_up(int first, int active, int64_t m);
+  bool prepare_catch_up(int j, int64_t m, const ExtraRow* extra);
+  void after_catch_up(int j, const ExtraRow* extra);
+  void remember_last_outputs(int active);
+  void catch_up_now(int j, int64_t m);  // (catch_up_prompt: a forward of its own, alone)
 
   Stack& model_;
   const int layers_;
@@ -103,13 +94,32 @@ class ChainedDraftSession : public DraftSession {
   std::vector<float> stage_;                   // [rows + 1, H] chained inputs of a catch-up
   std::vector<int32_t> tokens_buf_, topk0_, forced_slots_;
   std::vector<float> step_h_, draft_logits_;   // [H], [V]
+  DraftRequest req_;                           // the forward the round waits on
+  TopkOverride ov_{nullptr, 0};                // its forced selection
+  FrameArena arena_;
   int64_t m_ = 0;                              // newest position of the round (tokens[m] not yet verified)
   int active_ = 1;
-  bool merge_step1_ = false, merged_ = false, drafting_ = false;
-  double catch_seconds_ = 0;
+  int32_t prev_draft_ = 0;
+  bool merge_step1_ = false, merged_ = false;
+  double catch_seconds_ = 0, draft_seconds_ = 0;
   int64_t forwards_ = 0;
 };
 
+// Runs rounds of ChainedDraftSession<Stack> sessions (many sequences) to their ends, batching their requests:
+// every pass runs the waiting requests of each MTP layer as forwards of up to kMaxRows rows, and the waiting
+// logits as one lm_head, then resumes those rounds. A request that fails its checks fails its round alone.
+template <class Stack>
+class ChainedDraftDriver {
+ public:
+  static constexpr int64_t kMaxRows = 256;  // rows of one batched forward (bounds the forward's workspace)
+  void run(Stack& model, DraftRound* const* rounds, size_t n);
+
+ private:
+  void run_group(Stack& model, int layer);
+  std::vector<DraftRound*> live_;
+  std::vector<DraftRequest*> group_;
+  std::vector<float> hidden_, logits_;  // gathered logits rows [n, width] -> [n, V]
+};
 
 template <class Stack>
 ChainedDraftSession<Stack>::ChainedDraftSession(Stack& model, int64_t capacity, const DraftOptions& options)
@@ -193,9 +203,9 @@ TopkOverride ChainedDraftSession<Stack>::step0_selection(int j, int64_t end) {
 // and layer j-1's output at q-1 (the target's hidden state for j = 0). With `extra`, the same forward also
 // runs one speculative row at position m (layer j's draft step j, which extends the chain by one: token d_j,
 // layer j-1's output at m-1, attending to step 0's selection); its output lands in extra->out and its cache
-// row is dropped with the other draft rows at the end of the round.
+// row is dropped with the other draft rows at the end of the round. Fills req_; false: nothing to run.
 template <class Stack>
-void ChainedDraftSession<Stack>::catch_up(int j, int64_t m, const ExtraRow* extra) {
+bool ChainedDraftSession<Stack>::prepare_catch_up(int j, int64_t m, const ExtraRow* extra) {
   const std::vector<int32_t>& seq = *tokens_;
   if (stale_[j]) {
     dcache_[j].truncate(0);
@@ -206,7 +216,7 @@ void ChainedDraftSession<Stack>::catch_up(int j, int64_t m, const ExtraRow* extr
   const int64_t rows = m - cj;
   g_start_[j] = cj;
   g_rows_[j] = std::max<int64_t>(rows, 0);
-  if (rows <= 0 && !extra) return;
+  if (rows <= 0 && !extra) return false;
   const float* h_in;
   if (j == 0) {
     if (rows != pending_rows_) throw Error("internal: draft catch-up out of step");
@@ -214,7 +224,7 @@ void ChainedDraftSession<Stack>::catch_up(int j, int64_t m, const ExtraRow* extr
     h_in = pending_h_.data();
   } else {
     // row q needs layer j-1's output at q-1: this round's rows, or its last canonical one before them
-    // (g_last_[j-1] is still last round's: the caller updates it after every layer ran)
+    // (g_last_[j-1] is still last round's: remember_last_outputs runs after every layer ran)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t qp = cj + r - 1;
       if (qp < g_start_[j - 1] - 1) throw Error("internal: chained draft input missing");
@@ -226,33 +236,44 @@ void ChainedDraftSession<Stack>::catch_up(int j, int64_t m, const ExtraRow* extr
     h_in = stage_.data();
   }
   const int64_t n_rows = std::max<int64_t>(rows, 0) + (extra ? 1 : 0);
-  TopkOverride ov{nullptr, 0};
+  const TopkOverride* forced = nullptr;
   if (extra) {
     if (j == 0) throw Error("internal: layer 0 has no speculative catch-up row");
     tokens_buf_[n_rows - 1] = extra->token;
     std::copy(extra->h, extra->h + H_, stage_.data() + (n_rows - 1) * H_);
     h_in = stage_.data();
-    ov = step0_selection(j, m);  // (this layer's canonical rows end at m once caught up)
-    ov.first_row = n_rows - 1;
+    ov_ = step0_selection(j, m);  // (this layer's canonical rows end at m once caught up)
+    ov_.first_row = n_rows - 1;
+    forced = &ov_;
   }
-  const auto t0 = chained_draft::Clock::now();
-  model_.draft_forward(j, tokens_buf_.data(), h_in, n_rows, cj, dcache_[j], nullptr, g_[j].data(),
-                       extra ? &ov : nullptr, j == 0 ? &topk0_ : nullptr);
-  catch_seconds_ += chained_draft::seconds_since(t0);
+  req_ = DraftRequest{};
+  req_.layer = j;
+  req_.tokens = tokens_buf_.data();
+  req_.h_prev = h_in;
+  req_.rows = n_rows;
+  req_.pos0 = cj;
+  req_.cache = &dcache_[j];
+  req_.hidden_out = g_[j].data();
+  req_.forced = forced;
+  req_.topk_out = j == 0 ? &topk0_ : nullptr;
+  return true;
+}
+
+template <class Stack>
+void ChainedDraftSession<Stack>::after_catch_up(int j, const ExtraRow* extra) {
+  catch_seconds_ += req_.seconds;
   ++forwards_;
   canon_[j] = dcache_[j].length() - (extra ? 1 : 0);
   if (extra) {
-    const float* o = g_[j].data() + (n_rows - 1) * H_;
+    const float* o = g_[j].data() + (req_.rows - 1) * H_;
     std::copy(o, o + H_, extra->out);
   }
 }
 
-// Catches up the active layers from `first` on, then remembers every active layer's output at position m-1
-// (canonical: the next round's chain). Done after all of them ran: layer j+1 reads layer j's previous last
-// output.
+// Every active layer's output at position m-1 (canonical: the next round's chain), once all of them ran:
+// layer j+1 reads layer j's previous last output.
 template <class Stack>
-void ChainedDraftSession<Stack>::finish_catch_up(int first, int active, int64_t m) {
-  for (int j = first; j < active; ++j) catch_up(j, m, nullptr);
+void ChainedDraftSession<Stack>::remember_last_outputs(int active) {
   for (int j = 0; j < active; ++j)
     if (g_rows_[j] > 0) {
       const float* last = g_[j].data() + (g_rows_[j] - 1) * H_;
@@ -261,77 +282,193 @@ void ChainedDraftSession<Stack>::finish_catch_up(int first, int active, int64_t 
 }
 
 template <class Stack>
+void ChainedDraftSession<Stack>::catch_up_now(int j, int64_t m) {
+  if (!prepare_catch_up(j, m, nullptr)) return;
+  DraftRequest* one = &req_;
+  model_.check_draft_request(req_);
+  const auto t0 = chained_draft::Clock::now();
+  model_.draft_forward_batch(j, &one, 1);
+  req_.seconds = chained_draft::seconds_since(t0);
+  after_catch_up(j, nullptr);
+}
+
+template <class Stack>
 void ChainedDraftSession<Stack>::catch_up_prompt(const std::vector<int32_t>& tokens, int k_max) {
   tokens_ = &tokens;
   const int64_t n = int64_t(tokens.size()) - 1;  // the prompt; tokens[n] is the first generated token
   const int active = std::max(1, std::min(layers_, k_max));
-  finish_catch_up(0, active, n);
+  for (int j = 0; j < active; ++j) catch_up_now(j, n);
+  remember_last_outputs(active);
   for (int j = active; j < layers_; ++j) stale_[j] = 1;
   pending_rows_ = 0;
 }
 
+// What a round decides before its first forward: the layers it uses, whether step 1 joins layer 1's catch-up.
 template <class Stack>
-bool ChainedDraftSession<Stack>::begin_round(const std::vector<int32_t>& tokens, int k) {
+void ChainedDraftSession<Stack>::plan_round(const std::vector<int32_t>& tokens, int k) {
   tokens_ = &tokens;
   m_ = int64_t(tokens.size()) - 1;  // tokens[m] is the newest token; the target has seen [0, m)
-  catch_seconds_ = 0;
+  catch_seconds_ = draft_seconds_ = 0;
   merged_ = false;
   if (k == 0 && pending_rows_ >= 2 * chained_draft::kDeferRows) drop_oldest_deferred();
-  const bool catching = k > 0;
   // Layers this round's steps use. An unused layer drops its chain and restarts it when next needed, from
   // the first position this round's outputs of layer j-1 allow.
   active_ = std::max(1, std::min(layers_, k));
-  merge_step1_ = catching && merge_ && k >= 2 && active_ >= 2;
-  if (catching) {
+  merge_step1_ = k >= 2 && merge_ && active_ >= 2;
+  if (k > 0)
     for (int j = active_; j < layers_; ++j) {
       dcache_[j].truncate(0);
       stale_[j] = 1;
       g_rows_[j] = 0;
       canon_[j] = 0;
     }
-    catch_up(0, m_, nullptr);
-    if (!merge_step1_) finish_catch_up(1, active_, m_);
+}
+
+// catch up (k > 0; k = 0 defers), then k steps: step 0 is layer 0's row at position m-1 (token tokens[m]),
+// which drafts position m+1; step s >= 1 runs layer s mod L on the last draft (step 1 with layer 1's
+// catch-up, when merged); each step's logits go to the picker, which returns the draft.
+template <class Stack>
+DraftRound ChainedDraftSession<Stack>::round(const std::vector<int32_t>& tokens, int k, DraftPicker& picker) {
+  plan_round(tokens, k);
+  if (k > 0) {
+    if (prepare_catch_up(0, m_, nullptr)) {
+      co_await DraftRound::Ask{req_};
+      after_catch_up(0, nullptr);
+    }
+    if (!merge_step1_) {
+      for (int j = 1; j < active_; ++j)
+        if (prepare_catch_up(j, m_, nullptr)) {
+          co_await DraftRound::Ask{req_};
+          after_catch_up(j, nullptr);
+        }
+      remember_last_outputs(active_);
+    }
     pending_rows_ = 0;
   }
   // Layer 0 has run position m-1: this round (its catch-up's last row) or before (right after prefill).
-  drafting_ = k > 0 && dcache_[0].base_position() + dcache_[0].length() == m_;
-  if (drafting_) {
-    // Step 0: layer 0's row at position m-1 (token tokens[m]) drafts position m+1.
+  const bool drafting = k > 0 && dcache_[0].base_position() + dcache_[0].length() == m_;
+  if (drafting) {
     const float* h = g_rows_[0] > 0 ? g_[0].data() + (g_rows_[0] - 1) * H_ : g_last_[0].data();
     std::copy(h, h + H_, step_h_.begin());
-  }
-  return drafting_;
-}
-
-template <class Stack>
-float* ChainedDraftSession<Stack>::step(int s, int32_t prev_draft) {
-  if (!drafting_) throw Error("internal: draft step outside a drafting round");
-  if (s == 1 && merge_step1_) {
-    const ExtraRow extra{prev_draft, step_h_.data(), step_h_.data()};
-    catch_up(1, m_, &extra);
-    finish_catch_up(2, active_, m_);
-    merged_ = true;
-  } else if (s > 0) {
-    const int j = s % layers_;
-    const TopkOverride ov = step0_selection(j, dcache_[j].base_position() + canon_[j]);
-    model_.draft_forward(j, &prev_draft, step_h_.data(), 1, m_ - 1 + s, dcache_[j], nullptr, step_h_.data(), &ov);
-    ++forwards_;
-  }
-  model_.draft_logits(step_h_.data(), draft_logits_.data());
-  // NaN or inf would be drafted as token 0 or as garbage: stop, naming the layer.
-  if (!all_finite(draft_logits_.data(), V_))
-    throw Error("generate: MTP draft step " + std::to_string(s) + " (MTP layer " + std::to_string(s % layers_) +
-                ", position " + std::to_string(m_ - 1 + s) +
-                ") produced non-finite logits (NaN or inf); check the checkpoint with `nextn inspect --scan`");
-  return draft_logits_.data();
-}
-
-template <class Stack>
-void ChainedDraftSession<Stack>::end_round() {
-  if (drafting_)
+    for (int s = 0; s < k; ++s) {
+      if (s == 1 && merge_step1_) {
+        const ExtraRow extra{prev_draft_, step_h_.data(), step_h_.data()};
+        if (prepare_catch_up(1, m_, &extra)) {
+          co_await DraftRound::Ask{req_};
+          after_catch_up(1, &extra);
+        }
+        for (int j = 2; j < active_; ++j)
+          if (prepare_catch_up(j, m_, nullptr)) {
+            co_await DraftRound::Ask{req_};
+            after_catch_up(j, nullptr);
+          }
+        remember_last_outputs(active_);
+        merged_ = true;
+      } else if (s > 0) {
+        const int j = s % layers_;
+        ov_ = step0_selection(j, dcache_[j].base_position() + canon_[j]);
+        req_ = DraftRequest{};
+        req_.layer = j;
+        req_.tokens = &prev_draft_;
+        req_.h_prev = step_h_.data();
+        req_.rows = 1;
+        req_.pos0 = m_ - 1 + s;
+        req_.cache = &dcache_[j];
+        req_.hidden_out = step_h_.data();
+        req_.forced = &ov_;
+        co_await DraftRound::Ask{req_};
+        draft_seconds_ += req_.seconds;
+        ++forwards_;
+      }
+      req_ = DraftRequest{};
+      req_.hidden = step_h_.data();
+      req_.logits = draft_logits_.data();
+      co_await DraftRound::Ask{req_};
+      draft_seconds_ += req_.seconds;
+      // NaN or inf would be drafted as token 0 or as garbage: stop, naming the layer.
+      if (!all_finite(draft_logits_.data(), V_))
+        throw Error("generate: MTP draft step " + std::to_string(s) + " (MTP layer " + std::to_string(s % layers_) +
+                    ", position " + std::to_string(m_ - 1 + s) +
+                    ") produced non-finite logits (NaN or inf); check the checkpoint with `nextn inspect --scan`");
+      prev_draft_ = picker.pick(s, draft_logits_.data());
+    }
     for (int j = 0; j < layers_; ++j) dcache_[j].truncate(canon_[j]);  // drop speculative draft rows
-  if (merge_step1_ && !merged_) finish_catch_up(1, active_, m_);  // (no draft step ran: the others catch up)
-  drafting_ = false;
+  }
+  if (merge_step1_ && !merged_) {  // (no draft step ran: the other layers catch up)
+    for (int j = 1; j < active_; ++j)
+      if (prepare_catch_up(j, m_, nullptr)) {
+        co_await DraftRound::Ask{req_};
+        after_catch_up(j, nullptr);
+      }
+    remember_last_outputs(active_);
+  }
+}
+
+template <class Stack>
+void ChainedDraftDriver<Stack>::run(Stack& model, DraftRound* const* rounds, size_t n) {
+  live_.clear();
+  for (size_t i = 0; i < n; ++i)
+    if (rounds[i] && !rounds[i]->done()) {
+      rounds[i]->resume();  // (rounds start suspended)
+      live_.push_back(rounds[i]);
+    }
+  while (true) {
+    live_.erase(std::remove_if(live_.begin(), live_.end(), [](DraftRound* r) { return r->done(); }), live_.end());
+    if (live_.empty()) return;
+    for (DraftRound* r : live_) r->waiting()->seconds = -1;  // (not run yet)
+    for (int layer = -1; layer < model.num_mtp_layers(); ++layer) run_group(model, layer);
+    for (DraftRound* r : live_) {
+      DraftRequest* q = r->waiting();
+      if (q->seconds < 0) {
+        q->error = std::make_exception_ptr(Error("internal: a draft round asked for MTP layer " + std::to_string(q->layer)));
+        q->seconds = 0;
+      }
+      r->resume();
+    }
+  }
+}
+
+// The waiting requests of one layer (-1: logits), in forwards of up to kMaxRows rows (a larger request alone).
+// A request that ran has seconds >= 0.
+template <class Stack>
+void ChainedDraftDriver<Stack>::run_group(Stack& model, int layer) {
+  group_.clear();
+  for (DraftRound* r : live_) {
+    DraftRequest* q = r->waiting();
+    if (q->layer != layer) continue;
+    try {
+      if (layer >= 0) model.check_draft_request(*q);
+      group_.push_back(q);
+    } catch (...) {
+      q->error = std::current_exception();
+      q->seconds = 0;
+    }
+  }
+  const int64_t W = model.draft_width(), V = model.facts().vocab_size;
+  auto rows_of = [](const DraftRequest* q) { return q->layer >= 0 ? q->rows : int64_t(1); };
+  for (size_t b = 0; b < group_.size();) {
+    size_t e = b;
+    int64_t rows = 0;
+    while (e < group_.size() && (e == b || rows + rows_of(group_[e]) <= kMaxRows)) rows += rows_of(group_[e++]);
+    const auto t0 = chained_draft::Clock::now();
+    try {
+      if (layer >= 0) {
+        model.draft_forward_batch(layer, group_.data() + b, e - b);
+      } else {
+        if (int64_t(hidden_.size()) < rows * W) hidden_.resize(rows * W);
+        if (int64_t(logits_.size()) < rows * V) logits_.resize(rows * V);
+        for (size_t i = b; i < e; ++i) std::copy(group_[i]->hidden, group_[i]->hidden + W, hidden_.begin() + (i - b) * W);
+        model.draft_logits_rows(hidden_.data(), rows, logits_.data());
+        for (size_t i = b; i < e; ++i)
+          std::copy(logits_.begin() + (i - b) * V, logits_.begin() + (i - b + 1) * V, group_[i]->logits);
+      }
+    } catch (...) {
+      for (size_t i = b; i < e; ++i) group_[i]->error = std::current_exception();
+    }
+    const double seconds = chained_draft::seconds_since(t0);
+    for (size_t i = b; i < e; ++i) group_[i]->seconds = seconds * double(rows_of(group_[i])) / double(rows);
+    b = e;
+  }
 }
 
 }  // namespace nextn

@@ -402,9 +402,9 @@ void HYV4Model::hyper_post(int64_t S) {
 
 // xn [S, H] (normed) -> y [S, H]. The rows are those of spans_: row r of a span is rotated at position
 // pos0+r, written to its cache's slot slot0+r (layer `layer`) and attends to slots [0, slot0+r] of that cache
-// chosen by the indexer — or, when `forced` is given, to exactly those slots (the seed's draft steps >= 1
-// reuse step 0's top-k instead of running the indexer; forced calls have a single span).
-void HYV4Model::attention(const DecoderLayerWeights& L, size_t layer, int64_t S, const TopkOverride* forced) {
+// chosen by the indexer — or, for the rows of a span with a `forced` selection, to exactly those slots (the
+// seed's draft steps >= 1 reuse step 0's top-k instead of running the indexer).
+void HYV4Model::attention(const DecoderLayerWeights& L, size_t layer, int64_t S) {
   const HYV4Config& c = cfg_;
   const AttentionWeights& a = L.attn;
   const int64_t nh = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
@@ -415,9 +415,14 @@ void HYV4Model::attention(const DecoderLayerWeights& L, size_t layer, int64_t S,
 
   profile::Sections prof(sections::kProjections);
   // The projections of xn, and then those of the normed q_resid, each in one pass over the pool.
-  // Rows [first_forced, S) attend to the forced slots; the indexer runs when some row before them needs it.
-  const int64_t first_forced = forced ? std::clamp<int64_t>(forced->first_row, 0, S) : S;
-  const bool run_indexer = first_forced > 0 && a.has_indexer;
+  // Forced rows attend to their span's forced slots; the indexer runs when some other row needs it.
+  auto forced_of = [&](int64_t s) -> const TopkOverride* {
+    const RowSpan& sp = spans_[row_span_[s]];
+    return sp.forced && s - sp.first_row >= sp.forced->first_row ? sp.forced : nullptr;
+  };
+  bool all_forced = true;
+  for (int64_t s = 0; s < S && all_forced; ++s) all_forced = forced_of(s) != nullptr;
+  const bool run_indexer = !all_forced && a.has_indexer;
   {
     ops::MatmulOut outs[5] = {{&a.gate_proj, ws_.gate.data()},      // [S, nh*v]
                               {&a.q_a_proj, ws_.q_resid.data()},    // [S, q_lora]
@@ -461,16 +466,15 @@ void HYV4Model::attention(const DecoderLayerWeights& L, size_t layer, int64_t S,
   prof.next(sections::kIndexer);
   // DSA indexer: top-k key positions per query row (ascending), or reuse the previous full layer's.
   const int64_t K = topk_stride();  // index_topk, or every position when there are fewer
-  auto force_rows = [&](int64_t s0) {
-    const int64_t n = std::min<int64_t>(forced->count, K);
-    for (int64_t s = s0; s < S; ++s) {
-      std::copy(forced->slots, forced->slots + n, ws_.topk.data() + s * K);
-      ws_.topk_count[s] = static_cast<int32_t>(n);
-    }
+  auto force_rows = [&] {
+    for (int64_t s = 0; s < S; ++s)
+      if (const TopkOverride* f = forced_of(s)) {
+        const int64_t n = std::min<int64_t>(f->count, K);
+        std::copy(f->slots, f->slots + n, ws_.topk.data() + s * K);
+        ws_.topk_count[s] = static_cast<int32_t>(n);
+      }
   };
-  if (first_forced == 0) {
-    force_rows(0);
-  } else if (run_indexer) {
+  if (run_indexer) {
     const IndexerWeights& ix = a.indexer;
     const int64_t nih = c.index_n_heads, ihd = c.index_head_dim;
     ops::layer_norm(ws_.ik.data(), S, ihd, ix.k_norm_w.data(), ix.k_norm_b.data(), eps, ws_.ik.data());
@@ -533,7 +537,7 @@ void HYV4Model::attention(const DecoderLayerWeights& L, size_t layer, int64_t S,
       });
     }
   }
-  if (first_forced > 0 && first_forced < S) force_rows(first_forced);  // (the indexer chose for them too)
+  force_rows();  // (where the indexer ran, it chose for these rows too)
 
   prof.next(sections::kAttention);
   // Sparse MLA over the cached latents, absorbed: q·(W_kb c) = (W_kbᵀ q)·c and out = W_vb (Σ p c), with
@@ -884,7 +888,7 @@ void HYV4Model::forward(const CacheSegment* segments, size_t count, float* logit
     for (int64_t s = 0; s < g.rows; ++s)
       if (g.tokens[s] < 0 || g.tokens[s] >= V)
         throw Error("token id " + std::to_string(g.tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
-    spans_.push_back({g.cache, S, g.rows, g.cache->length(), g.cache->length(), g.tokens, g.all_logits});
+    spans_.push_back({g.cache, S, g.rows, g.cache->length(), g.cache->length(), g.tokens, g.all_logits, nullptr, nullptr});
     S += g.rows;
     max_seq = std::max(max_seq, g.cache->capacity());
     logit_rows += g.all_logits ? g.rows : 1;
@@ -912,7 +916,7 @@ void HYV4Model::forward(const CacheSegment* segments, size_t count, float* logit
     const DecoderLayerWeights& L = w_.layers[li];
     hyper_pre(L.attn_hc, S);
     ops::rms_norm(ws_.x.data(), S, H, L.input_norm.data(), eps, ws_.xn.data());
-    attention(L, li, S, nullptr);
+    attention(L, li, S);
     hyper_post(S);
     hyper_pre(L.ffn_hc, S);
     ops::rms_norm(ws_.x.data(), S, H, L.post_attn_norm.data(), eps, ws_.xn.data());
@@ -953,54 +957,100 @@ void HYV4Model::forward(const CacheSegment* segments, size_t count, float* logit
   lm_head(ws_.x.data(), n, logits_out);
 }
 
+void HYV4Model::check_draft_request(const DraftRequest& r) const {
+  const HYV4Config& c = cfg_;
+  if (r.layer < 0 || r.layer >= num_mtp_layers())
+    throw Error("draft_forward: MTP layer " + std::to_string(r.layer) + " does not exist (checkpoint has " +
+                std::to_string(num_mtp_layers()) + ")");
+  if (r.rows <= 0 || !r.cache) throw Error("draft_forward: a request without rows");
+  r.cache->check_room(r.rows);
+  // Canonical rows extend the layer's chain contiguously; forced (speculative) rows may sit anywhere.
+  const int64_t next = r.cache->base_position() + r.cache->length();
+  if ((!r.forced || r.forced->first_row > 0) && r.pos0 != next)
+    throw Error("draft_forward: position " + std::to_string(r.pos0) + " does not follow the draft cache (next " +
+                std::to_string(next) + ")");
+  for (int64_t s = 0; s < r.rows; ++s)
+    if (r.pos0 + s != 0 && (r.tokens[s] < 0 || r.tokens[s] >= c.vocab_size))
+      throw Error("draft token id " + std::to_string(r.tokens[s]) + " outside the vocabulary");
+}
+
 void HYV4Model::draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, int64_t pos0,
                               KVCache& dcache, float* logits_out, float* hidden_out, const TopkOverride* forced,
                               std::vector<int32_t>* last_topk_positions) {
-  const HYV4Config& c = cfg_;
-  if (layer < 0 || layer >= num_mtp_layers())
-    throw Error("draft_forward: MTP layer " + std::to_string(layer) + " does not exist (checkpoint has " +
-                std::to_string(num_mtp_layers()) + ")");
   if (S <= 0) return;
-  dcache.check_room(S);
-  ensure_workspace(S, dcache.capacity());
+  DraftRequest r;
+  r.layer = layer;
+  r.tokens = tokens;
+  r.h_prev = h_prev;
+  r.rows = S;
+  r.pos0 = pos0;
+  r.cache = &dcache;
+  r.hidden_out = hidden_out;
+  r.forced = forced;
+  r.topk_out = last_topk_positions;
+  DraftRequest* one = &r;
+  draft_forward_batch(layer, &one, 1);
+  if (logits_out) lm_head(ws_.hidden.data(), S, logits_out);
+}
+
+// The rows of all requests, in request order, through MTP layer `layer`; each request's rows extend its own
+// cache (a row's values never depend on the other requests'). ws_.hidden keeps the outputs [S, H].
+void HYV4Model::draft_forward_batch(int layer, DraftRequest* const* requests, size_t count) {
+  const HYV4Config& c = cfg_;
+  int64_t S = 0, max_seq = 1;
+  for (size_t i = 0; i < count; ++i) {
+    check_draft_request(*requests[i]);
+    if (requests[i]->layer != layer) throw Error("internal: draft requests of several layers in one forward");
+    S += requests[i]->rows;
+    max_seq = std::max(max_seq, requests[i]->cache->capacity());
+  }
+  if (S == 0) return;
+  ensure_workspace(S, max_seq);
   const MtpLayerWeights& m = w_.mtp[layer];
-  const int64_t H = c.hidden_size, slot0 = dcache.length();
+  const int64_t H = c.hidden_size;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  // Canonical rows extend the layer's chain contiguously; forced (speculative) rows may sit anywhere.
-  if ((!forced || forced->first_row > 0) && pos0 != dcache.base_position() + slot0)
-    throw Error("draft_forward: position " + std::to_string(pos0) + " does not follow the draft cache (next " +
-                std::to_string(dcache.base_position() + slot0) + ")");
-  for (int64_t s = 0; s < S; ++s) {
-    float* in = ws_.mtp_in.data() + s * 2 * H;
-    if (pos0 + s == 0) {
-      std::fill(in, in + H, 0.0f);  // the seed zeroes the token embedding at position 0
-    } else {
-      if (tokens[s] < 0 || tokens[s] >= c.vocab_size) throw Error("draft token id outside the vocabulary");
-      ops::dequant_row(w_.embed, tokens[s], in);
+  spans_.clear();
+  row_span_.assign(static_cast<size_t>(S), 0);
+  int64_t row = 0;
+  for (size_t i = 0; i < count; ++i) {
+    DraftRequest& r = *requests[i];
+    for (int64_t s = 0; s < r.rows; ++s) {
+      float* in = ws_.mtp_in.data() + (row + s) * 2 * H;
+      if (r.pos0 + s == 0)
+        std::fill(in, in + H, 0.0f);  // the seed zeroes the token embedding at position 0
+      else
+        ops::dequant_row(w_.embed, r.tokens[s], in);
+      ops::rms_norm(in, 1, H, m.enorm.data(), eps, in);
+      ops::rms_norm(r.h_prev + s * H, 1, H, m.hnorm.data(), eps, in + H);
     }
-    ops::rms_norm(in, 1, H, m.enorm.data(), eps, in);
-    ops::rms_norm(h_prev + s * H, 1, H, m.hnorm.data(), eps, in + H);
+    spans_.push_back(RowSpan{r.cache, row, r.rows, r.cache->length(), r.pos0, r.tokens, true, r.forced, r.topk_out});
+    std::fill(row_span_.begin() + row, row_span_.begin() + row + r.rows, static_cast<int32_t>(i));
+    r.cache->prepare(r.rows);
+    row += r.rows;
   }
   ops::matmul(pool_, ws_.mtp_in.data(), S, m.eh_proj, ws_.x.data());  // [S, H]
   ops::rms_norm(ws_.x.data(), S, H, m.block.input_norm.data(), eps, ws_.xn.data());
-  dcache.prepare(S);
-  spans_.assign(1, RowSpan{&dcache, 0, S, slot0, pos0, tokens, true});
-  row_span_.assign(static_cast<size_t>(S), 0);
-  attention(m.block, 0, S, forced);
-  if (last_topk_positions) {
-    const int64_t K = topk_stride();
-    const int32_t* row = ws_.topk.data() + (S - 1) * K;
-    last_topk_positions->assign(row, row + ws_.topk_count[S - 1]);
-    for (int32_t& p : *last_topk_positions) p += static_cast<int32_t>(dcache.base_position());
-  }
+  attention(m.block, 0, S);
+  const int64_t K = topk_stride();
+  for (const RowSpan& sp : spans_)
+    if (sp.last_topk) {
+      const int64_t last = sp.first_row + sp.rows - 1;
+      const int32_t* sel = ws_.topk.data() + last * K;
+      sp.last_topk->assign(sel, sel + ws_.topk_count[last]);
+      for (int32_t& p : *sp.last_topk) p += static_cast<int32_t>(sp.cache->base_position());
+    }
   for (int64_t i = 0; i < S * H; ++i) ws_.x[i] += ws_.y[i];
   ops::rms_norm(ws_.x.data(), S, H, m.block.post_attn_norm.data(), eps, ws_.xn.data());
   ffn(m.block.ffn, ws_.xn.data(), S, ws_.y.data());
   for (int64_t i = 0; i < S * H; ++i) ws_.x[i] += ws_.y[i];
   ops::rms_norm(ws_.x.data(), S, H, m.final_norm.data(), eps, ws_.hidden.data());
-  dcache.advance(S);
-  if (hidden_out) std::copy(ws_.hidden.begin(), ws_.hidden.begin() + S * H, hidden_out);
-  if (logits_out) lm_head(ws_.hidden.data(), S, logits_out);
+  for (size_t i = 0; i < count; ++i) {
+    const DraftRequest& r = *requests[i];
+    const RowSpan& sp = spans_[i];
+    r.cache->advance(r.rows);
+    if (r.hidden_out)
+      std::copy(ws_.hidden.begin() + sp.first_row * H, ws_.hidden.begin() + (sp.first_row + r.rows) * H, r.hidden_out);
+  }
 }
 
 }  // namespace nextn

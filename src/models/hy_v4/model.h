@@ -252,16 +252,24 @@ class HYV4Model : public Model {
   // ---- what ChainedDraftSession needs (models/common/chained_drafter.h)
   int64_t draft_width() const { return cfg_.hidden_size; }
   int64_t draft_selection_max() const { return cfg_.index_topk; }
-  void draft_logits(const float* hidden, float* logits) { lm_head(hidden, 1, logits); }
+  void check_draft_request(const DraftRequest& r) const;
+  // draft_forward for the requests of many sequences (one MTP layer), in one forward.
+  void draft_forward_batch(int layer, DraftRequest* const* requests, size_t count);
+  void draft_logits_rows(const float* hidden, int64_t rows, float* logits) { lm_head(hidden, rows, logits); }
+  void run_draft_rounds(DraftRound* const* rounds, size_t n) override { draft_driver_.run(*this, rounds, n); }
 
  private:
   // Where one segment's rows of the current forward are: rows [first_row, first_row + rows) of the batch
   // sit at cache slots slot0.. and absolute positions pos0..
+  // (MTP forwards: `forced` selections for the span's rows from forced->first_row on, and `last_topk`
+  // receiving the positions its last row attended to.)
   struct RowSpan {
     KVCache* cache;
     int64_t first_row, rows, slot0, pos0;
     const int32_t* tokens;
     bool all_logits;
+    const TopkOverride* forced;
+    std::vector<int32_t>* last_topk;
   };
   void init_facts();  // facts_ from cfg_ and w_ (at the end of loading)
   void ensure_workspace(int64_t S, int64_t max_seq);
@@ -278,7 +286,7 @@ class HYV4Model : public Model {
   void hyper_pre(const HyperConnectionWeights& hc, int64_t S);  // streams -> x, mixes (post in mixes[C..])
   void hyper_post(int64_t S);                                   // streams += post ⊗ y
   // x: [S, H] normed input -> ws_.y [S, H]; the rows of spans_ at cache layer `layer`.
-  void attention(const DecoderLayerWeights& L, size_t layer, int64_t S, const TopkOverride* forced);
+  void attention(const DecoderLayerWeights& L, size_t layer, int64_t S);
   void ffn(const FfnWeights& F, const float* x, int64_t S, float* out);
 
   std::string dir_;
@@ -292,6 +300,7 @@ class HYV4Model : public Model {
   int64_t ws_max_seq_ = 0;
   std::vector<RowSpan> spans_;          // the current forward's segments
   std::vector<int32_t> row_span_;       // [S] span of each row
+  ChainedDraftDriver<HYV4Model> draft_driver_;
   std::vector<CacheSegment> batch_segments_;
   MemoryOptions memory_;
   std::shared_ptr<KVPool> target_pool_, draft_pool_;  // shared by new_sequence / draft sessions

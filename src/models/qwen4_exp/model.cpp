@@ -549,8 +549,7 @@ void Qwen4ExpModel::gdn(const GdnWeights& g, int layer, const float* x, int64_t 
 // the block's first position). A query at slot s sees slots 0..s: its complete blocks are scored by
 // Σ_heads relu(q·k)/√d, the block_topk best are kept with the tail of the incomplete block, and attention runs
 // over those slots (all of them while there are no more blocks than block_topk).
-void Qwen4ExpModel::qsa(const QsaWeights& a, size_t cache_layer, const float* x, int64_t S, float* y,
-                        const TopkOverride* forced, std::vector<int32_t>* last_topk) {
+void Qwen4ExpModel::qsa(const QsaWeights& a, size_t cache_layer, const float* x, int64_t S, float* y) {
   const Qwen4ExpConfig& c = cfg_;
   const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads, kvd = nkv * hd;
   const int64_t ih = c.indexer_n_heads, ihd = c.indexer_head_dim, ratio = c.indexer_compress_ratio;
@@ -641,8 +640,8 @@ void Qwen4ExpModel::qsa(const QsaWeights& a, size_t cache_layer, const float* x,
       const int64_t i = row - sp.first_row, s = sp.slot0 + i;
       KVCache& cache = *sp.cache;
       int64_t n = 0;
-      const bool is_forced = forced && i >= forced->first_row;
-      if (is_forced) {
+      const TopkOverride* forced = sp.forced && i >= sp.forced->first_row ? sp.forced : nullptr;
+      if (forced) {
         // Step 0's selection, then (Qwen4-Exp keeps a query's tail) every slot after step 0's query.
         const int64_t ext = forced->extend_from_slot >= 0 ? forced->extend_from_slot : s + 1;
         for (int64_t j = 0; j < forced->count && n < sel_cap; ++j)
@@ -667,9 +666,9 @@ void Qwen4ExpModel::qsa(const QsaWeights& a, size_t cache_layer, const float* x,
           for (int64_t t = 0; t <= s; ++t) sel[n++] = static_cast<int32_t>(t);
         }
       }
-      if (last_topk && row == S - 1) {
-        last_topk->clear();
-        for (int64_t j = 0; j < n; ++j) last_topk->push_back(static_cast<int32_t>(cache.base_position() + sel[j]));
+      if (sp.last_topk && i == sp.rows - 1) {
+        sp.last_topk->clear();
+        for (int64_t j = 0; j < n; ++j) sp.last_topk->push_back(static_cast<int32_t>(cache.base_position() + sel[j]));
       }
       for (int64_t j = 0; j < n; ++j) phys[j] = cache.physical(sel[j]);
       const float* keys = cache.keys(cache_layer);
@@ -688,7 +687,8 @@ void Qwen4ExpModel::qsa(const QsaWeights& a, size_t cache_layer, const float* x,
       }
     }
   };
-  if (last_topk) last_topk->reserve(static_cast<size_t>(sel_cap));
+  for (const RowSpan& sp : spans_)
+    if (sp.last_topk) sp.last_topk->reserve(static_cast<size_t>(sel_cap));
   // Work of a row: its attention over up to sel_cap keys, and scoring every block of its sequence.
   int64_t work = 0;
   for (const RowSpan& sp : spans_)
@@ -839,8 +839,7 @@ void Qwen4ExpModel::ple(const PleWeights& p, int layer, const float* X, int64_t 
   }
 }
 
-void Qwen4ExpModel::layer_forward(const Qwen4LayerWeights& L, int layer, int qsa_layer, int64_t S, float* X,
-                                  const TopkOverride* forced, std::vector<int32_t>* last_topk) {
+void Qwen4ExpModel::layer_forward(const Qwen4LayerWeights& L, int layer, int qsa_layer, int64_t S, float* X) {
   if (L.has_ple) {
     float* add = b_.rows_out.data();
     ple(L.ple, layer, X, S, add);
@@ -853,7 +852,7 @@ void Qwen4ExpModel::layer_forward(const Qwen4LayerWeights& L, int layer, int qsa
   if (L.kind == Qwen4LayerKind::Linear)
     gdn(L.gdn, layer, x, S, y);
   else
-    qsa(L.attn, static_cast<size_t>(qsa_layer), x, S, y, forced, last_topk);
+    qsa(L.attn, static_cast<size_t>(qsa_layer), x, S, y);
   inject(y, inj, S, X);
   gated_residual(L.mlp_hc, X, S, x, inj);
   moe(L.moe, x, S, y);
@@ -880,7 +879,8 @@ void Qwen4ExpModel::forward(const BatchSegment* segments, size_t count, float* l
       if (g.tokens[s] < 0 || g.tokens[s] >= V)
         throw Error("token id " + std::to_string(g.tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
     spans_.push_back(
-        {seq, seq->has_kv() ? &seq->kv() : nullptr, S, g.rows, seq->length(), seq->length(), g.tokens, g.all_logits});
+        {seq, seq->has_kv() ? &seq->kv() : nullptr, S, g.rows, seq->length(), seq->length(), g.tokens, g.all_logits,
+         nullptr, nullptr});
     S += g.rows;
     max_pos = std::max(max_pos, seq->capacity());
   }
@@ -903,7 +903,7 @@ void Qwen4ExpModel::forward(const BatchSegment* segments, size_t count, float* l
       for (int64_t j = 1; j < c.hc_count; ++j) std::copy(row, row + H, row + j * H);
     }
   for (size_t li = 0; li < w_.layers.size(); ++li)
-    layer_forward(w_.layers[li], static_cast<int>(li), qsa_index_[li], S, X, nullptr, nullptr);
+    layer_forward(w_.layers[li], static_cast<int>(li), qsa_index_[li], S, X);
   for (const RowSpan& sp : spans_)
     if (sp.cache) sp.cache->advance(sp.rows);
   last_routed_bytes_ = routed_bytes_;
@@ -923,56 +923,97 @@ void Qwen4ExpModel::forward(const BatchSegment* segments, size_t count, float* l
   ops::matmul(pool_, x, n, w_.lm_head, logits);
 }
 
+void Qwen4ExpModel::check_draft_request(const DraftRequest& r) const {
+  const int64_t V = cfg_.vocab_size;
+  if (r.layer < 0 || r.layer >= num_mtp_layers()) throw Error("draft_forward: no MTP layer " + std::to_string(r.layer));
+  if (r.rows <= 0 || !r.cache) throw Error("draft_forward: a request without rows");
+  for (int64_t s = 0; s < r.rows; ++s)
+    if (r.tokens[s] < 0 || r.tokens[s] >= V)
+      throw Error("token id " + std::to_string(r.tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
+  r.cache->check_room(r.rows);
+  const int64_t next = r.cache->base_position() + r.cache->length();
+  if ((!r.forced || r.forced->first_row > 0) && r.pos0 != next)
+    throw Error("internal: MTP rows must extend the layer's chain (position " + std::to_string(r.pos0) + ", expected " +
+                std::to_string(next) + ")");
+}
+
 void Qwen4ExpModel::draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, int64_t pos0,
                                   KVCache& dcache, float* logits_out, float* hidden_out, const TopkOverride* forced,
                                   std::vector<int32_t>* last_topk_positions) {
-  const Qwen4ExpConfig& c = cfg_;
-  const int64_t H = c.hidden_size, C = c.hc_count, CH = c.hc_width(), V = c.vocab_size;
-  if (layer < 0 || layer >= num_mtp_layers()) throw Error("draft_forward: no MTP layer " + std::to_string(layer));
   if (S <= 0) return;
-  for (int64_t s = 0; s < S; ++s)
-    if (tokens[s] < 0 || tokens[s] >= V)
-      throw Error("token id " + std::to_string(tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
-  dcache.check_room(S);
+  DraftRequest r;
+  r.layer = layer;
+  r.tokens = tokens;
+  r.h_prev = h_prev;
+  r.rows = S;
+  r.pos0 = pos0;
+  r.cache = &dcache;
+  r.hidden_out = hidden_out;
+  r.forced = forced;
+  r.topk_out = last_topk_positions;
+  DraftRequest* one = &r;
+  draft_forward_batch(layer, &one, 1);
+  if (logits_out) {  // (b_.X holds the output streams)
+    gated_residual(w_.mtp.mixer, b_.X.data(), S, b_.x.data(), nullptr);
+    ops::matmul(pool_, b_.x.data(), S, w_.lm_head, logits_out);
+  }
+}
+
+// The rows of all requests, in request order, through MTP layer `layer`; each request's rows extend its own
+// cache (a row's values never depend on the other requests'). b_.X keeps the output streams [S, C·H].
+void Qwen4ExpModel::draft_forward_batch(int layer, DraftRequest* const* requests, size_t count) {
+  const Qwen4ExpConfig& c = cfg_;
+  const int64_t H = c.hidden_size, C = c.hc_count, CH = c.hc_width();
+  int64_t S = 0, max_seq = 1;
+  for (size_t i = 0; i < count; ++i) {
+    check_draft_request(*requests[i]);
+    if (requests[i]->layer != layer) throw Error("internal: draft requests of several layers in one forward");
+    S += requests[i]->rows;
+    max_seq = std::max(max_seq, requests[i]->cache->capacity());
+  }
+  if (S == 0) return;
   ensure_rows(S);
-  ensure_thread_scratch(dcache.capacity());
-  const int64_t slot0 = dcache.length();
-  if ((!forced || forced->first_row > 0) && pos0 != dcache.base_position() + slot0)
-    throw Error("internal: MTP rows must extend the layer's chain (position " + std::to_string(pos0) + ", expected " +
-                std::to_string(dcache.base_position() + slot0) + ")");
-  dcache.prepare(S);
+  ensure_thread_scratch(max_seq);
   spans_.clear();
-  spans_.push_back({nullptr, &dcache, 0, S, slot0, pos0, tokens, true});
   row_span_.assign(static_cast<size_t>(S), 0);
   const Qwen4MtpWeights& m = w_.mtp;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  float* X = b_.X.data();
+  int64_t row = 0;
+  for (size_t i = 0; i < count; ++i) {
+    DraftRequest& r = *requests[i];
+    for (int64_t s = 0; s < r.rows; ++s) ops::dequant_row(w_.embed, r.tokens[s], b_.y.data() + (row + s) * H);
+    // (the hidden rows normed here; fc_hidden below maps each of their C streams)
+    ops::rms_norm(r.h_prev, r.rows, CH, m.pre_fc_norm_hidden.data(), eps, b_.Xn.data() + row * CH);
+    spans_.push_back({nullptr, r.cache, row, r.rows, r.cache->length(), r.pos0, r.tokens, true, r.forced, r.topk_out});
+    std::fill(row_span_.begin() + row, row_span_.begin() + row + r.rows, static_cast<int32_t>(i));
+    r.cache->prepare(r.rows);
+    row += r.rows;
+  }
   // e = fc_embedding(pre_fc_norm_embedding(embed(token)))  [S, H]
   float* e = b_.eh.data();
-  for (int64_t s = 0; s < S; ++s) ops::dequant_row(w_.embed, tokens[s], b_.y.data() + s * H);
   ops::rms_norm(b_.y.data(), S, H, m.pre_fc_norm_embedding.data(), eps, b_.y.data());
   ops::matmul(pool_, b_.y.data(), S, m.fc_embedding, e);
   // streams = fc_hidden(pre_fc_norm_hidden(h_prev)) per stream, + e on every stream  [S, C·H]
-  float* X = b_.X.data();
-  ops::rms_norm(h_prev, S, CH, m.pre_fc_norm_hidden.data(), eps, b_.Xn.data());
   ops::matmul(pool_, b_.Xn.data(), S * C, m.fc_hidden, X);
   for (int64_t s = 0; s < S; ++s)
     for (int64_t j = 0; j < C; ++j)
       for (int64_t h = 0; h < H; ++h) X[(s * C + j) * H + h] += e[s * H + h];
-  layer_forward(m.layers[layer], -1, 0, S, X, forced, last_topk_positions);
-  dcache.advance(S);
-  if (hidden_out) std::copy(X, X + S * CH, hidden_out);
-  if (!logits_out) return;
-  float* x = b_.x.data();
-  gated_residual(m.mixer, X, S, x, nullptr);
-  ops::matmul(pool_, x, S, w_.lm_head, logits_out);
+  layer_forward(m.layers[layer], -1, 0, S, X);
+  for (size_t i = 0; i < count; ++i) {
+    const DraftRequest& r = *requests[i];
+    const RowSpan& sp = spans_[i];
+    r.cache->advance(r.rows);
+    if (r.hidden_out) std::copy(X + sp.first_row * CH, X + (sp.first_row + r.rows) * CH, r.hidden_out);
+  }
 }
 
-void Qwen4ExpModel::draft_logits(const float* hidden, float* logits) {
-  ensure_rows(1);
+void Qwen4ExpModel::draft_logits_rows(const float* hidden, int64_t rows, float* logits) {
+  ensure_rows(rows);
   float* X = b_.X.data();
-  std::copy(hidden, hidden + cfg_.hc_width(), X);
-  gated_residual(w_.mtp.mixer, X, 1, b_.x.data(), nullptr);
-  ops::matmul(pool_, b_.x.data(), 1, w_.lm_head, logits);
+  std::copy(hidden, hidden + rows * cfg_.hc_width(), X);
+  gated_residual(w_.mtp.mixer, X, rows, b_.x.data(), nullptr);
+  ops::matmul(pool_, b_.x.data(), rows, w_.lm_head, logits);
 }
 
 }  // namespace nextn

@@ -183,7 +183,11 @@ class Qwen4ExpModel : public Model {
   void draft_forward(int layer, const int32_t* tokens, const float* h_prev, int64_t S, int64_t pos0,
                      KVCache& dcache, float* logits_out, float* hidden_out, const TopkOverride* forced = nullptr,
                      std::vector<int32_t>* last_topk_positions = nullptr);
-  void draft_logits(const float* hidden, float* logits);  // mtp mixer + lm_head, one row
+  void check_draft_request(const DraftRequest& r) const;
+  // draft_forward for the requests of many sequences (one MTP layer), in one forward.
+  void draft_forward_batch(int layer, DraftRequest* const* requests, size_t count);
+  void draft_logits_rows(const float* hidden, int64_t rows, float* logits);  // mtp mixer + lm_head
+  void run_draft_rounds(DraftRound* const* rounds, size_t n) override { draft_driver_.run(*this, rounds, n); }
 
  private:
   // One segment's rows in the current forward.
@@ -193,6 +197,10 @@ class Qwen4ExpModel : public Model {
     int64_t first_row, rows, slot0, pos0;
     const int32_t* tokens;
     bool all_logits;
+    // MTP forwards: a forced selection for rows forced->first_row.. of the span, and where its last row's
+    // selected positions go
+    const TopkOverride* forced;
+    std::vector<int32_t>* last_topk;
   };
   void init_facts();
   ThreadPool* pool_for(int64_t work);
@@ -205,13 +213,11 @@ class Qwen4ExpModel : public Model {
   void ensure_rows(int64_t S);
 
   // Blocks over rows [0, S) of the batch (spans_ says whose rows they are).
-  void layer_forward(const Qwen4LayerWeights& L, int layer, int qsa_layer, int64_t S, float* X,
-                     const TopkOverride* forced, std::vector<int32_t>* last_topk);
+  void layer_forward(const Qwen4LayerWeights& L, int layer, int qsa_layer, int64_t S, float* X);
   void gated_residual(const GatedResidualWeights& g, const float* X, int64_t S, float* x_out, float* inj_out);
   void inject(const float* y, const float* inj, int64_t S, float* X);  // X[:, c] += inj[c] · y
   void gdn(const GdnWeights& g, int layer, const float* x, int64_t S, float* y);
-  void qsa(const QsaWeights& a, size_t cache_layer, const float* x, int64_t S, float* y, const TopkOverride* forced,
-           std::vector<int32_t>* last_topk);
+  void qsa(const QsaWeights& a, size_t cache_layer, const float* x, int64_t S, float* y);
   void moe(const MoeWeights& m, const float* x, int64_t S, float* y);
   void ple(const PleWeights& p, int layer, const float* X, int64_t S, float* out);
 
@@ -226,6 +232,7 @@ class Qwen4ExpModel : public Model {
   std::vector<int64_t> ple_off_;    // per layer: offset of its PLE conv window in a slot (-1: none)
   int64_t slots_ = 9;               // recurrent state slots per sequence: MemoryOptions::max_verify_rows
   std::vector<RowSpan> spans_;
+  ChainedDraftDriver<Qwen4ExpModel> draft_driver_;
   std::vector<int32_t> row_span_;
   MemoryOptions memory_;
   std::shared_ptr<KVPool> target_pool_, draft_pool_;
