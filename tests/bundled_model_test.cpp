@@ -15,6 +15,7 @@
 #include "io/tokenizer.h"
 #include "models/hy_v4/model.h"
 #include "engine/generator.h"
+#include "resumed_drafting.h"
 #include "test_util.h"
 
 namespace nextn {
@@ -83,6 +84,11 @@ TEST_F(Bundled, GreedyWithAndWithoutSpeculationMatchesTransformers) {
       EXPECT_GT(res.stats.mean_acceptance_length(), 1.2) << "the trained MTP layers should draft well";
     }
   }
+}
+
+// Drafting resumed after stretches of plain rounds (tests/resumed_drafting.h).
+TEST_F(Bundled, DraftingResumedAfterPlainStretchesKeepsItsAcceptance) {
+  testing::expect_resumed_drafting_keeps_acceptance(*model_, Tokenizer::from_dir(kModel));
 }
 
 // Every threaded path (column-split MoE over FP8 experts sliced inside their 128-row scale blocks,

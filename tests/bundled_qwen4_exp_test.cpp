@@ -7,6 +7,8 @@
 #include "core/threadpool.h"
 #include "engine/generator.h"
 #include "models/qwen4_exp/model.h"
+#include "io/tokenizer.h"
+#include "resumed_drafting.h"
 #include "test_util.h"
 
 namespace nextn {
@@ -89,6 +91,11 @@ TEST_F(BundledQwen, GreedyWithAndWithoutSpeculationMatchesTransformers) {
       EXPECT_GT(res.stats.mean_acceptance_length(), 1.5) << "k " << k << ": the trained MTP layers draft well";
     }
   }
+}
+
+// Drafting resumed after stretches of plain rounds (tests/resumed_drafting.h).
+TEST_F(BundledQwen, DraftingResumedAfterPlainStretchesKeepsItsAcceptance) {
+  testing::expect_resumed_drafting_keeps_acceptance(*model_, Tokenizer::from_dir(kModel));
 }
 
 }  // namespace

@@ -168,7 +168,9 @@ TEST(Cli, GenerateJsonHasIdsAndStats) {
   testing::Reference ref(kFixture);
   auto ids = ref.ids("input_ids");
   auto greedy = ref.ids("greedy_ids");
-  auto r = nextn("generate --model " + kFixture + " --ids " + ids_arg(ids) + " -n 6 --json --ignore-eos");
+  // (a fixed k: a tuned one may still be measuring k = 0 after 6 tokens, and then drafts nothing)
+  auto r = nextn("generate --model " + kFixture + " --ids " + ids_arg(ids) +
+                 " -n 6 --json --ignore-eos --speculative-tokens 2");
   ASSERT_EQ(r.status, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   auto got = j["ids"].get<std::vector<int32_t>>();

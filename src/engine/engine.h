@@ -69,6 +69,7 @@ class Engine {
   Model& model_;
   EngineOptions options_;
   int64_t next_id_ = 0, steps_ = 0;
+  bool decoded_ = false;           // a step with decoding rounds ran
   int64_t unmeasured_steps_ = 0;  // tuned steps since the last one the tuner could time (see step())
   std::deque<Entry> waiting_;
   std::vector<Entry> active_;

@@ -39,7 +39,7 @@ namespace chained_draft {
 
 // Rounds with k = 0 leave the MTP layers' catch-up for later. Once 2 · kDeferRows positions wait, the oldest
 // are dropped and kDeferRows kept: what a resumed round catches up on is bounded, and costs one forward.
-inline constexpr int64_t kDeferRows = 64;
+inline constexpr int64_t kDeferRows = 16;
 
 using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
