@@ -11,6 +11,10 @@ namespace {
 constexpr double kDecay = 0.8;  // round times, per round measured at that k: the last ~5 rounds dominate
 constexpr double kAcceptDecay = 0.95;  // acceptance, per draft tried at that position: the last ~20
 constexpr double kPriorTries = 2.0;
+// A round time more than this factor away from k's average so far counts as that far: on a shared machine one
+// step in a few runs 2x slow (another tenant, an interrupt), and a 3-round probe must not let one such step
+// decide between k (the averages still follow a real change, by this factor per round).
+constexpr double kOutlierFactor = 1.3;
 // Plain decoding keeps near-ties: speculation costs a little that no round's time shows (the MTP layers'
 // pass over each prompt, their deferred catch-up), so a k > 0 is best only when it beats k = 0 by this much.
 constexpr double kPlainMargin = 0.02;
@@ -113,6 +117,10 @@ int KTuner::next() {
 void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, double weight) {
   if (k < 0 || k > k_max_ || emitted <= 0 || !(seconds >= 0) || !(weight > 0 && weight <= 1)) return;
   const double decay = std::pow(kDecay, weight), accept_decay = std::pow(kAcceptDecay, weight);
+  if (weight_[k] > 0) {
+    const double mean = seconds_[k] / weight_[k];
+    seconds = std::clamp(seconds, mean / kOutlierFactor, mean * kOutlierFactor);
+  }
   seconds_[k] = seconds_[k] * decay + weight * seconds;
   weight_[k] = weight_[k] * decay + weight;
   // emitted - 1 drafts were accepted: positions up to there were, the next (if drafted) was not.

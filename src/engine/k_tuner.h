@@ -13,7 +13,8 @@
 // measured apart: a round's time barely varies, but its tokens swing from 1 to k+1. So the tokens come
 // from the acceptance rate of each draft position given the ones before it, pooled over every round that
 // drafted that far (whatever its k: position i's draft does not depend on how many follow it), instead of
-// from the few rounds run at k itself. Both are decaying averages, so that they follow the text.
+// from the few rounds run at k itself. Both are decaying averages, so that they follow the text; a round
+// time far from its k's average counts as at most 1.3x off (one stalled step must not decide a probe).
 #pragma once
 #include <cstdint>
 #include <vector>

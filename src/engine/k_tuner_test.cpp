@@ -161,9 +161,22 @@ TEST(KTuner, CountsABatchStepAsOneObservation) {
   // One slow step at k = 1 weighs as one step in its decaying average (0.8 per step, three steps before
   // it), where at weight 1 its 64 rounds would have pushed out nearly everything before.
   ASSERT_NEAR(t.seconds_per_token(1), 0.8 / 2, 1e-9);
-  for (int i = 0; i < n; ++i) t.record(1, 1.8, 2, true, 1.0 / n);
+  for (int i = 0; i < n; ++i) t.record(1, 1.0, 2, true, 1.0 / n);
   const double w = 0.8 * (1 + 0.8 + 0.64);
-  EXPECT_NEAR(t.seconds_per_token(1), (0.8 * w + 1.8) / (w + 1) / 2, 0.01);
+  EXPECT_NEAR(t.seconds_per_token(1), (0.8 * w + 1.0) / (w + 1) / 2, 0.01);
+}
+
+// One step far off k's average (a stall of the machine) counts as 1.3x off, not more: three rounds of a probe
+// are not decided by it.
+TEST(KTuner, AnOutlierStepCountsAsAtMostOnePointThreeTimesTheAverage) {
+  KTuner t(1, 3, 1000);
+  t.record(0, 1.0, 1);
+  t.record(0, 1.0, 1);
+  t.record(0, 3.0, 1);  // a stall: counts as 1.3
+  const double w = 0.8 * (1 + 0.8);
+  EXPECT_NEAR(t.seconds_per_token(0), (1.0 * w + 1.3) / (w + 1), 1e-9);
+  t.record(1, 0.5, 2);  // the first measurement of a k is taken as it is
+  EXPECT_NEAR(t.seconds_per_token(1), 0.25, 1e-9);
 }
 
 // Plain decoding keeps a near-tie (speculation has costs outside the timed rounds); a clear gain wins.
