@@ -217,6 +217,27 @@ TEST(EngineMemory, RequestsWaitForPagesAndTooLargeOnesAreRefused) {
   }
 }
 
+// Model::memory_bytes_for(N, capacity): a pool of that size admits N drafting sequences at once (with
+// Qwen4-Exp's recurrent state beside the pages), and not one more when the pages are the bound.
+TEST(EngineMemory, MemoryBytesForHoldsThatManySequencesAtOnce) {
+  for (const std::string& dir : {fixture_dir("a_fp32"), testing::qwen4_exp_fixture_dir("a_fp32")}) {
+    for (int64_t n : {1, 7, 64}) {
+      auto m = load_model(dir, nullptr);
+      MemoryOptions mem;
+      mem.kv_cache_bytes = m->memory_bytes_for(n, 100, mem.page_tokens);
+      m->configure_memory(mem);
+      std::vector<std::unique_ptr<SequenceState>> live;
+      std::vector<std::unique_ptr<DraftSession>> drafts;
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_TRUE(m->can_admit(100, true)) << dir << ": sequence " << i << " of " << n;
+        live.push_back(m->new_sequence(100));
+        drafts.push_back(m->new_draft_session(*live.back(), DraftOptions{}));
+      }
+      EXPECT_GT(m->kv_usage(), 0.0) << dir;
+    }
+  }
+}
+
 // A client that goes away (the server's disconnect): cancelling a running and a waiting request frees their
 // pages at once, their results say "abort" with the tokens so far, and the others are untouched.
 TEST(EngineCancel, CancelledRequestsFreeTheirPagesAndLeaveTheOthersExact) {

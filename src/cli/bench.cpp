@@ -449,8 +449,7 @@ int run_bench(int argc, char** argv) {
     // One KV pool for all the sequences of the largest batch, each of the run's prompt + tokens + the rows of
     // verify steps and drafts, so that an engine admits them all at once (the default pool holds one sequence).
     MemoryOptions mem;
-    const int64_t pages = (int64_t(n_prompt) + n_tokens + kBenchExtraPositions + mem.page_tokens - 1) / mem.page_tokens;
-    mem.kv_cache_bytes = int64_t(max_concurrency) * pages * mem.page_tokens * m.kv_bytes_per_position(true);
+    mem.kv_cache_bytes = m.memory_bytes_for(max_concurrency, int64_t(n_prompt) + n_tokens + kBenchExtraPositions, mem.page_tokens);
     m.configure_memory(mem);
   }
 

@@ -135,6 +135,9 @@ class Model {
   // Bytes of KV memory one position of a sequence takes in the target's layers (what a decode step reads per
   // cached position when it reads the whole cache), plus those of all its MTP layers when `drafting`.
   virtual int64_t kv_bytes_per_position(bool drafting) const = 0;
+  // The MemoryOptions::kv_cache_bytes that hold `sequences` drafting sequences of `capacity` positions at once
+  // (pages of page_tokens; with recurrent state, the state of each).
+  virtual int64_t memory_bytes_for(int64_t sequences, int64_t capacity, int64_t page_tokens) const = 0;
 };
 
 // One round alone, in a batch of one (bench, tests); throws the round's error.

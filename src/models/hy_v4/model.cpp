@@ -172,6 +172,12 @@ int64_t HYV4Model::sequence_bytes(int64_t capacity, bool drafting) const {
   return bytes;
 }
 
+int64_t HYV4Model::memory_bytes_for(int64_t sequences, int64_t capacity, int64_t page_tokens) const {
+  const std::string what = "the KV memory of " + std::to_string(sequences) + " sequences";
+  const int64_t pages = (capacity + page_tokens - 1) / page_tokens;
+  return checked_mul(checked_mul(sequences, pages * page_tokens, what), kv_bytes_per_position(true), what);
+}
+
 int64_t HYV4Model::kv_bytes_per_position(bool drafting) const {
   int64_t bytes = KVPool::bytes_per_page(target_plane_widths(nullptr), 1);
   if (drafting) bytes += num_mtp_layers() * KVPool::bytes_per_page(draft_plane_widths(), 1);

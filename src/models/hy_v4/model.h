@@ -218,6 +218,7 @@ class HYV4Model : public Model {
   // Target: per layer its key plane (kv_lora + rope) and, with its own indexer, its index plane; drafting adds
   // one key and one index plane per MTP layer (fp32).
   int64_t kv_bytes_per_position(bool drafting) const override;
+  int64_t memory_bytes_for(int64_t sequences, int64_t capacity, int64_t page_tokens) const override;
 
   // Caches for `capacity` positions, at most the model's context (max_position_embeddings), each over a
   // pool of its own (the shared pool is for new_sequence). Their bytes are computed with overflow checks

@@ -218,6 +218,17 @@ int64_t Qwen4ExpModel::sequence_bytes(int64_t capacity, bool drafting) const {
                      "a sequence's memory");
 }
 
+// (ensure_pools gives a quarter of the bytes, at most, to recurrent state: enough for all of them, and three
+// quarters for their pages)
+int64_t Qwen4ExpModel::memory_bytes_for(int64_t sequences, int64_t capacity, int64_t page_tokens) const {
+  const std::string what = "the KV memory of " + std::to_string(sequences) + " sequences";
+  const int64_t pages = (capacity + page_tokens - 1) / page_tokens;
+  const int64_t kv = checked_mul(checked_mul(sequences, pages * page_tokens, what), kv_bytes_per_position(true), what);
+  const int64_t state = checked_mul(sequences, state_bytes(), what);
+  return std::max(checked_mul(state, 4, what), checked_add(kv / 3 * 4, page_tokens * kv_bytes_per_position(true), what)) +
+         4 * state_bytes();
+}
+
 void Qwen4ExpModel::configure_memory(const MemoryOptions& options) {
   if (target_pool_) throw Error("configure_memory: the KV pool is already in use");
   if (options.page_tokens < 1 || options.page_tokens > 4096) throw Error("KV page size must be in 1..4096 positions");

@@ -170,6 +170,7 @@ class Qwen4ExpModel : public Model {
   // Target: per QSA layer its key and value rows and its indexer key (raw and block-pooled); drafting adds
   // the same per MTP layer. The recurrent state is per sequence, not per position (state_bytes).
   int64_t kv_bytes_per_position(bool drafting) const override;
+  int64_t memory_bytes_for(int64_t sequences, int64_t capacity, int64_t page_tokens) const override;
   // Bytes of one sequence's recurrent state (all slots).
   int64_t state_bytes() const;
 
