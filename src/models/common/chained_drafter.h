@@ -246,16 +246,8 @@ bool ChainedDraftSession<Stack>::prepare_catch_up(int j, int64_t m, const ExtraR
     ov_.first_row = n_rows - 1;
     forced = &ov_;
   }
-  req_ = DraftRequest{};
-  req_.layer = j;
-  req_.tokens = tokens_buf_.data();
-  req_.h_prev = h_in;
-  req_.rows = n_rows;
-  req_.pos0 = cj;
-  req_.cache = &dcache_[j];
-  req_.hidden_out = g_[j].data();
-  req_.forced = forced;
-  req_.topk_out = j == 0 ? &topk0_ : nullptr;
+  req_ = layer_request(j, tokens_buf_.data(), h_in, n_rows, cj, &dcache_[j], g_[j].data(), forced,
+                       j == 0 ? &topk0_ : nullptr);
   return true;
 }
 
@@ -367,15 +359,7 @@ DraftRound ChainedDraftSession<Stack>::round(const std::vector<int32_t>& tokens,
       } else if (s > 0) {
         const int j = s % layers_;
         ov_ = step0_selection(j, dcache_[j].base_position() + canon_[j]);
-        req_ = DraftRequest{};
-        req_.layer = j;
-        req_.tokens = &prev_draft_;
-        req_.h_prev = step_h_.data();
-        req_.rows = 1;
-        req_.pos0 = m_ - 1 + s;
-        req_.cache = &dcache_[j];
-        req_.hidden_out = step_h_.data();
-        req_.forced = &ov_;
+        req_ = layer_request(j, &prev_draft_, step_h_.data(), 1, m_ - 1 + s, &dcache_[j], step_h_.data(), &ov_);
         co_await DraftRound::Ask{req_};
         draft_seconds_ += req_.seconds;
         ++forwards_;

@@ -55,6 +55,23 @@ struct DraftRequest {
   std::exception_ptr error;
 };
 
+// A request for `rows` rows of MTP layer `layer` (the fields above, in order).
+inline DraftRequest layer_request(int layer, const int32_t* tokens, const float* h_prev, int64_t rows, int64_t pos0,
+                                  KVCache* cache, float* hidden_out, const TopkOverride* forced = nullptr,
+                                  std::vector<int32_t>* topk_out = nullptr) {
+  DraftRequest r;
+  r.layer = layer;
+  r.tokens = tokens;
+  r.h_prev = h_prev;
+  r.rows = rows;
+  r.pos0 = pos0;
+  r.cache = cache;
+  r.hidden_out = hidden_out;
+  r.forced = forced;
+  r.topk_out = topk_out;
+  return r;
+}
+
 // Reused storage for one coroutine frame at a time.
 class FrameArena {
  public:

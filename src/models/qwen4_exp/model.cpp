@@ -952,16 +952,7 @@ void Qwen4ExpModel::draft_forward(int layer, const int32_t* tokens, const float*
                                   KVCache& dcache, float* logits_out, float* hidden_out, const TopkOverride* forced,
                                   std::vector<int32_t>* last_topk_positions) {
   if (S <= 0) return;
-  DraftRequest r;
-  r.layer = layer;
-  r.tokens = tokens;
-  r.h_prev = h_prev;
-  r.rows = S;
-  r.pos0 = pos0;
-  r.cache = &dcache;
-  r.hidden_out = hidden_out;
-  r.forced = forced;
-  r.topk_out = last_topk_positions;
+  DraftRequest r = layer_request(layer, tokens, h_prev, S, pos0, &dcache, hidden_out, forced, last_topk_positions);
   DraftRequest* one = &r;
   draft_forward_batch(layer, &one, 1);
   if (logits_out) {  // (b_.X holds the output streams)
