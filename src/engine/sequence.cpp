@@ -211,6 +211,7 @@ DraftRound* Sequence::start_draft(int k_tuned) {
   // A catch-up longer than one round's own rows (positions deferred by k = 0 rounds) is a one-off; the tuner
   // does not charge it to this round's k.
   backlog_rows_ = drafter_->pending_rows() > k_max_ + 1 ? drafter_->pending_rows() : 0;
+  round_.reset();  // (a round left over from a step that threw: its frame is the arena the new one takes)
   round_ = drafter_->round(seq_, k, *this);
   return &round_;
 }
