@@ -20,7 +20,7 @@
 
 namespace nextn {
 
-class Sequence : private DraftPicker {
+class Sequence final : private DraftPicker {
  public:
   enum class Phase { kWaiting, kPrefill, kDecoding, kFinished };
 
