@@ -179,14 +179,15 @@ TEST_P(Qwen4ExpParity, LiveDraftRoundMatchesReference) {
   tokens.push_back(chain_tokens[0]);
   ds->push_verified(hidden.data(), T);
   ds->catch_up_prompt(tokens, 2);
-  // The two draft steps' logits, each step drafting the reference's token.
+  // The two draft steps' logits, step 0 drafting the reference's next token.
   struct Record final : DraftPicker {
     int64_t V;
     std::vector<int32_t> chain_tokens;
     std::vector<std::vector<float>> logits;
     int32_t pick(int s, float* l) override {
       logits.emplace_back(l, l + V);
-      return chain_tokens[s + 1];
+      // (the reference's chain: its tokens after the prompt; the last step's draft is never used)
+      return size_t(s + 1) < chain_tokens.size() ? chain_tokens[s + 1] : 0;
     }
   } rec;
   rec.V = V_;
