@@ -18,6 +18,11 @@ constexpr double kOutlierFactor = 1.3;
 // Plain decoding keeps near-ties: speculation costs a little that no round's time shows (the MTP layers'
 // pass over each prompt, their deferred catch-up), so a k > 0 is best only when it beats k = 0 by this much.
 constexpr double kPlainMargin = 0.02;
+// The probe budget (see k_tuner.h): the share of each round's time it earns, the debt at which a probe
+// stops, and the most it banks, both in plain tokens' time.
+constexpr double kProbeAllowance = 0.015;
+constexpr double kDebtTokens = 1.0;
+constexpr double kBudgetCapTokens = 32.0;
 }
 
 KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval)
@@ -57,6 +62,30 @@ int KTuner::best() const {
   return b < 0 ? k_max_ : b;
 }
 
+double KTuner::plain_seconds_per_token() const {
+  if (weight_[0] <= 0) return 0.0;
+  double s = seconds_[0] / weight_[0];
+  if (rescale_k_ > 0) {  // seeded: k = 0's time is the neighbour's until its best k's is re-measured here
+    if (weight_[rescale_k_] <= 0 || rescale_from_ <= 0) return 0.0;
+    s *= seconds_[rescale_k_] / weight_[rescale_k_] / rescale_from_;
+  }
+  return s;
+}
+
+double KTuner::budget_tokens() const {
+  const double b = plain_seconds_per_token();
+  return b > 0 ? budget_ / b : 0.0;
+}
+
+bool KTuner::may_probe(int k) const { return k == 0 || budget_ >= 0 || plain_seconds_per_token() <= 0; }
+
+void KTuner::charge(int k, double seconds, int emitted, double weight) {
+  const double b = plain_seconds_per_token();
+  if (b <= 0) return;
+  budget_ += weight * (kProbeAllowance * seconds + (k > 0 ? b * emitted - seconds : 0.0));
+  budget_ = std::min(budget_, kBudgetCapTokens * b);
+}
+
 KTuner KTuner::seeded_from(const KTuner& other) {
   KTuner t = other;
   const int b = other.best();
@@ -69,6 +98,7 @@ KTuner KTuner::seeded_from(const KTuner& other) {
   t.best_before_probe_ = -1;
   t.since_probe_ = 0;
   t.interval_ = t.reprobe_interval_;
+  t.budget_ = 0;  // (the neighbour's was in its own batch's time per round)
   return t;
 }
 
@@ -89,6 +119,7 @@ int KTuner::next() {
       return true;
     };
     if (top < 0 || (top < k_max_ && (top == 0 || improves(top) || improves(top - 1)))) {
+      if (!may_probe(top + 1)) return best();  // the climb goes on once the budget allows
       probe_k_ = top + 1;
       probe_left_ = probe_rounds_;
       return probe_k_;
@@ -97,13 +128,18 @@ int KTuner::next() {
   }
   const int b = best();
   if (++since_probe_ >= interval_) {
-    since_probe_ = 0;
     // Re-measures cycle over the best's neighbours and, once the best is 2 or more, plain decoding itself:
     // every other choice is judged against k = 0's time, which must not go stale while the context and the
     // batch change (it is no neighbour then).
-    reprobe_turn_ = (reprobe_turn_ + 1) % (b >= 2 ? 3 : 2);
-    int n = reprobe_turn_ == 2 ? 0 : reprobe_turn_ == 1 ? b + 1 : b - 1;
-    if (n < 0 || n > k_max_) n = reprobe_turn_ == 1 ? b - 1 : b + 1;
+    const int turn = (reprobe_turn_ + 1) % (b >= 2 ? 3 : 2);
+    int n = turn == 2 ? 0 : turn == 1 ? b + 1 : b - 1;
+    if (n < 0 || n > k_max_) n = turn == 1 ? b - 1 : b + 1;
+    if (n >= 0 && n <= k_max_ && !may_probe(n)) {
+      since_probe_ = interval_;  // due: it runs once the budget allows
+      return b;
+    }
+    since_probe_ = 0;
+    reprobe_turn_ = turn;
     if (n >= 0 && n <= k_max_) {
       probe_k_ = n;
       probe_left_ = probe_rounds_;
@@ -114,8 +150,9 @@ int KTuner::next() {
   return b;
 }
 
-void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, double weight) {
+void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, double weight, double overhead) {
   if (k < 0 || k > k_max_ || emitted <= 0 || !(seconds >= 0) || !(weight > 0 && weight <= 1)) return;
+  const double spent = seconds + std::max(0.0, overhead);
   const double decay = std::pow(kDecay, weight), accept_decay = std::pow(kAcceptDecay, weight);
   if (weight_[k] > 0) {
     const double mean = seconds_[k] / weight_[k];
@@ -130,9 +167,17 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
     accepted_[i - 1] = accepted_[i - 1] * accept_decay + (i <= accepted ? weight : 0.0);
   }
   ++rounds_[k];
+  charge(k, spent, emitted, weight);
   if (probe_left_ <= 0 || k != probe_k_) return;
   probe_left_ -= weight;
-  if (probe_left_ > 1e-6) return;  // (a remainder left by rounding 1/n weights counts as done)
+  const double b = plain_seconds_per_token();
+  const bool in_debt = k > 0 && b > 0 && budget_ < -kDebtTokens * b;
+  // (a remainder left by rounding 1/n weights counts as done)
+  if (probe_left_ <= 1e-6 || in_debt) end_probe();
+}
+
+void KTuner::end_probe() {
+  const int k = probe_k_;
   probe_left_ = 0;
   if (k == rescale_k_) {
     const double now = seconds_[k] / weight_[k];

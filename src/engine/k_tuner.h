@@ -15,6 +15,13 @@
 // drafted that far (whatever its k: position i's draft does not depend on how many follow it), instead of
 // from the few rounds run at k itself. Both are decaying averages, so that they follow the text; a round
 // time far from its k's average counts as at most 1.3x off (one stalled step must not decide a probe).
+// Probes are paid from a budget measured against plain decoding, so that a short generation that has not
+// finished probing never pays more than a few percent for them: each round adds 1.5% of its time, and a
+// round at k > 0 adds what it gained on plain decoding (the time its tokens take at k = 0's measured rate,
+// minus its own time, one-off catch-ups included; negative when it lost). A probe of a k > 0 starts only
+// while the budget is not negative, and stops early once it is a plain token's time in debt. Gains bank
+// up to kBudgetCapTokens plain tokens, so a long-lived server's tuner cannot spend hours of old gains on
+// probes that lose.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -39,15 +46,24 @@ class KTuner {
   // weight 1/n: they share the step's one measured time, so the averages' memory and the probes' length
   // are counted in steps, whatever the batch (at weight 1, a batch of 64 would forget everything but the
   // last step, and a probe would last a single step).
-  void record(int k, double seconds, int emitted, bool drafts_judged = true, double weight = 1.0);
+  // overhead: what the round cost besides `seconds` that is no measure of its k (a one-off catch-up of
+  // positions deferred by plain rounds): charged to the probe budget only.
+  void record(int k, double seconds, int emitted, bool drafts_judged = true, double weight = 1.0,
+              double overhead = 0.0);
   int best() const;  // the k with the lowest time per token so far (k = 0 keeps near-ties)
   int k_max() const { return k_max_; }
   double seconds_per_token(int k) const;        // 0 when k was never measured
   const std::vector<int64_t>& rounds() const { return rounds_; }  // rounds run at each k
+  // The probe budget in plain tokens' time (see above); 0 until k = 0 was measured.
+  double budget_tokens() const;
 
  private:
   int k_max_, probe_rounds_, reprobe_interval_;
   double expected_tokens(int k) const;  // 1 + Σ_j Π_{i<=j} accept rate of position i, j <= k
+  double plain_seconds_per_token() const;  // k = 0's, scaled as a pending rescale will (0: not measured)
+  bool may_probe(int k) const;            // the budget allows starting a probe of k
+  void end_probe();
+  void charge(int k, double seconds, int emitted, double weight);  // the round's part of the budget
   std::vector<double> seconds_, weight_;  // decaying sums per k: round seconds, rounds
   std::vector<double> accepted_, tried_;  // decaying sums per draft position i (index i - 1)
   std::vector<int64_t> rounds_;
@@ -60,6 +76,7 @@ class KTuner {
   int reprobe_turn_ = 0;     // which re-measure is next: the neighbour below (0), above (1), or k = 0 (2)
   int rescale_k_ = -1;       // seeded: the k re-measured first, and its time per round before
   double rescale_from_ = 0;
+  double budget_ = 0;        // seconds (per round, as the round times), see the header comment
 };
 
 }  // namespace nextn

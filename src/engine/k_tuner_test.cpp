@@ -123,6 +123,51 @@ TEST(KTuner, StaysCloseToTheBestFixedKOverALongGeneration) {
     EXPECT_LT(ktuner_sim::regret(s, 4, 2000, 50, 0.05), 0.025) << s.name;
 }
 
+// A short generation that has not finished probing does not pay for the probes: against plain decoding,
+// tuned k loses at most 3% on the machines and texts where speculation never pays (the probe budget), and
+// wins where it does, from 96 tokens on. Without the budget, the compute-bound batch ran at 0.945x plain
+// over 96 tokens (0.898x in its worst run).
+TEST(KTuner, ShortGenerationsPayAtMostThreePercentForProbes) {
+  for (const auto& s : ktuner_sim::scenarios())
+    for (int tokens : {96, 256}) {
+      const double speed = ktuner_sim::speed_vs_plain(s, 4, tokens, 100, 0.05);
+      EXPECT_GE(speed, ktuner_sim::best_fixed_k(s, 4) == 0 ? 0.97 : 1.0) << s.name << ", " << tokens << " tokens";
+    }
+}
+
+// A probe that runs a plain token's time into debt stops at once; no probe of a k > 0 starts again until
+// the rounds' 1.5% allowance has paid the debt back.
+TEST(KTuner, AProbeInDebtStopsAndWaitsForTheBudget) {
+  KTuner t(1, 3, 8);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(t.next(), 0);
+    t.record(0, 1.0, 1);
+  }
+  EXPECT_NEAR(t.budget_tokens(), 3 * 0.015, 1e-9);
+  ASSERT_EQ(t.next(), 1);
+  // one token for its own second plus two seconds of catch-up: 2 seconds lost
+  t.record(1, 1.0, 1, true, 1.0, /*overhead=*/2.0);
+  EXPECT_NEAR(t.budget_tokens(), 0.045 + 0.015 * 3.0 - 2.0, 1e-9);
+  EXPECT_FALSE(t.probing());  // stopped after one of its three rounds
+  int plain_rounds = 0;
+  while (t.next() == 0 && plain_rounds < 1000) {
+    t.record(0, 1.0, 1);
+    ++plain_rounds;
+  }
+  EXPECT_NEAR(plain_rounds, (2.0 - 0.09) / 0.015, 1.0);  // the re-measure was due after 8
+  EXPECT_GE(t.budget_tokens(), 0.0);
+}
+
+// Rounds that beat plain decoding bank their gain, up to 32 plain tokens' time.
+TEST(KTuner, GainsBankUpToThirtyTwoPlainTokens) {
+  KTuner t(1, 3, 1000);
+  t.record(0, 1.0, 1);
+  t.record(1, 1.0, 2);
+  EXPECT_NEAR(t.budget_tokens(), 0.015 + 1.015, 1e-9);
+  for (int r = 0; r < 100; ++r) t.record(1, 1.0, 2);
+  EXPECT_DOUBLE_EQ(t.budget_tokens(), 32.0);
+}
+
 // A round cut short (end of output) or with fewer drafts than its k counts for its time, not as evidence
 // about acceptance: with no judged draft yet, every position is taken as accepted.
 TEST(KTuner, RoundsWithUnjudgedDraftsLeaveAcceptanceAlone) {
