@@ -348,7 +348,7 @@ TEST(Cli, IntegerOptionsAreRangeChecked) {
   // The whole seed range is accepted, and --threads 0 means all cores (as --help says).
   auto r = nextn(gen + "-n 2 --temperature 1 --seed 18446744073709551615 --threads 0 --json");
   EXPECT_EQ(r.status, 0) << r.err;
-  EXPECT_NE(nextn("generate --help").out.find("0: all cores"), std::string::npos);
+  EXPECT_NE(nextn("generate --help").out.find("0: every CPU this process may use"), std::string::npos);
 }
 
 TEST(Cli, RealOptionsAreRangeChecked) {
@@ -385,6 +385,8 @@ TEST(Cli, BenchRefusesBadOptionsBeforeAnyWork) {
   const std::string bench = "bench --model " + kFixture + " ";
   for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
            {"--oracle-acceptance 2", "--oracle-acceptance must be a finite number in [0, 1], got 2"},
+           {"--oracle-acceptance 0.9,1.5", "--oracle-acceptance must be a finite number in [0, 1], got 1.5"},
+           {"--oracle-acceptance 0.9,", "--oracle-acceptance expects a list like 0.9,0.8,0.7"},
            {"--repeats 0", "--repeats must be in 1..100, got 0"},
            {"--tokens 4294967297", "--tokens must be in 1.."},
            {"--prompt-tokens 0", "--prompt-tokens must be in 1.."},

@@ -140,7 +140,7 @@ TEST(EngineRollback, FiftyRejectedRoundsLeaveNoTrace) {
     rejected.spec.num_speculative_tokens = 3;
     const int64_t n = int64_t(plain.prompt.size());
     // the drafted token for absolute position pos is replaced by one the target will not choose
-    rejected.spec.draft_hook = [&ref, n, V = f.vocab_size](int64_t pos, int32_t) {
+    rejected.spec.draft_hook = [&ref, n, V = f.vocab_size](int64_t pos, int, int32_t) {
       return static_cast<int32_t>((ref.ids[pos - n] + 1) % V);
     };
     Engine engine(*model);

@@ -145,7 +145,7 @@ TEST_P(SpecExactness, ForcedAcceptancePatternsStayExact) {
         SpecOptions so;
         so.num_speculative_tokens = k;
         int wrong_drafts = 0;
-        so.draft_hook = [&](int64_t pos, int32_t d) -> int32_t {
+        so.draft_hook = [&](int64_t pos, int, int32_t d) -> int32_t {
           const int64_t i = pos - n;  // index into the generated ids
           if (i < 0 || i >= int64_t(ref.ids.size())) return d;
           const int32_t right = ref.ids[i];
@@ -193,7 +193,7 @@ TEST_P(SpecExactness, MergedDraftStepGivesTheSameDrafts) {
         so.draft_dist_hook = [&](const std::vector<int32_t>&, float* q) {
           q_of[unmerged].emplace_back(q, q + c.vocab_size);
         };
-        so.draft_hook = [&](int64_t pos, int32_t d) -> int32_t {
+        so.draft_hook = [&](int64_t pos, int, int32_t d) -> int32_t {
           const int64_t i = pos - n;
           if (i < 0 || i >= int64_t(ref.ids.size())) return d;
           return pos % 5 == 0 ? (ref.ids[i] + 1) % int32_t(c.vocab_size) : ref.ids[i];

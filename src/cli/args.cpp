@@ -125,7 +125,7 @@ double Args::get_double(const std::string& name, double def, const RealRange& ra
 }
 
 int max_threads() {
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));  // (the host's: a cap only)
   return std::min(1024, std::max(4, 4 * cores));
 }
 

@@ -49,14 +49,16 @@ concurrency.
   --cache-dir DIR    where synthetic checkpoints live (default ~/.cache/nextn)
   --tokens N         decode tokens per measurement (default 64)
   --prompt-tokens N  prompt length (default 64)
-  --threads N        worker threads, 1 to 4x the cores (default, or 0: all cores)
+  --threads N        worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
   --repeats N        passes (default 3; one pass is at the mercy of a noisy machine): decode is measured
                      N times, each right after a bandwidth measurement of its own, and speculation in N
                      interleaved passes over plain, k = 1..4 and tuned k; reported are the medians of the
                      per-pass bandwidth fractions and speedups (each against the same pass's plain run)
-  --oracle-acceptance P  also measure speculation with drafts replaced by the target's own greedy token
-                     with probability P per draft position (a what-if for a draft of that quality on this
-                     checkpoint; the output stays the target's, the MTP layers still run)
+  --oracle-acceptance P[,P2,...]  also measure speculation with drafts replaced by the target's own greedy
+                     token with probability P per draft position, or, given a list, P_i at a round's draft
+                     position i given the ones before it (the last P for positions past the list; e.g.
+                     another model's measured per-position acceptance): a what-if for a draft of that
+                     quality on this checkpoint; the output stays the target's, the MTP layers still run
   --concurrency N,N,...  also run N greedy requests of --tokens tokens at once through one engine (prompts:
                      the bench prompt, rotated per request), plain and with speculation (tuned k up to the
                      checkpoint's default k, as generate does), for each N (1..256); reported per N, as
@@ -238,7 +240,7 @@ struct BenchOptions {
   std::string dir;  // the checkpoint (for --synthetic: where it is written once)
   int n_tokens = 64, n_prompt = 64, repeats = 3, threads = 0;
   bool oracle = false;
-  double oracle_p = 0.7;
+  std::vector<double> oracle_p;  // per draft position (the last for those past it)
   std::vector<int> concurrency;  // --concurrency: the numbers of concurrent sequences (empty: not measured)
 };
 
@@ -256,13 +258,23 @@ constexpr int kBenchExtraPositions = 16;
 // Concurrent sequences --concurrency accepts: what one engine decodes at once (EngineOptions::max_sequences).
 constexpr int kMaxConcurrency = 256;
 
-std::vector<int> parse_concurrency(const std::string& text) {
-  std::vector<int> out;
+// A comma-separated list of at most kMaxListItems items, each parsed by `item`.
+template <class T, class Parse>
+std::vector<T> parse_list(const std::string& text, const std::string& what, const char* example, Parse item) {
+  constexpr size_t kMaxListItems = 256;
+  std::vector<T> out;
   std::stringstream ss(text);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    out.push_back(int(parse_int(item, "--concurrency", 1, kMaxConcurrency)));
-  if (out.empty() || text.back() == ',') throw UsageError("--concurrency expects a list like 1,4,16, got '" + text + "'");
+  std::string one;
+  while (std::getline(ss, one, ',') && out.size() <= kMaxListItems) out.push_back(item(one));
+  if (out.empty() || out.size() > kMaxListItems || text.back() == ',')
+    throw UsageError(what + " expects a list like " + example + " (at most 256 items), got '" + text + "'");
+  return out;
+}
+
+std::vector<int> parse_concurrency(const std::string& text) {
+  std::vector<int> out = parse_list<int>(text, "--concurrency", "1,4,16", [](const std::string& item) {
+    return int(parse_int(item, "--concurrency", 1, kMaxConcurrency));
+  });
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
@@ -287,7 +299,9 @@ BenchOptions parse_bench_options(const Args& a) {
   o.repeats = a.get_int("repeats", 3, 1, 100);
   o.threads = thread_count(a);
   o.oracle = a.has("oracle-acceptance");
-  o.oracle_p = a.get_double("oracle-acceptance", 0.7, {0, 1});
+  if (o.oracle)
+    o.oracle_p = parse_list<double>(a.get("oracle-acceptance"), "--oracle-acceptance", "0.9,0.8,0.7",
+                                    [](const std::string& item) { return parse_double(item, "--oracle-acceptance", {0, 1}); });
   if (a.has("concurrency")) {
     o.concurrency = parse_concurrency(a.get("concurrency"));
     if (o.n_tokens < 2)
@@ -611,7 +625,7 @@ int run_bench(int argc, char** argv) {
   }
   out["speculative"] = specs;
   if (o.oracle && facts.num_mtp_layers > 0) {
-    const double p = o.oracle_p;
+    const std::vector<double>& p = o.oracle_p;
     SamplingParams sp;
     sp.max_tokens = n_tokens;
     SpecOptions plain;
@@ -620,15 +634,18 @@ int run_bench(int argc, char** argv) {
     const auto ref = gen.generate(prompt, sp, plain);
     const double base_tps = ref.stats.tokens_per_second();
     nlohmann::json oracle = nlohmann::json::array();
-    log("oracle drafts (each right with probability %.2f):\n", p);
+    std::string p_text;
+    for (double pi : p) p_text += (p_text.empty() ? "" : ", ") + std::to_string(pi).substr(0, 4);
+    log("oracle drafts (right with probability %s at draft position 1%s):\n", p_text.c_str(),
+        p.size() > 1 ? ", 2, ... given the ones before" : " and after");
     for (int k = 1; k <= 4; ++k) {
       SpecOptions so;
       so.num_speculative_tokens = k;
-      so.draft_hook = [&](int64_t pos, int32_t d) -> int32_t {
+      so.draft_hook = [&](int64_t pos, int step, int32_t d) -> int32_t {
         const int64_t i = pos - int64_t(prompt.size());
         if (i < 0 || i >= int64_t(ref.ids.size())) return d;
         const uint64_t h = uint64_t(pos) * 0x9E3779B97F4A7C15ull;
-        const bool right = double(h >> 11) / double(1ull << 53) < p;
+        const bool right = double(h >> 11) / double(1ull << 53) < p[std::min<size_t>(size_t(step), p.size() - 1)];
         return right ? ref.ids[i] : (ref.ids[i] + 1) % int32_t(facts.vocab_size);
       };
       auto r = gen.generate(prompt, sp, so);

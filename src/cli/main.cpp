@@ -124,7 +124,7 @@ sampled output is distributed exactly as the target's.
   --ignore-eos              do not stop at the checkpoint's eos token
   --relaxed-acceptance N,D  LOSSY: also accept drafts in the target's top-N within D of its top probability
   --adaptive THRESHOLD      shrink k while the rolling acceptance rate is under THRESHOLD (probe later)
-  --threads N               worker threads, 1 to 4x the cores (default, or 0: all cores)
+  --threads N               worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
   --requests FILE.jsonl     run many requests at once (continuous batching): one JSON object a line with
                             "ids" or "prompt" and optionally max_tokens, temperature, top_k, top_p, min_p,
                             seed, speculative_tokens (0: plain), ignore_eos, stop, logprobs (the options
@@ -152,7 +152,7 @@ MTP layer 0 over the prompt, position p fed token p+1 and the target's hidden st
   --ids LIST      prompt token ids, comma separated
   --output FILE   output .safetensors path
   --draft         also write draft_logits
-  --threads N     worker threads, 1 to 4x the cores (default, or 0: all cores)
+  --threads N     worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
 )";
 
 [[noreturn]] void usage_exit(const char* usage, const std::string& msg) {
@@ -160,12 +160,12 @@ MTP layer 0 over the prompt, position p fed token p+1 and the target's hidden st
   std::exit(2);
 }
 
-void print_stats(const SpecStats& s, bool speculated) {
+void print_stats(const SpecStats& s, bool speculated, int threads) {
   std::fprintf(stderr,
                "generated %lld tokens: prefill %lld tokens %.3f s, decode %.1f tokens/s, %lld target forwards (CPU "
-               "kernels %s)\n",
+               "kernels %s, %d thread%s)\n",
                (long long)s.num_generated, (long long)s.prompt_tokens, s.prefill_seconds, s.tokens_per_second(),
-               (long long)s.target_forwards, cpu_target_text().c_str());
+               (long long)s.target_forwards, cpu_target_text().c_str(), threads, threads == 1 ? "" : "s");
   // NEXTN_PROFILE=1: forward time by section, prefill included
   if (profile::enabled()) profile::report(stderr, "generated token", double(s.num_generated));
   if (!speculated) return;
@@ -320,7 +320,7 @@ int run_generate(int argc, char** argv) {
   } else {
     std::printf("\n");
   }
-  print_stats(res.stats, speculated);
+  print_stats(res.stats, speculated, pool.size());
   return 0;
 }
 

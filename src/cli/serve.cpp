@@ -40,7 +40,7 @@ target's, sampled output is distributed as the target's. docs/server.md has the 
   --kv-cache-mb N           the KV cache pool all sequences share, in MiB (default 512)
   --max-body-kb N           largest request body, in KiB (default 8192; larger bodies get 413)
   --http-threads N          connections served at once (default 128; each stream holds one)
-  --threads N               compute threads, 1 to 4x the cores (default, or 0: all cores)
+  --threads N               compute threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
 )";
 
 std::string model_name(const std::string& dir) {

@@ -1,10 +1,15 @@
 #include "core/threadpool.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <system_error>
+#include <thread>
 
 #include "core/error.h"
 
@@ -41,8 +46,63 @@ bool spin_until(const Done& done) {
 
 }  // namespace
 
+int cpus_from_cgroup_quota(const std::string& cpu_max) {
+  std::istringstream in(cpu_max);
+  std::string quota_text;
+  long long period = 0;
+  if (!(in >> quota_text >> period) || quota_text == "max" || period <= 0) return 0;
+  char* end = nullptr;
+  const long long quota = std::strtoll(quota_text.c_str(), &end, 10);
+  if (end == quota_text.c_str() || *end != '\0' || quota <= 0) return 0;
+  const long long cpus = (quota + period - 1) / period;
+  return static_cast<int>(std::min<long long>(cpus, 1 << 20));
+}
+
+namespace {
+
+std::string read_small_file(const std::string& path) {
+  std::ifstream f(path);
+  std::string text;
+  std::getline(f, text);  // (these files are one line)
+  return text;
+}
+
+// The smallest CPU quota on this process's cgroup path (v2: its cgroup and every ancestor; v1: the cpu
+// controller's mount), 0 when none is set.
+int cgroup_cpu_limit() {
+  int limit = 0;
+  auto take = [&](int cpus) {
+    if (cpus > 0) limit = limit == 0 ? cpus : std::min(limit, cpus);
+  };
+  std::ifstream cg("/proc/self/cgroup");
+  for (std::string line; std::getline(cg, line);) {
+    if (line.rfind("0::", 0) != 0) continue;  // the v2 hierarchy
+    std::string path = line.substr(3);
+    for (;;) {
+      take(cpus_from_cgroup_quota(read_small_file("/sys/fs/cgroup" + path + "/cpu.max")));
+      if (path.empty() || path == "/") break;
+      path = path.substr(0, path.find_last_of('/'));
+    }
+  }
+  const std::string quota = read_small_file("/sys/fs/cgroup/cpu/cpu.cfs_quota_us");
+  const std::string period = read_small_file("/sys/fs/cgroup/cpu/cpu.cfs_period_us");
+  if (!quota.empty() && !period.empty()) take(cpus_from_cgroup_quota(quota + " " + period));
+  return limit;
+}
+
+}  // namespace
+
+int usable_cpus() {
+  int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) cpus = CPU_COUNT(&set);
+  if (const int limit = cgroup_cpu_limit(); limit > 0) cpus = std::min(cpus, limit);
+  return std::max(1, cpus);
+}
+
 ThreadPool::ThreadPool(int n_threads) {
-  if (n_threads <= 0) n_threads = static_cast<int>(std::thread::hardware_concurrency());
+  if (n_threads <= 0) n_threads = usable_cpus();
   n_threads_ = std::max(1, n_threads);
   int doublings = 0;
   while ((1 << doublings) < n_threads_) ++doublings;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -32,11 +33,20 @@ class ChunkFn {
   void (*call_)(const void*, int64_t, int64_t, int);
 };
 
+// The CPUs this process may run on: those of its affinity mask (taskset, a container's cpuset), fewer when
+// a CPU quota allows less (cgroup cpu.max / cfs_quota_us, as `docker --cpus` sets), at least 1.
+// std::thread::hardware_concurrency() counts every CPU of the host: workers beyond the usable CPUs spin
+// against each other, and a 2-CPU container on a 16-core host decoded 10x slower with 16 threads.
+int usable_cpus();
+// The CPU limit in a cgroup v2 `cpu.max` ("200000 100000": 2) or v1 quota and period, rounded up; 0 when
+// there is none ("max ...", a quota <= 0) or the text is no such limit.
+int cpus_from_cgroup_quota(const std::string& cpu_max);
+
 class ThreadPool {
  public:
   using Fn = ChunkFn;
 
-  // n_threads <= 0: std::thread::hardware_concurrency() (at least 1). The caller counts as one thread,
+  // n_threads <= 0: usable_cpus(). The caller counts as one thread,
   // so size() - 1 workers are started. When the system refuses a thread (a process or memory limit), the
   // workers already started are stopped and joined and nextn::Error says how many of how many threads
   // could be started: the pool never runs with fewer threads than asked for.

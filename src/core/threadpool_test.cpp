@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -232,4 +233,40 @@ TEST(ThreadPool, SplitThresholdPerDoublingOfThreads) {
   EXPECT_EQ(pool.min_parallel_work(), 0);
 }
 
+}  // namespace nextn
+
+namespace nextn {
+namespace {
+
+TEST(UsableCpus, ReadsCgroupQuotas) {
+  EXPECT_EQ(cpus_from_cgroup_quota("200000 100000"), 2);
+  EXPECT_EQ(cpus_from_cgroup_quota("150000 100000"), 2);  // 1.5 CPUs: two threads, one of them part-time
+  EXPECT_EQ(cpus_from_cgroup_quota("50000 100000"), 1);
+  EXPECT_EQ(cpus_from_cgroup_quota("max 100000"), 0);
+  EXPECT_EQ(cpus_from_cgroup_quota("-1 100000"), 0);  // (cgroup v1: no quota)
+  EXPECT_EQ(cpus_from_cgroup_quota(""), 0);
+  EXPECT_EQ(cpus_from_cgroup_quota("12x 100000"), 0);
+  EXPECT_EQ(cpus_from_cgroup_quota("100000 0"), 0);
+}
+
+// A process pinned to one CPU (taskset, a cpuset) gets a one-thread pool by default, not one per host CPU.
+TEST(UsableCpus, FollowsTheAffinityMask) {
+  cpu_set_t before;
+  CPU_ZERO(&before);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(before), &before), 0);
+  EXPECT_LE(usable_cpus(), CPU_COUNT(&before));
+  int first = 0;
+  while (!CPU_ISSET(first, &before)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  const int pinned = usable_cpus();
+  const int pool = ThreadPool().size();
+  ASSERT_EQ(sched_setaffinity(0, sizeof(before), &before), 0);
+  EXPECT_EQ(pinned, 1);
+  EXPECT_EQ(pool, 1);
+}
+
+}  // namespace
 }  // namespace nextn

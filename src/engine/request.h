@@ -37,9 +37,10 @@ struct SpecOptions {
   // Test seam: the k of round `round` (0, 1, ...), in place of num_speculative_tokens (clamped to it).
   std::function<int(int64_t round)> k_schedule_for_tests;
 
-  // Test seam: replaces the draft token for absolute position `pos` (q becomes one-hot at the result).
-  // Lets tests drive exact, partial and zero acceptance through the real verify / rollback path.
-  std::function<int32_t(int64_t pos, int32_t drafted)> draft_hook;
+  // Test seam: replaces the draft token for absolute position `pos`, drafted at step `step` (0-based) of its
+  // round (q becomes one-hot at the result). Lets tests and bench's --oracle-acceptance drive exact, partial
+  // and zero acceptance through the real verify / rollback path.
+  std::function<int32_t(int64_t pos, int step, int32_t drafted)> draft_hook;
   // Test seam: run draft step 1 in a forward of its own instead of with layer 1's catch-up (the drafts
   // must be the same either way).
   bool unmerged_catch_up_for_tests = false;

@@ -250,7 +250,7 @@ int32_t Sequence::pick(int s, float* raw) {
   }
   int32_t d = draw(qs);
   if (spec.draft_hook) {  // test seam: replace the drafted token (greedy only)
-    d = spec.draft_hook(int64_t(seq_.size()) + s, d);
+    d = spec.draft_hook(int64_t(seq_.size()) + s, s, d);
     std::fill(qs, qs + V_, 0.0f);
     qs[d] = 1.0f;
   }
