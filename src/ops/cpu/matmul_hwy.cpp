@@ -80,8 +80,11 @@ template <int T>
 constexpr int kFusedRows = T <= 6 ? 4 : (T <= 7 ? 3 : 2);
 constexpr int kTileM = 4, kTileN = 4;
 #else  // AVX2: 16 vector registers
+// weight rows for T = 1..8 x rows, chosen by measuring variants (docs/performance.md, "AVX2 tiles"): more
+// weight rows than registers strictly allow still pays at T = 3, 4 and 7, 8 (fewer decodes per weight)
+inline constexpr int kAvx2FusedRows[] = {0, 4, 4, 3, 3, 2, 2, 2, 2};
 template <int T>
-constexpr int kFusedRows = T <= 2 ? 4 : (T <= 6 ? 2 : 1);
+constexpr int kFusedRows = kAvx2FusedRows[T];
 constexpr int kTileM = 2, kTileN = 4;
 #endif
 
