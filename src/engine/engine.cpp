@@ -227,7 +227,7 @@ void Engine::record_tuner(KTuner& tuner, double step_seconds) {
     if (step_seconds < 0) continue;
     // (a catch-up of positions deferred by plain rounds is no measure of this round's k, but it is what
     // resuming speculation cost: the probe budget pays it)
-    const double seconds = step_seconds / double(rounds) - r.backlog_seconds + (r.k == 0 ? r.deferred_charge : 0.0);
+    const double seconds = step_seconds / double(rounds) - r.backlog_seconds;
     const auto& seam = s.spec().round_seconds_for_tests;
     tuner.record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : seconds, r.emitted, r.drafts_judged, weight,
                  seam ? 0.0 : r.backlog_seconds);

@@ -16,8 +16,11 @@ constexpr double kPriorTries = 2.0;
 // decide between k (the averages still follow a real change, by this factor per round).
 constexpr double kOutlierFactor = 1.3;
 // Plain decoding keeps near-ties: speculation costs a little that no round's time shows (the MTP layers'
-// pass over each prompt, their deferred catch-up), so a k > 0 is best only when it beats k = 0 by this much.
-constexpr double kPlainMargin = 0.02;
+// catch-up over each new prompt's last positions, the verify rows of the steps that carry arriving
+// prompts, which are not timed), and a 3-round probe cannot tell a 2% difference on a shared machine; so a
+// k > 0 is best only when it beats k = 0 by this much (with 2%, the server kept k = 1 at 8-64 clients
+// where it was 2-7% slower).
+constexpr double kPlainMargin = 0.05;
 // The probe budget (see k_tuner.h): the share of each round's time it earns, the debt at which a probe
 // stops, and the most it banks, both in plain tokens' time.
 constexpr double kProbeAllowance = 0.015;
@@ -92,6 +95,15 @@ KTuner KTuner::seeded_from(const KTuner& other) {
   t.rescale_k_ = b;
   t.rescale_from_ = other.weight_[b] > 0 ? other.seconds_[b] / other.weight_[b] : 0.0;
   t.seconds_[b] = t.weight_[b] = 0;
+  // The other k's times are the neighbour's, rescaled: estimates, worth one observation each, so that
+  // this class's own measurements replace them at once (carried at the neighbour's weight, a k = 0 time
+  // rescaled by k = 1's change kept k = 1 for hundreds of steps at 32 sequences where it lost 10%).
+  for (int j = 0; j <= t.k_max_; ++j)
+    if (t.weight_[j] > 1.0) {
+      t.seconds_[j] /= t.weight_[j];
+      t.weight_[j] = 1.0;
+    }
+  t.plain_after_rescale_ = b != 0;
   t.climbed_ = true;
   t.probe_k_ = b;
   t.probe_left_ = t.probe_rounds_;
@@ -170,8 +182,11 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
   charge(k, spent, emitted, weight);
   if (probe_left_ <= 0 || k != probe_k_) return;
   probe_left_ -= weight;
+  // The probe's own catch-up is spent whatever follows: only what its rounds lose may stop it (stopped
+  // after the catch-up round, a probe leaves a k judged by one round's drafts).
+  probe_overhead_ += weight * std::max(0.0, overhead);
   const double b = plain_seconds_per_token();
-  const bool in_debt = k > 0 && b > 0 && budget_ < -kDebtTokens * b;
+  const bool in_debt = k > 0 && b > 0 && budget_ + probe_overhead_ < -kDebtTokens * b;
   // (a remainder left by rounding 1/n weights counts as done)
   if (probe_left_ <= 1e-6 || in_debt) end_probe();
 }
@@ -179,12 +194,19 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
 void KTuner::end_probe() {
   const int k = probe_k_;
   probe_left_ = 0;
+  probe_overhead_ = 0;
   if (k == rescale_k_) {
     const double now = seconds_[k] / weight_[k];
     if (rescale_from_ > 0)
       for (int j = 0; j <= k_max_; ++j)
         if (j != k) seconds_[j] *= now / rescale_from_;
     rescale_k_ = -1;
+    if (plain_after_rescale_) {  // then k = 0 itself, which every other k is judged against
+      plain_after_rescale_ = false;
+      probe_k_ = 0;
+      probe_left_ = probe_rounds_;
+      return;
+    }
   }
   if (best_before_probe_ >= 0) {
     // A re-measure that changed nothing: wait twice as long for the next (up to 8x); else back to 1x.

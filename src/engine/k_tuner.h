@@ -19,7 +19,8 @@
 // finished probing never pays more than a few percent for them: each round adds 1.5% of its time, and a
 // round at k > 0 adds what it gained on plain decoding (the time its tokens take at k = 0's measured rate,
 // minus its own time, one-off catch-ups included; negative when it lost). A probe of a k > 0 starts only
-// while the budget is not negative, and stops early once it is a plain token's time in debt. Gains bank
+// while the budget is not negative, and stops early once its rounds put it a plain token's time in debt
+// (its own catch-up, spent whatever follows, does not stop it). Gains bank
 // up to kBudgetCapTokens plain tokens, so a long-lived server's tuner cannot spend hours of old gains on
 // probes that lose.
 #pragma once
@@ -76,7 +77,9 @@ class KTuner {
   int reprobe_turn_ = 0;     // which re-measure is next: the neighbour below (0), above (1), or k = 0 (2)
   int rescale_k_ = -1;       // seeded: the k re-measured first, and its time per round before
   double rescale_from_ = 0;
+  bool plain_after_rescale_ = false;  // seeded: measure k = 0 right after the re-measure of the best
   double budget_ = 0;        // seconds (per round, as the round times), see the header comment
+  double probe_overhead_ = 0;  // the current probe's one-off catch-ups (they do not stop it)
 };
 
 }  // namespace nextn

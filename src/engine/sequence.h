@@ -59,7 +59,6 @@ class Sequence final : private DraftPicker {
     int k_chosen = 0, k = 0, emitted = 0;
     bool drafts_judged = false;
     double backlog_seconds = 0;  // a one-off catch-up of positions deferred by k = 0 rounds (not k's cost)
-    double deferred_charge = 0;  // what this k = 0 round's position will cost a later catch-up
   };
   const RoundReport& last_round() const { return report_; }
   // Tuned rounds run at each k (filled by the engine; becomes stats.rounds_at_k).
@@ -107,7 +106,6 @@ class Sequence final : private DraftPicker {
   int64_t rounds_ = 0;
   RoundReport report_;
   std::vector<int64_t> rounds_at_k_;
-  double deferred_row_seconds_ = 0;  // tuned k: what catching up one position left by a k = 0 round cost
   // adaptive k
   int k_cur_ = 0;
   std::vector<std::pair<int, int>> window_;  // (drafted, accepted) of recent rounds
