@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/splitmix.h"
 #include "core/threadpool.h"
 #include "ops/ops.h"
 #if __has_include("ops/cpu/matmul_kernels.h")  // (absent when this file benchmarks the pre-Highway kernels)
@@ -77,14 +78,13 @@ ThreadPool* pool_for(int threads) {
   return p.get();
 }
 
-// splitmix64: cheap, good-enough random bytes.
+// splitmix64: cheap, good-enough random bytes (the sequence splitmix64(s), splitmix64(s + golden), ...).
 struct Rng {
   uint64_t s;
   uint64_t next() {
-    uint64_t z = (s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
+    const uint64_t z = splitmix64(s);
+    s += 0x9e3779b97f4a7c15ull;
+    return z;
   }
   float uniform() { return static_cast<float>(next() >> 40) * (2.0f / 16777216.0f) - 1.0f; }
 };

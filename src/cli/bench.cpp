@@ -17,6 +17,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/splitmix.h"
 #include "core/profile.h"
 #include "core/threadpool.h"
 #include "io/tokenizer.h"
@@ -647,10 +648,7 @@ int run_bench(int argc, char** argv) {
         // An independent draw per (position, step): a Weyl sequence of the position alone (as this was)
         // makes neighbouring positions' draws depend on each other, and 3 drafts in a row right at 0.84,
         // 0.73, 0.58 impossible.
-        uint64_t h = uint64_t(pos) * 64 + uint64_t(step) + 0x9E3779B97F4A7C15ull;  // splitmix64
-        h = (h ^ (h >> 30)) * 0xBF58476D1CE4E5B9ull;
-        h = (h ^ (h >> 27)) * 0x94D049BB133111EBull;
-        h ^= h >> 31;
+        const uint64_t h = splitmix64(uint64_t(pos) * 64 + uint64_t(step));
         const bool right = double(h >> 11) / double(1ull << 53) < p[std::min<size_t>(size_t(step), p.size() - 1)];
         return right ? ref.ids[i] : (ref.ids[i] + 1) % int32_t(facts.vocab_size);
       };

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/splitmix.h"
 #include "models/common/binder.h"
 #include "models/common/name_rules.h"
 #include "models/qwen4_exp/model.h"
@@ -30,13 +31,6 @@ NormScale one_plus(std::vector<float> w) {
 }
 
 // ---- PLE hash tables (rebuilt from config.json, as transformers does; the checkpoint holds none)
-
-uint64_t splitmix64(uint64_t v) {
-  v += 0x9E3779B97F4A7C15ull;
-  v = (v ^ (v >> 30)) * 0xBF58476D1CE4E5B9ull;
-  v = (v ^ (v >> 27)) * 0x94D049BB133111EBull;
-  return v ^ (v >> 31);
-}
 
 bool is_prime(int64_t n) {
   if (n < 2) return false;
