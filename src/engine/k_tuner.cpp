@@ -164,7 +164,8 @@ int KTuner::next() {
 
 void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, double weight, double overhead) {
   if (k < 0 || k > k_max_ || emitted <= 0 || !(seconds >= 0) || !(weight > 0 && weight <= 1)) return;
-  const double spent = seconds + std::max(0.0, overhead);
+  overhead = std::max(0.0, overhead);
+  const double spent = seconds + overhead;
   const double decay = std::pow(kDecay, weight), accept_decay = std::pow(kAcceptDecay, weight);
   if (weight_[k] > 0) {
     const double mean = seconds_[k] / weight_[k];
@@ -184,7 +185,7 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
   probe_left_ -= weight;
   // The probe's own catch-up is spent whatever follows: only what its rounds lose may stop it (stopped
   // after the catch-up round, a probe leaves a k judged by one round's drafts).
-  probe_overhead_ += weight * std::max(0.0, overhead);
+  probe_overhead_ += weight * overhead;
   const double b = plain_seconds_per_token();
   const bool in_debt = k > 0 && b > 0 && budget_ + probe_overhead_ < -kDebtTokens * b;
   // (a remainder left by rounding 1/n weights counts as done)
