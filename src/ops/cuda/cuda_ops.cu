@@ -105,6 +105,36 @@ struct Vec {
         }
     }
   }
+
+  // acc += Σ_e out[e] · x[e] in element order, out being load()'s values, decoded as they are consumed: the
+  // same FMA chain as load() then a loop over e, without E decoded floats live per column (with C = 4 FP8
+  // columns those held 64 registers, which capped the kernel at 2 blocks per SM and its DRAM reads at 24%).
+  __device__ __forceinline__ static float fma_into(const DeviceWeight& w, const unsigned char* srow,
+                                                   unsigned vec_per_block, int64_t n, int64_t v, const float* x,
+                                                   float acc) {
+    if constexpr (K != WeightKind::kFP8) {
+      float out[kElems];
+      load(w, srow, vec_per_block, n, v, out);
+#pragma unroll
+      for (int e = 0; e < kElems; ++e) acc = fmaf(out[e], x[e], acc);
+      return acc;
+    } else {
+      const uint4 raw = __ldg(reinterpret_cast<const uint4*>(w.data + n * w.row_stride + v * kElems));
+      const unsigned words[4] = {raw.x, raw.y, raw.z, raw.w};
+      const float s = scale_value(srow, w.scale_kind, unsigned(v) / vec_per_block);
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+#pragma unroll
+        for (int b = 0; b < 4; b += 2) {
+          const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
+              static_cast<__nv_fp8x2_storage_t>((words[e] >> (8 * b)) & 0xffffu), __NV_E4M3);
+          const float2 f = __half22float2(__half2(h2));
+          acc = fmaf(f.x * s, x[4 * e + b], acc);
+          acc = fmaf(f.y * s, x[4 * e + b + 1], acc);
+        }
+      return acc;
+    }
+  }
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -159,19 +189,27 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     const float* xm = x + m0 * xs;
 #pragma unroll U
     for (int64_t v = tid; v < nvec; v += kThreads) {
-      float wv[C][E];
-#pragma unroll
-      for (int c = 0; c < C; ++c)
-        if (c < cols) V::load(w, srow[c], vec_per_block, n0 + c, v, wv[c]);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        if (r >= rows) break;
+      if constexpr (R == 1) {  // one activation row: decode each weight as it is consumed
         float xv[E];
-        load_x<E>(xm + r * xs + v * E, x_vectors, xv);
+        load_x<E>(xm + v * E, x_vectors, xv);
 #pragma unroll
         for (int c = 0; c < C; ++c)
+          if (c < cols) acc[c][0] = V::fma_into(w, srow[c], vec_per_block, n0 + c, v, xv, acc[c][0]);
+      } else {  // several rows: each decoded weight serves them all
+        float wv[C][E];
 #pragma unroll
-          for (int e = 0; e < E; ++e) acc[c][r] = fmaf(wv[c][e], xv[e], acc[c][r]);
+        for (int c = 0; c < C; ++c)
+          if (c < cols) V::load(w, srow[c], vec_per_block, n0 + c, v, wv[c]);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          if (r >= rows) break;
+          float xv[E];
+          load_x<E>(xm + r * xs + v * E, x_vectors, xv);
+#pragma unroll
+          for (int c = 0; c < C; ++c)
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[c][r] = fmaf(wv[c][e], xv[e], acc[c][r]);
+        }
       }
     }
     for (int64_t k = nvec * E + tid; k < w.in; k += kThreads) {
