@@ -70,9 +70,12 @@ struct SyntheticFamily {
 const SyntheticFamily kSyntheticFamilies[] = {
     {"hy_v4",
      [](const SyntheticOptions& o) {
-       return SyntheticCheckpoint{hy_v4_synthetic_name(o.fp8, o.dense), hy_v4_synthetic_facts(o.fp8, o.dense)};
+       const int L = o.layers ? o.layers : kHYV4SyntheticLayers;
+       return SyntheticCheckpoint{hy_v4_synthetic_name(o.fp8, o.dense, L), hy_v4_synthetic_facts(o.fp8, o.dense, L)};
      },
-     [](const std::string& dir, const SyntheticOptions& o) { write_hy_v4_synthetic(dir, o.fp8, o.dense); }},
+     [](const std::string& dir, const SyntheticOptions& o) {
+       write_hy_v4_synthetic(dir, o.fp8, o.dense, o.layers ? o.layers : kHYV4SyntheticLayers);
+     }},
 };
 
 const SyntheticFamily& synthetic_family(const std::string& model_type) {

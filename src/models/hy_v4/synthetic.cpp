@@ -110,14 +110,17 @@ size_t dtype_bytes(const std::string& d) { return d == "F32" ? 4 : d == "BF16" ?
 
 }  // namespace
 
-nlohmann::json hy_v4_synthetic_config(bool fp8, bool dense) {
+nlohmann::json hy_v4_synthetic_config(bool fp8, bool dense, int layers) {
+  if (layers < 1 || layers > kHYV4SyntheticMaxLayers)
+    throw Error("synthetic checkpoint: layers must be 1.." + std::to_string(kHYV4SyntheticMaxLayers) + ", got " +
+                std::to_string(layers));
   nlohmann::json c = {{"model_type", "hy_v4"},
                       {"architectures", {"HYV4ForCausalLM"}},
                       {"vocab_size", 32000},
                       {"hidden_size", 2048},
                       {"intermediate_size", 5632},
                       {"moe_intermediate_size", 768},
-                      {"num_hidden_layers", 8},
+                      {"num_hidden_layers", layers},
                       {"num_attention_heads", 16},
                       {"q_lora_rank", 768},
                       {"kv_lora_rank", 256},
@@ -144,8 +147,8 @@ nlohmann::json hy_v4_synthetic_config(bool fp8, bool dense) {
   return c;
 }
 
-ModelFacts hy_v4_synthetic_facts(bool fp8, bool dense) {
-  const HYV4Config c = parse_hy_v4_config(hy_v4_synthetic_config(fp8, dense), "synthetic checkpoint");
+ModelFacts hy_v4_synthetic_facts(bool fp8, bool dense, int layers) {
+  const HYV4Config c = parse_hy_v4_config(hy_v4_synthetic_config(fp8, dense, layers), "synthetic checkpoint");
   ModelFacts f;  // as HYV4Model::init_facts fills them
   f.model_type = "hy_v4";
   f.vocab_size = c.vocab_size;
@@ -157,14 +160,15 @@ ModelFacts hy_v4_synthetic_facts(bool fp8, bool dense) {
   return f;
 }
 
-std::string hy_v4_synthetic_name(bool fp8, bool dense) {
-  return std::string("synthetic-hy4-v2-") + (fp8 ? "fp8" : "bf16") + (dense ? "-dense" : "");
+std::string hy_v4_synthetic_name(bool fp8, bool dense, int layers) {
+  return std::string("synthetic-hy4-v2-") + (fp8 ? "fp8" : "bf16") + (dense ? "-dense" : "") +
+         (layers != kHYV4SyntheticLayers ? "-" + std::to_string(layers) + "l" : "");
 }
 
 // Streams a random checkpoint to disk tensor by tensor (never the whole model in memory).
-void write_hy_v4_synthetic(const std::string& dir, bool fp8, bool dense) {
+void write_hy_v4_synthetic(const std::string& dir, bool fp8, bool dense, int layers) {
+  const auto cfg = hy_v4_synthetic_config(fp8, dense, layers);
   std::filesystem::create_directories(dir);
-  const auto cfg = hy_v4_synthetic_config(fp8, dense);
   const auto tensors = synthetic_tensors(cfg, fp8, dense);
   nlohmann::json header = nlohmann::json::object();
   size_t off = 0;

@@ -199,6 +199,43 @@ TEST(CudaOps, MatmulRowsDoNotDependOnTheBatch) {
   }
 }
 
+// Every e4m3 code but the NaNs, subnormals included, times block scales from 2^-126 to 2^40 must decode to the
+// bits of code value x scale, as dequant_row gives them: rows of x are one-hot, so y[m, n] is weight (n, m)
+// itself (the other products are zeros), at one row (each weight decoded as it is consumed) and at 256 rows
+// (each decoded vector shared by the rows of a pass).
+TEST(CudaOps, Fp8DecodesEveryCodeExactlyAtEveryScale) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t in = 256, out = 256;  // row n holds the codes n, n + 1, ... (mod 256); scale blocks of 128
+  HostWeight h = make_weight(DType::F8_E4M3, DType::F32, out, in, in, false, 5);
+  for (int64_t n = 0; n < out; ++n)
+    for (int64_t k = 0; k < in; ++k) {
+      const uint8_t code = uint8_t((n + k) & 0xff);
+      h.data[size_t(n * in + k)] = (code & 0x7f) == 0x7f ? 0 : code;
+    }
+  const float scales[4] = {0x1p-126f, 0x1p40f, 0x1.8p7f, 0x1.fffffep7f};  // [row block][column block]
+  std::memcpy(h.scale.data(), scales, sizeof scales);
+  const cuda::DeviceLinear d = cuda::upload(h.w);
+  std::vector<float> x(size_t(in * in), 0.f);
+  for (int64_t m = 0; m < in; ++m) x[size_t(m * in + m)] = 1.f;
+  cuda::DeviceBuffer dx(x.size() * 4), dy(size_t(in * out) * 4);
+  dx.upload(x.data(), x.size() * 4);
+  std::vector<float> got(size_t(in * out));
+  for (int64_t M : {int64_t{1}, in}) {
+    for (int64_t m0 = 0; m0 < in; m0 += M) cuda::matmul(dx.f32() + m0 * in, M, d.w, dy.f32() + m0 * out);
+    cuda::synchronize();
+    dy.download(got.data(), got.size() * 4);
+    for (int64_t m = 0; m < in; ++m)
+      for (int64_t n = 0; n < out; ++n) {
+        const uint8_t code = h.data[size_t(n * in + m)];
+        const float want = fp8_e4m3_to_f32(code) * scales[(n / 128) * 2 + m / 128];
+        const float g = got[size_t(m * out + n)];  // (-0 codes sum to +0 with the zero products)
+        ASSERT_TRUE(want == 0 ? g == 0 : std::memcmp(&g, &want, 4) == 0)
+            << "M=" << M << " code 0x" << std::hex << int(code) << std::dec << " scale " << scales[(n / 128) * 2 + m / 128]
+            << ": cuda " << got[size_t(m * out + n)] << " want " << want;
+      }
+  }
+}
+
 TEST(CudaOps, RmsNormMatchesTheCpu) {
   SKIP_WITHOUT_CUDA();
   for (int64_t d : {1, 7, 256, 1000, 7168}) {
