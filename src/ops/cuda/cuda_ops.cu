@@ -6,6 +6,7 @@
 
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -259,6 +260,216 @@ void launch(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float*
   launch_shape<K, 4, 8, 1>(x, M, xs, w, y, ys, vectors, x_vectors);
 }
 
+// ---- FP8 weights on the tensor cores ---------------------------------------------------------------------
+//
+// FP8 on CUDA cores spends about 3.5 instructions per weight byte (decode, scale, FMA) and reads at half the
+// copy bandwidth; mma.sync m16n8k16 (f16 inputs, f32 accumulation) takes 16 x 16 weights x 8 rows a time.
+// The weights go in as f16 (every e4m3 value is one, exactly; one conversion per two weights). x, whose
+// fp32 values f16 cannot hold, goes in as hi + lo f16 pairs (22 significant bits) of x · 2^p, p per row and
+// 64-k chunk putting the chunk's largest |x| in [2^14, 2^15) (so nothing overflows, and what underflows is
+// below 2^-38 of that largest); each chunk's sum is then promoted: total += (sum · 2^-p) · block scale.
+// A weight tile is 16 rows; the block's 8 warps take the 64-k chunks c = warp, warp + 8, ... and their sums
+// are added in warp order, and a row's values never meet another row's (its p is its own), so a row gets
+// the same bits whatever M, as in the kernel above.
+//
+// Fragment layout (PTX ISA, mma.m16n8k16, lane = 4 g + t): A regs {row g, row g + 8} x {k 2t..2t+1,
+// 2t+8..2t+9}; B regs k {2t..2t+1, 2t+8..2t+9} of column g; D {row g, g + 8} x {column 2t, 2t + 1}. The sum
+// over k does not care which k goes where as long as A and B agree, so lane t of MMA j (j = 0..3 in a
+// chunk) takes the weights' and x's elements 16t + 4j + {0, 1} and 16t + 4j + {2, 3}: every lane reads 16
+// contiguous bytes of its rows and 16 contiguous floats of its x row per chunk.
+
+constexpr int kMmaTileRows = 16;
+constexpr int kMmaChunk = 64;
+constexpr int kMmaCols = 8;  // activation rows per pass (the MMA's n)
+
+__device__ __forceinline__ unsigned fp8x2_to_f16x2(unsigned pair) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  return unsigned(h.x) | (unsigned(h.y) << 16);
+}
+
+__device__ __forceinline__ unsigned f16x2_bits(__half2 h) {
+  const __half2_raw r = h;
+  return unsigned(r.x) | (unsigned(r.y) << 16);
+}
+
+__device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Weight bytes are brought in through shared memory with cp.async, kMmaStages chunks ahead of their use: the
+// loads a warp can keep in flight in registers (one chunk) left DRAM at 40% of its peak with 2 blocks per SM.
+// Each lane copies and later reads only its own 16-byte pieces, so its own wait_group is all the sync needed.
+constexpr int kMmaStages = 4;
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+  const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+template <int TILES>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    fp8_mma_kernel(const float* __restrict__ x, int64_t M, int64_t xs, DeviceWeight w, float* __restrict__ y,
+                   int64_t ys, bool x_vectors) {
+  __shared__ float part[kWarpsPerBlock][TILES][kMmaTileRows][kMmaCols];
+  extern __shared__ uint4 dynamic_smem[];  // [warp][stage][tile][row g, g + 8][lane]: fp8_mma_staged_bytes<TILES>
+  auto staged = reinterpret_cast<uint4(*)[kMmaStages][TILES][2][32]>(dynamic_smem);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t n0 = int64_t(blockIdx.x) * (kMmaTileRows * TILES);
+  const int64_t chunks = w.in / kMmaChunk;
+  const int scale_bytes = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
+  const unsigned chunks_per_block = unsigned(w.block_in / kMmaChunk);
+  const unsigned char* wrow[TILES][2];
+  const unsigned char* srow[TILES];
+#pragma unroll
+  for (int i = 0; i < TILES; ++i) {
+    const int64_t n = n0 + kMmaTileRows * i, last = w.out - 1;  // (rows past the end read the last, unused)
+    wrow[i][0] = w.data + (n + g < last ? n + g : last) * w.row_stride + 16 * t;
+    wrow[i][1] = w.data + (n + g + 8 < last ? n + g + 8 : last) * w.row_stride + 16 * t;
+    srow[i] = scale_row(w, n < last ? n : last, scale_bytes);
+  }
+  for (int64_t m0 = 0; m0 < M; m0 += kMmaCols) {
+    const int rows = int(M - m0 < kMmaCols ? M - m0 : kMmaCols);
+    const bool has_x = g < rows;
+    const float* xr = x + (m0 + (has_x ? g : 0)) * xs + 16 * t;
+    float total[TILES][4];
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) total[i][0] = total[i][1] = total[i][2] = total[i][3] = 0.f;
+    auto stage_chunk = [&](int64_t c, int stage) {
+      if (c < chunks)
+#pragma unroll
+        for (int i = 0; i < TILES; ++i) {
+          cp_async_16(&staged[warp][stage][i][0][lane], wrow[i][0] + c * kMmaChunk);
+          cp_async_16(&staged[warp][stage][i][1][lane], wrow[i][1] + c * kMmaChunk);
+        }
+      cp_async_commit();  // (an empty group past the end keeps the count wait_group relies on)
+    };
+#pragma unroll
+    for (int s = 0; s < kMmaStages - 1; ++s) stage_chunk(warp + int64_t(s) * kWarpsPerBlock, s);
+    int stage = 0;
+    for (int64_t c = warp; c < chunks; c += kWarpsPerBlock) {
+      stage_chunk(c + int64_t(kMmaStages - 1) * kWarpsPerBlock, (stage + kMmaStages - 1) % kMmaStages);
+      cp_async_wait<kMmaStages - 1>();  // chunk c has landed
+      uint4 wv[TILES][2];
+#pragma unroll
+      for (int i = 0; i < TILES; ++i) {
+        wv[i][0] = staged[warp][stage][i][0][lane];
+        wv[i][1] = staged[warp][stage][i][1][lane];
+      }
+      stage = (stage + 1) % kMmaStages;
+      float xv[16];
+      if (has_x) {
+        load_x<16>(xr + c * kMmaChunk, x_vectors, xv);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 16; ++e) xv[e] = 0.f;
+      }
+      float mx = 0.f;
+#pragma unroll
+      for (int e = 0; e < 16; ++e) mx = fmaxf(mx, fabsf(xv[e]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const int ex = (__float_as_int(mx) >> 23) & 0xff;     // biased exponent: 0 for zero (and subnormals)
+      const int p = ex == 0 ? 0 : min(max(141 - ex, -126), 126);  // 2^(ex - 127 + p) = 2^14
+      const float up = __int_as_float((127 + p) << 23), down = __int_as_float((127 - p) << 23);
+      unsigned hi[8], lo[8];
+#pragma unroll
+      for (int q = 0; q < 8; ++q) {
+        const float v0 = xv[2 * q] * up, v1 = xv[2 * q + 1] * up;
+        const __half2 h = __floats2half2_rn(v0, v1);
+        const float2 hf = __half22float2(h);
+        hi[q] = f16x2_bits(h);
+        lo[q] = f16x2_bits(__floats2half2_rn(v0 - hf.x, v1 - hf.y));
+      }
+      // 2^-p of this lane's D columns (activation rows 2t, 2t + 1), from the lanes that hold those rows
+      const float d0 = __shfl_sync(0xffffffffu, down, 8 * t), d1 = __shfl_sync(0xffffffffu, down, 8 * t + 4);
+#pragma unroll
+      for (int i = 0; i < TILES; ++i) {
+        const unsigned wa[4] = {wv[i][0].x, wv[i][0].y, wv[i][0].z, wv[i][0].w};
+        const unsigned wb[4] = {wv[i][1].x, wv[i][1].y, wv[i][1].z, wv[i][1].w};
+        float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const unsigned a[4] = {fp8x2_to_f16x2(wa[j]), fp8x2_to_f16x2(wb[j]), fp8x2_to_f16x2(wa[j] >> 16),
+                                 fp8x2_to_f16x2(wb[j] >> 16)};
+          mma_f16(acc, a, lo[2 * j], lo[2 * j + 1]);
+          mma_f16(acc, a, hi[2 * j], hi[2 * j + 1]);
+        }
+        const float s = scale_value(srow[i], w.scale_kind, unsigned(c) / chunks_per_block);
+        total[i][0] = fmaf(acc[0] * d0, s, total[i][0]);
+        total[i][1] = fmaf(acc[1] * d1, s, total[i][1]);
+        total[i][2] = fmaf(acc[2] * d0, s, total[i][2]);
+        total[i][3] = fmaf(acc[3] * d1, s, total[i][3]);
+      }
+    }
+    cp_async_wait<0>();  // (the empty groups past the end: nothing is left in flight into the next pass)
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {
+      part[warp][i][g][2 * t] = total[i][0];
+      part[warp][i][g][2 * t + 1] = total[i][1];
+      part[warp][i][g + 8][2 * t] = total[i][2];
+      part[warp][i][g + 8][2 * t + 1] = total[i][3];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < TILES * kMmaTileRows * kMmaCols; idx += kWarpsPerBlock * 32) {
+      const int i = idx / (kMmaTileRows * kMmaCols), r = idx / kMmaCols % kMmaTileRows, m = idx % kMmaCols;
+      const int64_t n = n0 + kMmaTileRows * i + r;
+      if (m >= rows || n >= w.out) continue;
+      float sum = part[0][i][r][m];
+      for (int wi = 1; wi < kWarpsPerBlock; ++wi) sum += part[wi][i][r][m];
+      y[(m0 + m) * ys + n] = w.bias ? sum + w.bias[n] : sum;
+    }
+    __syncthreads();
+  }
+}
+
+// Whether a weight takes the tensor-core path: whole 64-k chunks inside scale blocks, 16-row tiles inside
+// scale rows, 16-byte aligned rows. Chosen by the weight alone (never by M), so that every row of every
+// call on it runs the same instructions.
+template <int TILES>
+constexpr size_t fp8_mma_staged_bytes = size_t(kWarpsPerBlock) * kMmaStages * TILES * 2 * 32 * sizeof(uint4);
+
+template <int TILES>
+void launch_fp8_mma_tiles(dim3 grid, const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y,
+                          int64_t ys, bool x_vectors) {
+  constexpr size_t bytes = fp8_mma_staged_bytes<TILES>;
+  static const bool configured = [] {  // (over the 48 KB a launch may take without asking)
+    check(cudaFuncSetAttribute(fp8_mma_kernel<TILES>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
+          "cudaFuncSetAttribute");
+    return true;
+  }();
+  (void)configured;
+  fp8_mma_kernel<TILES><<<grid, dim3(kWarpsPerBlock * 32), bytes>>>(x, M, xs, w, y, ys, x_vectors);
+}
+
+bool fp8_mma_takes(const DeviceWeight& w) {
+  static const bool off = [] {
+    const char* e = std::getenv("NEXTN_CUDA_FP8_MMA");
+    return e && std::string(e) == "0";
+  }();
+  return !off && w.in % kMmaChunk == 0 && w.block_in % kMmaChunk == 0 && w.block_out % kMmaTileRows == 0 &&
+         w.scale_row0 % kMmaTileRows == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_stride % 16 == 0;
+}
+
+void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys,
+                    bool x_vectors) {
+  static const int tiles = [] {  // weight tiles per block (a tuning knob for bench/cuda; same bits for any)
+    const char* e = std::getenv("NEXTN_CUDA_FP8_TILES");
+    const int v = e ? std::atoi(e) : 2;
+    return v == 1 || v == 4 ? v : 2;
+  }();
+  const int64_t rows_per_block = kMmaTileRows * tiles;
+  const dim3 grid(unsigned((w.out + rows_per_block - 1) / rows_per_block));
+  if (tiles == 1) launch_fp8_mma_tiles<1>(grid, x, M, xs, w, y, ys, x_vectors);
+  else if (tiles == 4) launch_fp8_mma_tiles<4>(grid, x, M, xs, w, y, ys, x_vectors);
+  else launch_fp8_mma_tiles<2>(grid, x, M, xs, w, y, ys, x_vectors);
+}
+
 // ---- RMSNorm ---------------------------------------------------------------------------------------------
 
 constexpr int kNormThreads = 256;
@@ -389,7 +600,10 @@ void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stri
   switch (w.dtype) {
     case DType::F32: launch<WeightKind::kF32>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
     case DType::BF16: launch<WeightKind::kBF16>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
-    case DType::F8_E4M3: launch<WeightKind::kFP8>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
+    case DType::F8_E4M3:
+      if (fp8_mma_takes(dw)) launch_fp8_mma(x, M, xs, dw, y, ys, x_vectors);
+      else launch<WeightKind::kFP8>(x, M, xs, dw, y, ys, vectors, x_vectors);
+      break;
     default: throw Error(std::string("cuda::matmul: weights of dtype ") + dtype_name(w.dtype) + " are not supported");
   }
   check(cudaGetLastError(), "matmul launch");
