@@ -393,6 +393,7 @@ TEST(Cli, BenchRefusesBadOptionsBeforeAnyWork) {
            {"--tokens 300000", "max_position_embeddings"},
            {"--dtype fp8", "--dtype applies to --synthetic checkpoints only"},
            {"--mlp dense", "--mlp applies to --synthetic"},
+           {"--layers 48", "--layers applies to --synthetic"},
            {"stray", "unexpected argument 'stray'"}}) {
     const auto r = nextn(bench + args + " --json");
     EXPECT_EQ(r.status, 2) << args << "\n" << r.err;
@@ -400,6 +401,8 @@ TEST(Cli, BenchRefusesBadOptionsBeforeAnyWork) {
     EXPECT_EQ(r.out, "") << args;  // nothing measured
   }
   expect_usage_error("bench --synthetic --mlp wide", "--mlp must be moe or dense, got 'wide'");
+  expect_usage_error("bench --synthetic --layers 0", "--layers must be in 1..128, got 0");
+  expect_usage_error("bench --synthetic --layers 129", "--layers must be in 1..128, got 129");
 }
 
 // detokenize: an id outside the vocabulary is an error naming it and the vocabulary size (it was dropped).

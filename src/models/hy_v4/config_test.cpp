@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "models/hy_v4/synthetic.h"
 
 namespace nextn {
 namespace {
@@ -654,3 +655,16 @@ TEST_F(HYV4ConfigFiles, ErrorsNameTheFile) {
 
 }  // namespace
 }  // namespace nextn
+
+// bench --synthetic --layers: the default checkpoints keep their cache names (a cached one is reused),
+// another depth gets its own, and its config parses with that many layers.
+TEST(HYV4Synthetic, DepthIsPartOfTheCheckpointAndItsName) {
+  EXPECT_EQ(nextn::hy_v4_synthetic_name(true, false, nextn::kHYV4SyntheticLayers), "synthetic-hy4-v2-fp8");
+  EXPECT_EQ(nextn::hy_v4_synthetic_name(false, true, nextn::kHYV4SyntheticLayers), "synthetic-hy4-v2-bf16-dense");
+  EXPECT_EQ(nextn::hy_v4_synthetic_name(true, true, 48), "synthetic-hy4-v2-fp8-dense-48l");
+  const nextn::HYV4Config c = nextn::parse_hy_v4_config(nextn::hy_v4_synthetic_config(true, true, 48), "synthetic");
+  EXPECT_EQ(c.num_hidden_layers, 48);
+  EXPECT_EQ(nextn::hy_v4_synthetic_facts(true, true, 48).num_mtp_layers, 1);
+  EXPECT_THROW(nextn::hy_v4_synthetic_config(true, true, 0), nextn::Error);
+  EXPECT_THROW(nextn::hy_v4_synthetic_config(true, true, nextn::kHYV4SyntheticMaxLayers + 1), nextn::Error);
+}
