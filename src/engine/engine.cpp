@@ -71,6 +71,11 @@ void Engine::step() {
   const bool any_tuned = tuned_decoding > 0;
   KTuner* tuner = any_tuned ? &tuner_for(tuned_decoding) : nullptr;
   const int k_batch = tuner ? tuner->next() : 0;
+  // While plain decoding is what the tuner chose, arriving tuned prompts skip their MTP prefill (a forward
+  // of its own per arrival, which plain rounds never use; caught up over the deferral window if the
+  // sequence drafts later). While k > 0 runs, the arrivals' MTP prefill is charged to k > 0.
+  plain_now_ = tuner && k_batch == 0 && !tuner->probing();
+  arrival_draft_seconds_ = 0;
 
   draft_all(k_batch);
   // Gather every sequence's rows: decoding rounds first, then prompts.
@@ -117,6 +122,8 @@ void Engine::step() {
   if (tuner) {
     unmeasured_steps_ = timed ? 0 : unmeasured_steps_ + 1;
     record_tuner(*tuner, timed ? seconds_since(t0) - prefill_seconds : -1.0);
+    // (the arrivals' MTP prefill is a cost of the k > 0 this step ran; deferred under plain decoding)
+    if (k_batch > 0) tuner->record_arrival_overhead(arrival_draft_seconds_, double(rounds));
   }
   retire_finished();
 }
@@ -173,10 +180,12 @@ void Engine::run_forward(size_t begin, size_t end) {
     Sequence& s = *members_[i];
     const BatchSegment& seg = segments_[i];
     try {
-      if (s.phase() == Sequence::Phase::kPrefill)
-        s.finish_prefill(logits, hidden, forward_seconds);
-      else
+      if (s.phase() == Sequence::Phase::kPrefill) {
+        s.finish_prefill(logits, hidden, forward_seconds, plain_now_);
+        if (s.tuned()) arrival_draft_seconds_ += s.draft_prefill_seconds();
+      } else {
         s.finish_round(logits, hidden, forward_seconds);
+      }
     } catch (const Error& err) {
       s.fail(err.what());
     }

@@ -70,6 +70,8 @@ class Engine {
   EngineOptions options_;
   int64_t next_id_ = 0, steps_ = 0;
   bool decoded_ = false;           // a step with decoding rounds ran
+  bool plain_now_ = false;         // this step's tuner chose plain decoding, not as a probe (see step())
+  double arrival_draft_seconds_ = 0;  // this step's prompts' MTP prefill (KTuner::record_arrival_overhead)
   int64_t unmeasured_steps_ = 0;  // tuned steps since the last one the tuner could time (see step())
   std::deque<Entry> waiting_;
   std::vector<Entry> active_;

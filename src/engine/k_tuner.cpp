@@ -26,6 +26,9 @@ constexpr double kPlainMargin = 0.05;
 constexpr double kProbeAllowance = 0.015;
 constexpr double kDebtTokens = 1.0;
 constexpr double kBudgetCapTokens = 32.0;
+// Arrivals are sporadic (one every few steps at 64 sequences): their per-round cost is averaged over the last
+// ~50 steps at k > 0.
+constexpr double kArrivalDecay = 0.98;
 }
 
 KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval)
@@ -54,7 +57,15 @@ double KTuner::expected_tokens(int k) const {
 }
 
 double KTuner::seconds_per_token(int k) const {
-  return k >= 0 && k <= k_max_ && weight_[k] > 0 ? seconds_[k] / weight_[k] / expected_tokens(k) : 0.0;
+  if (k < 0 || k > k_max_ || weight_[k] <= 0) return 0.0;
+  const double arrivals = k > 0 && arrival_rounds_ > 0 ? arrival_seconds_ / arrival_rounds_ : 0.0;
+  return (seconds_[k] / weight_[k] + arrivals) / expected_tokens(k);
+}
+
+void KTuner::record_arrival_overhead(double seconds, double rounds) {
+  if (!(seconds >= 0) || !(rounds > 0)) return;
+  arrival_seconds_ = arrival_seconds_ * kArrivalDecay + seconds;
+  arrival_rounds_ = arrival_rounds_ * kArrivalDecay + rounds;
 }
 
 int KTuner::best() const {

@@ -50,6 +50,11 @@ class KTuner {
   // positions deferred by plain rounds): charged to the probe budget only.
   void record(int k, double seconds, int emitted, bool drafts_judged = true, double weight = 1.0,
               double overhead = 0.0);
+  // What speculation costs a batch outside its rounds' times: the MTP layers' pass over each prompt that
+  // arrives while k > 0 runs (the engine defers it while plain decoding runs). seconds: this step's, over
+  // `rounds` sequence-rounds (as record's times are per sequence); a decaying average per round is added
+  // to every k > 0's time (no round's time shows that cost, which only speculation pays).
+  void record_arrival_overhead(double seconds, double rounds);
   int best() const;  // the k with the lowest time per token so far (k = 0 keeps near-ties)
   int k_max() const { return k_max_; }
   double seconds_per_token(int k) const;        // 0 when k was never measured
@@ -78,6 +83,7 @@ class KTuner {
   double rescale_from_ = 0;
   bool plain_after_rescale_ = false;  // seeded: measure k = 0 right after the re-measure of the best
   double budget_ = 0;        // seconds (per round, as the round times), see the header comment
+  double arrival_seconds_ = 0, arrival_rounds_ = 0;  // decaying sums, see record_arrival_overhead
   double probe_overhead_ = 0;  // the current probe's one-off catch-ups (they do not stop it)
 };
 

@@ -247,6 +247,22 @@ TEST(KTuner, PlainDecodingKeepsNearTies) {
 
 // A new batch size class starts from its neighbour's tuner: no climb from k = 0, its best k first (the
 // other k's times scale with how that one's changed), then k = 0.
+// A k = 1 whose rounds are 10% cheaper per token than plain decoding loses once the MTP prefill of the prompts
+// arriving while it runs is counted (here 20% of a round's time per round): plain decoding is then best.
+TEST(KTuner, ArrivalsMtpPrefillCountsAgainstSpeculation) {
+  KTuner t(1);
+  const std::vector<double> accept = {1.0};
+  drive(t, 60, [](int k, int64_t) { return k == 0 ? 1.0 : 1.8; }, accept, 1);  // k = 1: 0.9 s per token
+  ASSERT_EQ(t.best(), 1);
+  for (int step = 0; step < 200; ++step) t.record_arrival_overhead(0.4, 2.0);  // 0.2 s per round
+  EXPECT_NEAR(t.seconds_per_token(1), (1.8 + 0.2) / 2.0, 0.01);
+  EXPECT_NEAR(t.seconds_per_token(0), 1.0, 1e-9);  // plain decoding pays none
+  EXPECT_EQ(t.best(), 0);
+  t.record_arrival_overhead(-1.0, 1.0);  // ignored
+  t.record_arrival_overhead(1.0, 0.0);
+  EXPECT_NEAR(t.seconds_per_token(1), 1.0, 0.01);
+}
+
 TEST(KTuner, SeededTunerStartsFromItsNeighboursBest) {
   KTuner small(2, 3, 1000);
   for (int r = 0; r < 40; ++r) {

@@ -165,8 +165,9 @@ BatchSegment Sequence::prefill_segment() {
 }
 
 // The first token, then (speculation) the MTP layers over the prompt, so that decoding starts with every
-// draft layer caught up. Both count as prefill time.
-void Sequence::finish_prefill(const float* last_logits, const float* hidden, double forward_seconds) {
+// draft layer caught up (unless deferred, see sequence.h). Both count as prefill time.
+void Sequence::finish_prefill(const float* last_logits, const float* hidden, double forward_seconds,
+                              bool defer_draft_prefill) {
   const auto t0 = Clock::now();
   SpecStats& st = res_.stats;
   ++st.target_forwards;
@@ -176,7 +177,11 @@ void Sequence::finish_prefill(const float* last_logits, const float* hidden, dou
   emit(draw(p_.data()), last_logits);
   if (speculate_ && !stop_) {
     drafter_->push_verified(hidden, n);
-    drafter_->catch_up_prompt(seq_, k_max_);
+    if (!(defer_draft_prefill && tuned_)) {
+      const auto t_draft = Clock::now();
+      drafter_->catch_up_prompt(seq_, k_max_);
+      draft_prefill_seconds_ = seconds_between(t_draft, Clock::now());
+    }
   }
   st.prefill_seconds = forward_seconds + seconds_between(t0, Clock::now());
   t_decode_ = Clock::now();

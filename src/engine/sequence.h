@@ -45,7 +45,13 @@ class Sequence final : private DraftPicker {
   // Prefill: the prompt's rows (logits of the last only), then the first token from those logits and the
   // drafter's catch-up over the prompt. forward_seconds: what the shared forward took.
   BatchSegment prefill_segment();
-  void finish_prefill(const float* last_logits, const float* hidden, double forward_seconds);
+  // defer_draft_prefill: the batch's tuner runs plain decoding now, so a tuned sequence leaves its prompt to
+  // the MTP layers' deferral window (caught up, its newest positions only, when it first drafts) instead of
+  // an MTP forward of its own that plain rounds would never use.
+  void finish_prefill(const float* last_logits, const float* hidden, double forward_seconds,
+                      bool defer_draft_prefill = false);
+  // What the MTP layers' pass over the prompt took in finish_prefill (0 when deferred or not speculating).
+  double draft_prefill_seconds() const { return draft_prefill_seconds_; }
 
   // A decoding round. k_tuned: the batch's k for tuned sequences (ignored by the others). The draft round
   // (null: no drafting) runs with the batch's others (Model::run_draft_rounds); finish_draft throws its error.
@@ -72,6 +78,7 @@ class Sequence final : private DraftPicker {
   GenerationResult take_result();
 
  private:
+  double draft_prefill_seconds_ = 0;
   using Clock = std::chrono::steady_clock;
   void emit(int32_t t, const float* raw_logits);
   void require_finite_target(const float* raw, int64_t pos) const;
