@@ -20,8 +20,8 @@
 // round at k > 0 adds what it gained on plain decoding (the time its tokens take at k = 0's measured rate,
 // minus its own time, one-off catch-ups included; negative when it lost). A probe of a k > 0 starts only
 // while the budget is not negative, and stops early once its rounds put it a plain token's time in debt
-// (its own catch-up, spent whatever follows, does not stop it). Gains bank up to 32 plain tokens, so a
-// long-lived server's tuner cannot spend hours of old gains on probes that lose.
+// (its own catch-up, spent whatever follows, does not stop it). Gains bank up to kBudgetCapTokens plain
+// tokens (k_tuner.cpp), so a long-lived server's tuner cannot spend hours of old gains on probes that lose.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -78,7 +78,6 @@ class Sequence final : private DraftPicker {
   GenerationResult take_result();
 
  private:
-  double draft_prefill_seconds_ = 0;
   using Clock = std::chrono::steady_clock;
   void emit(int32_t t, const float* raw_logits);
   void require_finite_target(const float* raw, int64_t pos) const;
@@ -103,6 +102,7 @@ class Sequence final : private DraftPicker {
   DraftRound round_;  // (after drafter_: destroyed first, its frame lives in the drafter's arena)
   int64_t backlog_rows_ = 0;
   double pick_seconds_ = 0;
+  double draft_prefill_seconds_ = 0;  // see draft_prefill_seconds()
   GenerationResult res_;
   std::vector<int32_t> seq_;  // prompt + emitted tokens
   // One round's buffers, sized at admission (the decode loop does not allocate beyond the result vectors).

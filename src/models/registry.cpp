@@ -67,14 +67,16 @@ struct SyntheticFamily {
   void (*write)(const std::string& dir, const SyntheticOptions& options);
 };
 
+int hy_v4_layers(const SyntheticOptions& o) { return o.layers ? o.layers : kHYV4SyntheticLayers; }
+
 const SyntheticFamily kSyntheticFamilies[] = {
     {"hy_v4",
      [](const SyntheticOptions& o) {
-       const int L = o.layers ? o.layers : kHYV4SyntheticLayers;
-       return SyntheticCheckpoint{hy_v4_synthetic_name(o.fp8, o.dense, L), hy_v4_synthetic_facts(o.fp8, o.dense, L)};
+       return SyntheticCheckpoint{hy_v4_synthetic_name(o.fp8, o.dense, hy_v4_layers(o)),
+                                  hy_v4_synthetic_facts(o.fp8, o.dense, hy_v4_layers(o))};
      },
      [](const std::string& dir, const SyntheticOptions& o) {
-       write_hy_v4_synthetic(dir, o.fp8, o.dense, o.layers ? o.layers : kHYV4SyntheticLayers);
+       write_hy_v4_synthetic(dir, o.fp8, o.dense, hy_v4_layers(o));
      }},
 };
 

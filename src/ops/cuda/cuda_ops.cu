@@ -65,6 +65,11 @@ __device__ __forceinline__ float scale_value(const unsigned char* row, int kind,
   }
 }
 
+// The e4m3 pair in the low 16 bits of `pair` as two f16 (exact: every e4m3 value is one).
+__device__ __forceinline__ __half2_raw fp8x2_to_half2(unsigned pair) {
+  return __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+}
+
 __device__ __forceinline__ float fp8_to_f32(unsigned char v) {
   const __half_raw h = __nv_cvt_fp8_to_halfraw(v, __NV_E4M3);
   return __half2float(__half(h));
@@ -98,9 +103,7 @@ struct Vec {
       const float s = scale_value(srow, w.scale_kind, unsigned(v) / vec_per_block);
       for (int e = 0; e < 4; ++e)
         for (int b = 0; b < 4; b += 2) {
-          const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
-              static_cast<__nv_fp8x2_storage_t>((words[e] >> (8 * b)) & 0xffffu), __NV_E4M3);
-          const float2 f = __half22float2(__half2(h2));
+          const float2 f = __half22float2(__half2(fp8x2_to_half2(words[e] >> (8 * b))));
           out[4 * e + b] = f.x * s;
           out[4 * e + b + 1] = f.y * s;
         }
@@ -127,9 +130,7 @@ struct Vec {
       for (int e = 0; e < 4; ++e)
 #pragma unroll
         for (int b = 0; b < 4; b += 2) {
-          const __half2_raw h2 = __nv_cvt_fp8x2_to_halfraw2(
-              static_cast<__nv_fp8x2_storage_t>((words[e] >> (8 * b)) & 0xffffu), __NV_E4M3);
-          const float2 f = __half22float2(__half2(h2));
+          const float2 f = __half22float2(__half2(fp8x2_to_half2(words[e] >> (8 * b))));
           acc = fmaf(f.x * s, x[4 * e + b], acc);
           acc = fmaf(f.y * s, x[4 * e + b + 1], acc);
         }
@@ -283,7 +284,7 @@ constexpr int kMmaChunk = 64;
 constexpr int kMmaCols = 8;  // activation rows per pass (the MMA's n)
 
 __device__ __forceinline__ unsigned fp8x2_to_f16x2(unsigned pair) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  const __half2_raw h = fp8x2_to_half2(pair);
   return unsigned(h.x) | (unsigned(h.y) << 16);
 }
 
@@ -458,16 +459,11 @@ bool fp8_mma_takes(const DeviceWeight& w) {
 
 void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys,
                     bool x_vectors) {
-  static const int tiles = [] {  // weight tiles per block (a tuning knob for bench/cuda; same bits for any)
-    const char* e = std::getenv("NEXTN_CUDA_FP8_TILES");
-    const int v = e ? std::atoi(e) : 2;
-    return v == 1 || v == 4 ? v : 2;
-  }();
-  const int64_t rows_per_block = kMmaTileRows * tiles;
+  // 2 weight tiles per block (1 and 4 measured slower: docs/performance.md, "Fourteenth session")
+  constexpr int kTiles = 2;
+  constexpr int64_t rows_per_block = kMmaTileRows * kTiles;
   const dim3 grid(unsigned((w.out + rows_per_block - 1) / rows_per_block));
-  if (tiles == 1) launch_fp8_mma_tiles<1>(grid, x, M, xs, w, y, ys, x_vectors);
-  else if (tiles == 4) launch_fp8_mma_tiles<4>(grid, x, M, xs, w, y, ys, x_vectors);
-  else launch_fp8_mma_tiles<2>(grid, x, M, xs, w, y, ys, x_vectors);
+  launch_fp8_mma_tiles<kTiles>(grid, x, M, xs, w, y, ys, x_vectors);
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------------
