@@ -11,9 +11,11 @@ namespace {
 constexpr double kDecay = 0.8;  // round times, per round measured at that k: the last ~5 rounds dominate
 constexpr double kAcceptDecay = 0.95;  // acceptance, per draft tried at that position: the last ~20
 constexpr double kPriorTries = 2.0;
-// A round time more than this factor away from k's average so far counts as that far: on a shared machine one
+// A round time more than this factor above k's average so far counts as that far: on a shared machine one
 // step in a few runs 2x slow (another tenant, an interrupt), and a 3-round probe must not let one such step
-// decide between k (the averages still follow a real change, by this factor per round).
+// decide between k (the average still follows a real slow-down, by this factor per round). A faster round
+// counts as it is: nothing makes a step spuriously fast, and a re-measure must follow a k that got
+// faster at once (plain decoding after its cold start).
 constexpr double kOutlierFactor = 1.3;
 // Plain decoding keeps near-ties: speculation costs a little that no round's time shows (the MTP layers'
 // catch-up over each new prompt's last positions, the verify rows of the steps that carry arriving
@@ -29,6 +31,11 @@ constexpr double kBudgetCapTokens = 32.0;
 // Arrivals are sporadic (one every few steps at 64 sequences): their per-round cost is averaged over the last
 // ~50 steps at k > 0.
 constexpr double kArrivalDecay = 0.98;
+// A re-measure of a k that has not run since its last probe starts its time average afresh but for this
+// much of one observation (enough to keep the outlier clamp's anchor, 1% of a 3-round average): with the old average at full weight,
+// a 3-round re-measure kept half of what came before, so plain decoding's cold-start rounds (its first
+// steps run while the batch fills, 1.5-2x slower) decided between k for hundreds of steps.
+constexpr double kStaleWeight = 0.05;
 }
 
 KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval)
@@ -116,8 +123,7 @@ KTuner KTuner::seeded_from(const KTuner& other) {
     }
   t.plain_after_rescale_ = b != 0;
   t.climbed_ = true;
-  t.probe_k_ = b;
-  t.probe_left_ = t.probe_rounds_;
+  t.start_probe(b);
   t.best_before_probe_ = -1;
   t.since_probe_ = 0;
   t.interval_ = t.reprobe_interval_;
@@ -143,8 +149,7 @@ int KTuner::next() {
     };
     if (top < 0 || (top < k_max_ && (top == 0 || improves(top) || improves(top - 1)))) {
       if (!may_probe(top + 1)) return best();  // the climb goes on once the budget allows
-      probe_k_ = top + 1;
-      probe_left_ = probe_rounds_;
+      start_probe(top + 1);
       return probe_k_;
     }
     climbed_ = true;
@@ -164,8 +169,7 @@ int KTuner::next() {
     since_probe_ = 0;
     reprobe_turn_ = turn;
     if (n >= 0 && n <= k_max_) {
-      probe_k_ = n;
-      probe_left_ = probe_rounds_;
+      start_probe(n);
       best_before_probe_ = b;
       return n;
     }
@@ -180,7 +184,7 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
   const double decay = std::pow(kDecay, weight), accept_decay = std::pow(kAcceptDecay, weight);
   if (weight_[k] > 0) {
     const double mean = seconds_[k] / weight_[k];
-    seconds = std::clamp(seconds, mean / kOutlierFactor, mean * kOutlierFactor);
+    seconds = std::min(seconds, mean * kOutlierFactor);
   }
   seconds_[k] = seconds_[k] * decay + weight * seconds;
   weight_[k] = weight_[k] * decay + weight;
@@ -203,6 +207,15 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
   if (probe_left_ <= 1e-6 || in_debt) end_probe();
 }
 
+void KTuner::start_probe(int k) {
+  probe_k_ = k;
+  probe_left_ = probe_rounds_;
+  if (weight_[k] > kStaleWeight) {
+    seconds_[k] *= kStaleWeight / weight_[k];
+    weight_[k] = kStaleWeight;
+  }
+}
+
 void KTuner::end_probe() {
   const int k = probe_k_;
   probe_left_ = 0;
@@ -215,8 +228,7 @@ void KTuner::end_probe() {
     rescale_k_ = -1;
     if (plain_after_rescale_) {  // then k = 0 itself, which every other k is judged against
       plain_after_rescale_ = false;
-      probe_k_ = 0;
-      probe_left_ = probe_rounds_;
+      start_probe(0);
       return;
     }
   }

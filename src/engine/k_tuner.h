@@ -8,7 +8,7 @@
 // past the first k that is not), then the k with the lowest time per emitted token runs, and a neighbour
 // of it (or, when the best is 2 or more, k = 0 every third time) is re-measured every `reprobe_interval`
 // rounds (twice as long after each re-measure that changed nothing, up to 8x) so that the choice follows
-// the context as it grows.
+// the context as it grows; a re-measure all but replaces its k's old time, which is stale by then.
 // Time per token at k is estimated as (seconds per round at k) / (tokens a round at k yields), two things
 // measured apart: a round's time barely varies, but its tokens swing from 1 to k+1. So the tokens come
 // from the acceptance rate of each draft position given the ones before it, pooled over every round that
@@ -67,6 +67,7 @@ class KTuner {
   double expected_tokens(int k) const;  // 1 + Σ_j Π_{i<=j} accept rate of position i, j <= k
   double plain_seconds_per_token() const;  // k = 0's, scaled as a pending rescale will (0: not measured)
   bool may_probe(int k) const;            // the budget allows starting a probe of k
+  void start_probe(int k);  // (re)measure k next: its old time average kept at a fraction of a round
   void end_probe();
   void charge(int k, double seconds, int emitted, double weight);  // the round's part of the budget
   std::vector<double> seconds_, weight_;  // decaying sums per k: round seconds, rounds

@@ -115,6 +115,27 @@ TEST(KTuner, FollowsACostThatChangesWithTheContext) {
   EXPECT_EQ(t.best(), 0);
 }
 
+// Plain decoding's first rounds are slow (the batch is filling), so the climb picks k = 1; k = 0's next
+// re-measure must judge it by what it costs now, not by what it cost then (a re-measure that kept the old
+// average at full weight, and let no round count as faster than 1/1.3 of it, read it 1.5x too slow after
+// one re-measure, and k = 1 kept running).
+TEST(KTuner, AReMeasureForgetsAColdStart) {
+  KTuner t(2, 3, 16);
+  const std::vector<double> accept = {0.3, 0.2};
+  int64_t r = 0;
+  const auto cold_plain = [&](int k, int64_t) { return k == 0 && r++ < 3 ? 2.0 : 1.0 + 0.36 * k; };
+  ASSERT_GT(expected_cost(1.36, accept, 1), 1.04);  // k = 1 loses on plain decoding once it is warm
+  drive(t, 6, cold_plain, accept, 5);
+  ASSERT_EQ(t.best(), 1);  // (what the cold start made of it)
+  drive(t, 80, cold_plain, accept, 6);  // re-measures k = 2 (no change), then k = 0
+  EXPECT_EQ(t.best(), 0);
+  EXPECT_NEAR(t.seconds_per_token(0), 1.0, 0.05);
+  const auto before = t.rounds();
+  const auto after = drive(t, 200, cold_plain, accept, 7);
+  EXPECT_EQ(t.best(), 0);
+  EXPECT_GT(after[0] - before[0], 5 * (after[1] - before[1]));
+}
+
 // Over a long generation the tuner runs within a few percent of the best fixed k, whichever it is, on
 // the machines and texts of k_tuner_sim.h (bench/k_tuner_bench.cpp prints the table). Per-k time-per-
 // token ratios without pooled acceptance were 4-11% off here. The exception is a k = 1 that beats plain
@@ -231,6 +252,9 @@ TEST(KTuner, AnOutlierStepCountsAsAtMostOnePointThreeTimesTheAverage) {
   EXPECT_NEAR(t.seconds_per_token(0), (1.0 * w + 1.3) / (w + 1), 1e-9);
   t.record(1, 0.5, 2);  // the first measurement of a k is taken as it is
   EXPECT_NEAR(t.seconds_per_token(1), 0.25, 1e-9);
+  const double before = t.seconds_per_token(0);
+  t.record(0, 0.2, 1);  // and a fast step too: nothing makes one spuriously fast
+  EXPECT_NEAR(t.seconds_per_token(0), (before * (0.8 * w + 0.8) + 0.2) / (0.8 * w + 0.8 + 1), 1e-9);
 }
 
 // Plain decoding keeps a near-tie (speculation has costs outside the timed rounds); a clear gain wins.
@@ -281,12 +305,12 @@ TEST(KTuner, SeededTunerStartsFromItsNeighboursBest) {
   EXPECT_NEAR(big.seconds_per_token(0), 2.0 * small.seconds_per_token(0), 1e-9);
   EXPECT_NEAR(big.seconds_per_token(2) / big.seconds_per_token(0), small.seconds_per_token(2) / small.seconds_per_token(0), 1e-9);
   // Then plain decoding, the reference of every k, is measured in this class itself; the rescaled
-  // estimate counts as one observation against its three.
+  // estimate counts as a twentieth of one observation against its three.
   for (int r = 0; r < 3; ++r) {
     ASSERT_EQ(big.next(), 0);
     big.record(0, 2.4, 1);  // plain decoding is slower here than the rescaled estimate (2.0)
   }
-  const double w_old = 0.8 * 0.8 * 0.8, w_new = 1 + 0.8 + 0.64;
+  const double w_old = 0.05 * 0.8 * 0.8 * 0.8, w_new = 1 + 0.8 + 0.64;
   EXPECT_NEAR(big.seconds_per_token(0), (2.0 * w_old + 2.4 * w_new) / (w_old + w_new), 1e-9);
   EXPECT_EQ(big.next(), 2);
 }
