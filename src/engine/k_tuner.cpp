@@ -25,7 +25,7 @@ constexpr double kOutlierFactor = 1.3;
 constexpr double kPlainMargin = 0.05;
 // The probe budget (see k_tuner.h): the share of each round's time it earns, the debt at which a probe
 // stops, and the most it banks, both in plain tokens' time.
-constexpr double kProbeAllowance = 0.015;
+constexpr double kProbeAllowance = 0.005;
 constexpr double kDebtTokens = 1.0;
 constexpr double kBudgetCapTokens = 32.0;
 // Arrivals are sporadic (one every few steps at 64 sequences): their per-round cost is averaged over the last

@@ -16,7 +16,7 @@
 // from the few rounds run at k itself. Both are decaying averages, so that they follow the text; a round
 // time far from its k's average counts as at most 1.3x off (one stalled step must not decide a probe).
 // Probes are paid from a budget measured against plain decoding, so that a short generation that has not
-// finished probing never pays more than a few percent for them: each round adds 1.5% of its time, and a
+// finished probing never pays more than a few percent for them: each round adds 0.5% of its time, and a
 // round at k > 0 adds what it gained on plain decoding (the time its tokens take at k = 0's measured rate,
 // minus its own time, one-off catch-ups included; negative when it lost). A probe of a k > 0 starts only
 // while the budget is not negative, and stops early once its rounds put it a plain token's time in debt

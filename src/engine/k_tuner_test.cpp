@@ -162,21 +162,22 @@ TEST(KTuner, ShortGenerationsPayAtMostThreePercentForProbes) {
 }
 
 // A probe whose rounds put it a plain token's time in debt stops; its own catch-up (spent whatever follows)
-// does not stop it. No probe of a k > 0 starts again until the rounds' 1.5% allowance has paid the debt.
+// does not stop it. No probe of a k > 0 starts again until the rounds' 0.5% allowance has paid the debt.
 TEST(KTuner, AProbeInDebtStopsAndWaitsForTheBudget) {
   KTuner t(1, 3, 8);
+  constexpr double a = 0.005;  // the share of each round's time the budget earns (k_tuner.cpp)
   for (int r = 0; r < 3; ++r) {
     ASSERT_EQ(t.next(), 0);
     t.record(0, 1.0, 1);
   }
-  EXPECT_NEAR(t.budget_tokens(), 3 * 0.015, 1e-9);
+  EXPECT_NEAR(t.budget_tokens(), 3 * a, 1e-9);
   ASSERT_EQ(t.next(), 1);
   t.record(1, 1.0, 1, true, 1.0, /*overhead=*/2.0);  // one token for 3 seconds, 2 of them catch-up
-  EXPECT_NEAR(t.budget_tokens(), 0.045 + 0.015 * 3.0 - 2.0, 1e-9);
+  EXPECT_NEAR(t.budget_tokens(), 3 * a + a * 3.0 - 2.0, 1e-9);
   EXPECT_TRUE(t.probing());  // the catch-up alone does not stop it
   ASSERT_EQ(t.next(), 1);
   t.record(1, 2.5, 1);  // its round loses 1.5 s: past the one-token debt
-  const double debt = 0.045 + 0.045 - 2.0 + 0.015 * 2.5 - 1.5;
+  const double debt = 3 * a + 3 * a - 2.0 + a * 2.5 - 1.5;
   EXPECT_NEAR(t.budget_tokens(), debt, 1e-9);
   EXPECT_FALSE(t.probing());  // stopped after two of its three rounds
   int plain_rounds = 0;
@@ -184,7 +185,7 @@ TEST(KTuner, AProbeInDebtStopsAndWaitsForTheBudget) {
     t.record(0, 1.0, 1);
     ++plain_rounds;
   }
-  EXPECT_NEAR(plain_rounds, -debt / 0.015, 1.0);  // the re-measure was due after 8
+  EXPECT_NEAR(plain_rounds, -debt / a, 1.0);  // the re-measure was due after 8
   EXPECT_GE(t.budget_tokens(), 0.0);
 }
 
@@ -193,7 +194,7 @@ TEST(KTuner, GainsBankUpToThirtyTwoPlainTokens) {
   KTuner t(1, 3, 1000);
   t.record(0, 1.0, 1);
   t.record(1, 1.0, 2);
-  EXPECT_NEAR(t.budget_tokens(), 0.015 + 1.015, 1e-9);
+  EXPECT_NEAR(t.budget_tokens(), 0.005 + 1.005, 1e-9);
   for (int r = 0; r < 100; ++r) t.record(1, 1.0, 2);
   EXPECT_DOUBLE_EQ(t.budget_tokens(), 32.0);
 }
