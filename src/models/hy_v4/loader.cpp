@@ -488,7 +488,8 @@ void bind_hy_v4_weights(const HYV4Config& c, const WeightStore& store, HYV4Weigh
 // Loading
 
 HYV4Model::HYV4Model(const std::string& model_dir, ThreadPool* pool)
-    : dir_(model_dir), cfg_(load_hy_v4_config(model_dir)), store_(WeightStore::open_dir(model_dir)), pool_(pool) {
+    : dir_(model_dir), cfg_(load_hy_v4_config(model_dir)), store_(WeightStore::open_dir(model_dir)),
+      cpu_blocks_(std::make_unique<HYV4CpuBlocks>(cfg_, pool)), blocks_(cpu_blocks_.get()) {
   HYV4LoadReport r;
   bind_hy_v4_weights(cfg_, store_, w_, r);
   r.print_or_throw(model_dir);

@@ -7,7 +7,8 @@
 //              x = input_layernorm(x); a = attention(x) [S,H]; X = post ⊗ a + X
 //              ffn_hc(X) -> x; x = post_attention_layernorm(x); m = mlp(x); X = post ⊗ m + X
 //   hc_head(X) [S,H] -> norm -> hidden [S,H] -> lm_head -> logits [S,V]
-// The MTP draft layers (draft.h) reuse the attention and FFN blocks of this file without iHC.
+// The MTP draft layers reuse the attention and FFN blocks without iHC. The blocks run on a backend
+// (blocks.h; the CPU's is cpu_blocks.h): this class builds the forwards from them.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -18,6 +19,7 @@
 #include "core/finite.h"
 #include "io/safetensors.h"
 #include "models/hy_v4/config.h"
+#include "models/hy_v4/cpu_blocks.h"
 #include "memory/kv_cache.h"
 #include "models/common/chained_drafter.h"
 #include "models/model.h"
@@ -93,65 +95,6 @@ struct HYV4Weights {
   std::vector<MtpLayerWeights> mtp;  // num_nextn_predict_layers (empty: no draft)
 };
 
-struct ExpertJob {
-  int32_t expert = 0;           // routed expert id, or -1 for the shared expert (all S rows of x)
-  int64_t first = 0, rows = 0;  // rows [first, first + rows) of the gathered tokens
-  int64_t cost = 0;             // decode + multiply-add work: what balancing the threads goes by
-};
-
-// Reusable activation buffers for up to `rows` tokens per forward: sized once, grown only when a
-// larger batch arrives, so the decode loop never allocates; 64-byte aligned, so that the kernels read
-// their rows in place (ops::matmul copies x rows that straddle cache lines).
-struct HYV4Workspace {
-  int64_t rows = 0;
-  AlignedFloats streams;                    // [S, C, H] hyper-connection streams
-  AlignedFloats post_gates;                 // [S, C] iHC post gates of the current sublayer
-  AlignedFloats x, xn, y;                   // [S, H]
-  AlignedFloats mixes;                      // [S, 2C]
-  AlignedFloats q_resid;                    // [S, q_lora]
-  AlignedFloats q;                          // [S, heads*qk_head]
-  AlignedFloats kv_a;                       // [S, kv_lora + rope]
-  AlignedFloats gate;                       // [S, heads*v]
-  AlignedFloats attn;                       // [S, heads*v]
-  AlignedFloats iq;                         // [S, n_ih*ihd]
-  AlignedFloats ik;                         // [S, ihd]
-  AlignedFloats iw;                         // [S, n_ih]
-  std::vector<int32_t> topk;                // [S, index_topk] selected key positions, ascending
-  std::vector<int32_t> topk_count;          // [S]
-  AlignedFloats ffn_a, ffn_b;               // [S, max(2I_moe, 2I_dense)], [S, max I]
-  AlignedFloats router;                     // [S, E]
-  std::vector<int32_t> expert_ids;          // [S, top_k]
-  AlignedFloats expert_w;                   // [S, top_k]
-  AlignedFloats gathered, expert_out;       // [S*top_k, H] tokens grouped by expert, and their outputs
-  std::vector<int32_t> expert_rows;         // [S*top_k] (token, slot) of each gathered row
-  std::vector<ExpertJob> expert_jobs;       // [E + 1] used experts, ascending id, then the shared expert
-  AlignedFloats expert_scratch;             // [threads, 2, S, I_moe] gate / up of one expert job
-  AlignedFloats moe_act;                    // [S*top_k + S, 2, I] gate / up per expert (column-split MoE)
-  AlignedFloats shared_out;                 // [S, H] shared expert output
-  AlignedFloats rope_cs;                    // [rope/2] cos, [rope/2] sin of one position
-  AlignedFloats hidden;                     // [S, H] final hidden state
-  AlignedFloats mtp_in;                     // [S, 2H]
-  // per-thread attention scratch
-  AlignedFloats att_scratch;                // [threads, heads, index_topk] scores of one query row
-  AlignedFloats att_q;                      // [S, heads, kv_lora + rope] absorbed queries and rope parts
-  AlignedFloats att_o;                      // [S, heads, kv_lora] attention-weighted latents
-  AlignedFloats att_v;                      // [S, heads, v_head_dim] head outputs before the gate
-  AlignedFloats idx_scratch;                // [S, max_seq] index scores
-  AlignedFloats idx_tmp;                    // [S, max_seq] top-k selection scratch
-  std::vector<int32_t> sel_rows;            // [S, index_topk] physical KV rows of each row's selection
-};
-
-// How the forward spreads work over the threads on this machine. Results never depend on it: tests lower
-// the thresholds to 0 to run every threaded path on tiny models.
-struct CpuTuning {
-  // Work (multiply-adds + weight bytes) below which the indexer, attention and MoE stay on the calling
-  // thread instead of spreading over the pool (< 0: the pool's ThreadPool::min_parallel_work()).
-  int64_t min_parallel_work = -1;
-  // Shared experts of at least this many weight bytes run split over the threads after the routed experts
-  // instead of as one more whole-expert job.
-  size_t shared_split_bytes = size_t(1) << 20;
-};
-
 class HYV4Model;
 
 // One HY V4 sequence: its target KV pages.
@@ -187,9 +130,9 @@ class HYV4Model : public Model {
   const HYV4Config& config() const { return cfg_; }
   const HYV4Weights& weights() const { return w_; }
   int num_mtp_layers() const { return static_cast<int>(w_.mtp.size()); }
-  CpuTuning& cpu_tuning() { return tuning_; }
+  CpuTuning& cpu_tuning() { return cpu_blocks_->tuning(); }
   const std::string& dir() const { return dir_; }
-  ThreadPool* pool() const { return pool_; }
+  ThreadPool* pool() const { return cpu_blocks_->pool(); }
 
   // ---- Model
   const ModelFacts& facts() const override { return facts_; }
@@ -260,23 +203,7 @@ class HYV4Model : public Model {
   void run_draft_rounds(DraftRound* const* rounds, size_t n) override { draft_driver_.run(*this, rounds, n); }
 
  private:
-  // Where one segment's rows of the current forward are: rows [first_row, first_row + rows) of the batch
-  // sit at cache slots slot0.. and absolute positions pos0..
-  // (MTP forwards: `forced` selections for the span's rows from forced->first_row on, and `last_topk`
-  // receiving the positions its last row attended to.)
-  struct RowSpan {
-    KVCache* cache;
-    int64_t first_row, rows, slot0, pos0;
-    const int32_t* tokens;
-    bool all_logits;
-    const TopkOverride* forced;
-    std::vector<int32_t>* last_topk;
-  };
   void init_facts();  // facts_ from cfg_ and w_ (at the end of loading)
-  void ensure_workspace(int64_t S, int64_t max_seq);
-  // Row stride of the top-k selections: index_topk, but never more than the workspace's positions (a query
-  // cannot select more keys than there are).
-  int64_t topk_stride() const;
   std::vector<int64_t> target_plane_widths(std::vector<LayerPlanes>* layers) const;
   std::vector<int64_t> draft_plane_widths() const;
   // Bytes the caches of a sequence of `capacity` positions take (target, and all MTP layers').
@@ -284,32 +211,21 @@ class HYV4Model : public Model {
   void require_cache_fits(int64_t capacity, bool target, const char* what) const;
   int64_t own_pool_page(int64_t capacity) const;
   void ensure_pools();
-  void hyper_pre(const HyperConnectionWeights& hc, int64_t S);  // streams -> x, mixes (post in mixes[C..])
-  void hyper_post(int64_t S);                                   // streams += post ⊗ y
-  // x: [S, H] normed input -> ws_.y [S, H]; the rows of spans_ at cache layer `layer`.
-  void attention(const DecoderLayerWeights& L, size_t layer, int64_t S);
-  void ffn(const FfnWeights& F, const float* x, int64_t S, float* out);
 
   std::string dir_;
   HYV4Config cfg_;
   ModelFacts facts_;
   WeightStore store_;
   HYV4Weights w_;
-  ThreadPool* pool_;
-  CpuTuning tuning_;
-  HYV4Workspace ws_;
-  int64_t ws_max_seq_ = 0;
-  std::vector<RowSpan> spans_;          // the current forward's segments
-  std::vector<int32_t> row_span_;       // [S] span of each row
+  // The backend that computes the blocks (only the CPU's so far), and the spans of the current forward.
+  std::unique_ptr<HYV4CpuBlocks> cpu_blocks_;
+  HYV4Blocks* blocks_ = nullptr;
+  std::vector<HYV4RowSpan> spans_;
   ChainedDraftDriver<HYV4Model> draft_driver_;
   std::vector<CacheSegment> batch_segments_;
   MemoryOptions memory_;
   std::shared_ptr<KVPool> target_pool_, draft_pool_;  // shared by new_sequence / draft sessions
-  // The pool when `work` (multiply-adds + weight bytes) is worth a hand-off now, else null (run serially).
-  ThreadPool* pool_for(int64_t work);
-  int64_t min_parallel_work() const;
-  size_t routed_bytes_ = 0;       // routed expert weights read since the current target forward began
-  size_t last_routed_bytes_ = 0;  // ... by the last complete target forward
+  size_t last_routed_bytes_ = 0;  // routed expert weights the last complete target forward read
   // Weights a target forward reads apart from its routed experts, plus routed_bytes of those.
   size_t weight_bytes_with(size_t routed_bytes) const;
 };

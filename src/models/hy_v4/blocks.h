@@ -1,0 +1,88 @@
+// The blocks an HY V4 forward is built from, as a backend computes them (P11's seam, docs/backend.md).
+//
+// model.cpp says what runs in which order (the builder: embed, per layer iHC pre -> norm -> sparse MLA ->
+// iHC post -> iHC pre -> norm -> MLP/MoE -> iHC post, HC head, final norm, lm_head; the MTP layers' plain
+// pre-norm blocks); a backend owns where the activations live, the threads, the kernels and the
+// workspace: `backend/cpu/hy_v4_blocks.cpp` for the CPU (the thread pool's scheduling lives there, not in
+// the model), a CUDA one next. Activations are named, never pointers: on a GPU they live in device memory.
+// Every block works on the rows of the spans given to begin() (all sequences of the forward, in order).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "memory/kv_cache.h"
+#include "models/common/draft_round.h"
+#include "ops/ops.h"
+
+namespace nextn {
+
+struct HyperConnectionWeights;
+struct DecoderLayerWeights;
+struct FfnWeights;
+struct MtpLayerWeights;
+struct HYV4Weights;
+struct DraftRequest;
+
+// One segment's rows of the current forward: rows [first_row, first_row + rows) of the batch sit at cache
+// slots slot0.. and absolute positions pos0..; tokens [rows].
+// (MTP forwards: `forced` selections for the span's rows from forced->first_row on, and `last_topk`
+// receiving the absolute positions its last row attended to.)
+struct HYV4RowSpan {
+  KVCache* cache;
+  int64_t first_row, rows, slot0, pos0;
+  const int32_t* tokens;
+  bool all_logits;
+  const TopkOverride* forced;
+  std::vector<int32_t>* last_topk;
+};
+
+// Weight bytes a SwiGLU MLP (or expert) of these matrices reads.
+inline size_t swiglu_bytes(const Linear& gate, const Linear& up, const Linear& down) {
+  return gate.weight_bytes() + up.weight_bytes() + down.weight_bytes();
+}
+
+// The [S, H] activations a forward names (x: a block's input before its norm, and the residual of MTP
+// blocks; xn: the normed input; y: a block's output; hidden: the final hidden state).
+enum class HYV4Act { kX, kXn, kY, kHidden };
+
+class HYV4Blocks {
+ public:
+  virtual ~HYV4Blocks() = default;
+
+  // Room for `rows` rows over caches of `positions` positions, so that the decode loop never allocates.
+  virtual void reserve(int64_t rows, int64_t positions) = 0;
+  // The rows of the coming forward: its spans, in row order (first_row ascending and contiguous).
+  virtual void begin(const HYV4RowSpan* spans, size_t count) = 0;
+
+  // Target forward. streams [S, C, H] = C copies of embed(tokens).
+  virtual void embed_streams(const Linear& embed) = 0;
+  // streams -> x [S, H] (weighted by the pre gates), and the sublayer's post gates [S, C].
+  virtual void hyper_pre(const HyperConnectionWeights& hc) = 0;
+  virtual void hyper_post() = 0;  // streams[s, j] += post[s, j] · y[s]
+  // streams -> x [S, H] with the head's sigmoid gates.
+  virtual void hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale) = 0;
+
+  // MTP layer input: x [S, H] = eh_proj(concat(enorm(embed(token)), hnorm(h_prev))) of every request's rows,
+  // in order (the embedding zeroed at absolute position 0).
+  virtual void mtp_input(const MtpLayerWeights& m, const Linear& embed, DraftRequest* const* requests,
+                         size_t count) = 0;
+
+  virtual void rms_norm(HYV4Act in, const std::vector<float>& weight, HYV4Act out) = 0;
+  virtual void add(HYV4Act into, HYV4Act other) = 0;  // into += other
+  // xn -> y: sparse MLA with its DSA indexer (or the forced selections), rows written to cache layer `layer`
+  // at their slots; spans with last_topk receive their last row's selection.
+  virtual void attention(const DecoderLayerWeights& L, size_t layer) = 0;
+  // xn -> y: dense SwiGLU MLP or MoE. Returns the bytes of routed expert weights it read.
+  virtual size_t ffn(const FfnWeights& F) = 0;
+
+  // hidden rows [first, first + rows) -> out [rows, H] (host memory).
+  virtual void read_hidden(int64_t first, int64_t rows, float* out) = 0;
+  // logits of the rows that want them (every row of an all_logits span, else its last), in row order:
+  // out [n, V] (host memory), lm_head's weights read once for all.
+  virtual void logits(const Linear& lm_head, float* out) = 0;
+  // logits [rows, V] = lm_head(hidden [rows, H]) for rows given in host memory (the drafter's).
+  virtual void lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out) = 0;
+};
+
+}  // namespace nextn
