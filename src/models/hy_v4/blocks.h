@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "memory/kv_cache.h"
+#include "models/common/mlp_bytes.h"
 #include "models/common/draft_round.h"
 #include "ops/ops.h"
 
@@ -36,11 +37,6 @@ struct HYV4RowSpan {
   const TopkOverride* forced;
   std::vector<int32_t>* last_topk;
 };
-
-// Weight bytes a SwiGLU MLP (or expert) of these matrices reads.
-inline size_t swiglu_bytes(const Linear& gate, const Linear& up, const Linear& down) {
-  return gate.weight_bytes() + up.weight_bytes() + down.weight_bytes();
-}
 
 // The [S, H] activations a forward names (x: a block's input before its norm, and the residual of MTP
 // blocks; xn: the normed input; y: a block's output; hidden: the final hidden state).

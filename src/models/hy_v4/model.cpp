@@ -14,6 +14,7 @@
 #include "core/profile.h"
 #include "core/sizes.h"
 #include "core/threadpool.h"
+#include "models/common/mlp_bytes.h"
 #include "models/common/scan.h"
 
 #include <unistd.h>

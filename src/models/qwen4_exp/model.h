@@ -28,6 +28,7 @@
 #include "models/common/chained_drafter.h"
 #include "models/model.h"
 #include "models/qwen4_exp/config.h"
+#include "models/qwen4_exp/cpu_blocks.h"
 #include "ops/ops.h"
 
 namespace nextn {
@@ -191,71 +192,34 @@ class Qwen4ExpModel : public Model {
   void run_draft_rounds(DraftRound* const* rounds, size_t n) override { draft_driver_.run(*this, rounds, n); }
 
  private:
-  // One segment's rows in the current forward.
-  struct RowSpan {
-    Qwen4ExpSequence* seq;  // null in MTP forwards
-    KVCache* cache;
-    int64_t first_row, rows, slot0, pos0;
-    const int32_t* tokens;
-    bool all_logits;
-    // MTP forwards: a forced selection for rows forced->first_row.. of the span, and where its last row's
-    // selected positions go
-    const TopkOverride* forced;
-    std::vector<int32_t>* last_topk;
-  };
   void init_facts();
-  ThreadPool* pool_for(int64_t work);
   size_t weight_bytes_with(size_t routed_bytes) const;
   int64_t state_slot_floats() const;
   std::vector<int64_t> plane_widths() const;  // one QSA layer: [k | v], [raw index key | pooled block key]
   std::vector<LayerPlanes> target_planes() const;
   int64_t sequence_bytes(int64_t capacity, bool drafting) const;
   void ensure_pools();
-  void ensure_rows(int64_t S);
-
-  // Blocks over rows [0, S) of the batch (spans_ says whose rows they are).
-  void layer_forward(const Qwen4LayerWeights& L, int layer, int qsa_layer, int64_t S, float* X);
-  void gated_residual(const GatedResidualWeights& g, const float* X, int64_t S, float* x_out, float* inj_out);
-  void inject(const float* y, const float* inj, int64_t S, float* X);  // X[:, c] += inj[c] · y
-  void gdn(const GdnWeights& g, int layer, const float* x, int64_t S, float* y);
-  void qsa(const QsaWeights& a, size_t cache_layer, const float* x, int64_t S, float* y);
-  void moe(const MoeWeights& m, const float* x, int64_t S, float* y);
-  void ple(const PleWeights& p, int layer, const float* X, int64_t S, float* out);
+  // One decoder layer over the streams of the current forward; returns the routed expert bytes it read.
+  size_t layer_forward(const Qwen4LayerWeights& L, int layer, int qsa_layer);
 
   std::string dir_;
   Qwen4ExpConfig cfg_;
   ModelFacts facts_;
   WeightStore store_;
   Qwen4ExpWeights w_;
-  ThreadPool* pool_;
   std::vector<int> qsa_index_;      // per layer: its index among the QSA layers (-1: linear)
-  std::vector<int64_t> state_off_;  // per layer: offset of its state in a slot (-1: none)
-  std::vector<int64_t> ple_off_;    // per layer: offset of its PLE conv window in a slot (-1: none)
-  int64_t slots_ = 9;               // recurrent state slots per sequence: MemoryOptions::max_verify_rows
-  std::vector<RowSpan> spans_;
+  Qwen4StateLayout layout_;         // where each layer's state sits in a sequence's slots, and how many
+  // The backend that computes the blocks (only the CPU's so far), and the spans of the current forward.
+  std::unique_ptr<Qwen4CpuBlocks> cpu_blocks_;
+  Qwen4ExpBlocks* blocks_ = nullptr;
+  std::vector<Qwen4RowSpan> spans_;
   ChainedDraftDriver<Qwen4ExpModel> draft_driver_;
-  std::vector<int32_t> row_span_;
   MemoryOptions memory_;
   std::shared_ptr<KVPool> target_pool_, draft_pool_;
   int64_t state_sets_ = 0;          // sequences whose recurrent state the memory budget holds (0: unbounded)
   std::shared_ptr<int64_t> live_states_ = std::make_shared<int64_t>(0);  // sequences holding one now
-  size_t routed_bytes_ = 0, last_routed_bytes_ = 0;
+  size_t last_routed_bytes_ = 0;  // routed expert weights the last complete target forward read
 
-  // Work buffers (grown, never shrunk: steady decode allocates nothing).
-  struct Buffers {
-    AlignedFloats X, Xn, x, y, inj, mid, wide, wide2, rows_out;  // [S, C·H] / [S, H] / [S, rank] ...
-    AlignedFloats qkv, z, ab, conv, core;                         // GDN: [S, conv_dim], [S, Vd], [S, 2nv], ...
-    AlignedFloats q, k, v, iq, attn;                              // QSA projections and head outputs
-    AlignedFloats router, eh, ew, eo, shared, sgate;              // MoE
-    AlignedFloats emb, window;                                    // PLE embeddings, conv windows
-    AlignedFloats expert_w, rope, rope1;                          // [S, k], [S, rope dim], [rope dim]
-    std::vector<int32_t> expert_ids, expert_rows;
-    AlignedFloats thread;                                         // [threads, thread_floats] per-task scratch
-    std::vector<int32_t> thread_idx;                              // [threads, thread_ints]
-    int64_t thread_floats = 0, thread_ints = 0;
-  } b_;
-  int64_t max_positions_ = 0;  // largest cache the thread scratch is sized for
-  void ensure_thread_scratch(int64_t positions);
 };
 
 // transformers' checkpoint -> internal names for qwen4_exp(_text) (conversion_mapping.py): the composite's
