@@ -11,6 +11,7 @@
 #include "core/profile.h"
 #include "core/sizes.h"
 #include "core/threadpool.h"
+#include "models/common/row_spans.h"
 #include "models/hy_v4/model.h"
 
 namespace nextn {
@@ -38,8 +39,6 @@ struct AttentionScratch {
   int64_t floats() const { return nh * kmax; }  // scores of all heads of one query row
 };
 
-
-
 void HYV4CpuBlocks::reserve(int64_t rows, int64_t positions) {
   ensure_workspace(std::max<int64_t>(rows, 1), std::max<int64_t>(positions, 1));
   spans_.reserve(static_cast<size_t>(rows));
@@ -48,19 +47,10 @@ void HYV4CpuBlocks::reserve(int64_t rows, int64_t positions) {
 
 void HYV4CpuBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   spans_.assign(spans, spans + count);
-  int64_t S = 0, max_seq = 1;
-  for (const HYV4RowSpan& sp : spans_) {
-    if (sp.first_row != S) throw Error("internal: forward spans out of row order");
-    S += sp.rows;
-    max_seq = std::max(max_seq, sp.cache->capacity());
-  }
-  S_ = S;
-  if (S == 0) return;
-  ensure_workspace(S, max_seq);
-  row_span_.resize(static_cast<size_t>(S));
-  for (size_t i = 0; i < spans_.size(); ++i)
-    std::fill(row_span_.begin() + spans_[i].first_row, row_span_.begin() + spans_[i].first_row + spans_[i].rows,
-              static_cast<int32_t>(i));
+  S_ = map_rows_to_spans(spans_, row_span_);
+  int64_t max_seq = 1;
+  for (const HYV4RowSpan& sp : spans_) max_seq = std::max(max_seq, sp.cache->capacity());
+  if (S_ > 0) ensure_workspace(S_, max_seq);
 }
 
 float* HYV4CpuBlocks::act(HYV4Act a) {

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/threadpool.h"
 #include "models/common/mlp_bytes.h"
+#include "models/common/row_spans.h"
 #include "models/qwen4_exp/model.h"
 
 namespace nextn {
@@ -62,20 +63,12 @@ void Qwen4CpuBlocks::reserve(int64_t rows, int64_t positions) {
 
 void Qwen4CpuBlocks::begin(const Qwen4RowSpan* spans, size_t count) {
   spans_.assign(spans, spans + count);
-  int64_t S = 0, max_pos = 1;
-  for (const Qwen4RowSpan& sp : spans_) {
-    if (sp.first_row != S) throw Error("internal: forward spans out of row order");
-    S += sp.rows;
-    max_pos = std::max(max_pos, sp.seq ? sp.seq->capacity() : sp.cache->capacity());
-  }
-  S_ = S;
-  if (S == 0) return;
-  ensure_rows(S);
+  S_ = map_rows_to_spans(spans_, row_span_);
+  int64_t max_pos = 1;
+  for (const Qwen4RowSpan& sp : spans_) max_pos = std::max(max_pos, sp.seq ? sp.seq->capacity() : sp.cache->capacity());
+  if (S_ == 0) return;
+  ensure_rows(S_);
   ensure_thread_scratch(max_pos);
-  row_span_.assign(static_cast<size_t>(S), 0);
-  for (size_t i = 0; i < spans_.size(); ++i)
-    std::fill(row_span_.begin() + spans_[i].first_row, row_span_.begin() + spans_[i].first_row + spans_[i].rows,
-              static_cast<int32_t>(i));
 }
 
 void Qwen4CpuBlocks::embed_streams(const Linear& embed) {
