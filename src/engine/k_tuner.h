@@ -5,7 +5,7 @@
 // plus k draft steps costs less than the tokens it yields, which varies with the hardware (bandwidth-
 // versus compute-bound), the context length and the text. Each candidate k in 0..k_max (0 = plain
 // decoding) is tried for a few rounds, climbing from k = 0 while a larger k is faster (looking one step
-// past the first k that is not), then the k with the lowest time per emitted token runs, and a neighbour
+// past the first k that is not; k = 0 re-measured once after k = 1, its first rounds being the coldest), then the k with the lowest time per emitted token runs, and a neighbour
 // of it (or, when the best is 2 or more, k = 0 every third time) is re-measured every `reprobe_interval`
 // rounds (twice as long after each re-measure that changed nothing, up to 8x) so that the choice follows
 // the context as it grows; a re-measure all but replaces its k's old time, which is stale by then.
@@ -78,6 +78,7 @@ class KTuner {
   double probe_left_ = 0;              // and its rounds (weights) to go
   int best_before_probe_ = -1;         // the best k when the current re-measure began
   bool climbed_ = false;               // the first climb from k = 0 is over
+  bool plain_rechecked_ = false;       // the climb re-measured k = 0 after k = 1
   int64_t since_probe_ = 0;
   int reprobe_turn_ = 0;     // which re-measure is next: the neighbour below (0), above (1), or k = 0 (2)
   int rescale_k_ = -1;       // seeded: the k re-measured first, and its time per round before

@@ -136,6 +136,24 @@ TEST(KTuner, AReMeasureForgetsAColdStart) {
   EXPECT_GT(after[0] - before[0], 5 * (after[1] - before[1]));
 }
 
+// The climb's first plain rounds are the generation's coldest; k = 1 is compared with plain decoding measured
+// again right after it, so a k = 1 that beats only cold plain rounds neither wins nor leads the climb on.
+TEST(KTuner, TheClimbReMeasuresPlainDecodingAfterKOne) {
+  KTuner t(3, 3, 32);
+  int64_t plain_rounds = 0;
+  std::vector<int> ks;
+  for (int r = 0; r < 9; ++r) {
+    const int k = t.next();
+    ks.push_back(k);
+    const double seconds = k == 0 ? (plain_rounds++ < 3 ? 2.0 : 1.0) : 1.36;
+    t.record(k, seconds, k == 0 ? 1 : 1 + (r % 3 == 0));  // k = 1: a third of its drafts accepted
+  }
+  EXPECT_EQ(ks, (std::vector<int>{0, 0, 0, 1, 1, 1, 0, 0, 0}));
+  EXPECT_EQ(t.best(), 0);
+  EXPECT_EQ(t.next(), 0);  // and no k = 2 probe follows
+  EXPECT_EQ(t.rounds()[2], 0);
+}
+
 // Over a long generation the tuner runs within a few percent of the best fixed k, whichever it is, on
 // the machines and texts of k_tuner_sim.h (bench/k_tuner_bench.cpp prints the table). Per-k time-per-
 // token ratios without pooled acceptance were 4-11% off here. The exception is a k = 1 that beats plain
