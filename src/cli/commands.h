@@ -16,6 +16,14 @@ inline std::string cpu_target_text() {
   return std::string(ops::cpu_target_name()) + (ops::cpu_target_forced() ? " (NEXTN_CPU_TARGET)" : "");
 }
 
+// --device cpu|cuda|auto as given (default auto); UsageError for anything else.
+class Args;
+std::string device_option(const Args& a);
+// Moves `model` to the device `option` names (auto: CUDA when a usable GPU is there and the model's family runs
+// on it, else the CPU) before its first sequence; returns where it runs, for the logs ("cpu", "cuda: NVIDIA
+// H200 (sm_90, 139 GiB)"). Throws nextn::Error when cuda is asked for and cannot be had, saying why.
+std::string place_model(Model& model, const std::string& option);
+
 // `nextn inspect DIR [--json] [--scan]`: what the loader makes of a checkpoint (0: loadable, 1: not, 2: bad usage).
 int run_inspect(int argc, char** argv);
 
@@ -43,6 +51,7 @@ struct RequestDefaults {
 };
 // `nextn generate --requests FILE.jsonl` (src/cli/requests.cpp): exit status 0, or 1 when a request failed.
 int run_requests(const std::string& path, const RequestDefaults& defaults, const std::string& model_dir,
-                 const Tokenizer* tok, int threads, const MemoryOptions& memory, int max_sequences);
+                 const Tokenizer* tok, int threads, const MemoryOptions& memory, int max_sequences,
+                 const std::string& device);
 
 }  // namespace nextn::cli

@@ -125,6 +125,8 @@ sampled output is distributed exactly as the target's.
   --relaxed-acceptance N,D  LOSSY: also accept drafts in the target's top-N within D of its top probability
   --adaptive THRESHOLD      shrink k while the rolling acceptance rate is under THRESHOLD (probe later)
   --threads N               worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
+  --device cpu|cuda|auto    where the model runs (default auto: the GPU when there is one and the CUDA
+                            backend runs the model's family, HY V4 so far; else the CPU)
   --requests FILE.jsonl     run many requests at once (continuous batching): one JSON object a line with
                             "ids" or "prompt" and optionally max_tokens, temperature, top_k, top_p, min_p,
                             seed, speculative_tokens (0: plain), ignore_eos, stop, logprobs (the options
@@ -153,6 +155,7 @@ MTP layer 0 over the prompt, position p fed token p+1 and the target's hidden st
   --output FILE   output .safetensors path
   --draft         also write draft_logits
   --threads N     worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
+  --device D      cpu, cuda or auto (default: the GPU when there is one and it runs the model's family)
 )";
 
 [[noreturn]] void usage_exit(const char* usage, const std::string& msg) {
@@ -188,7 +191,8 @@ int run_generate(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "no-speculate", "no-draft-probs", "ignore-eos"},
          {"model", "ids", "prompt", "max-tokens", "speculative-tokens", "temperature", "top-k", "top-p", "min-p",
           "seed", "repetition-penalty", "presence-penalty", "frequency-penalty", "stop", "stop-id",
-          "relaxed-acceptance", "adaptive", "threads", "logprobs", "requests", "kv-cache-mb", "max-sequences"});
+          "relaxed-acceptance", "adaptive", "threads", "logprobs", "requests", "kv-cache-mb", "max-sequences",
+          "device"});
   if (a.has("help")) {
     std::fputs(kGenerateUsage, stdout);
     return 0;
@@ -254,7 +258,7 @@ int run_generate(int argc, char** argv) {
     if (a.has("ids") || a.has("prompt")) throw UsageError("--requests takes the prompts from its file: drop --ids/--prompt");
     RequestDefaults d{sp, so, a.has("ignore-eos")};
     return run_requests(a.get("requests"), d, model_dir, tok.get(), thread_count(a), memory,
-                        a.get_int("max-sequences", 256, 1, 1 << 20));
+                        a.get_int("max-sequences", 256, 1, 1 << 20), device_option(a));
   }
   std::vector<int32_t> prompt;
   if (a.has("ids")) {
@@ -284,6 +288,8 @@ int run_generate(int argc, char** argv) {
   const std::unique_ptr<Model> loaded = load_model(model_dir, &pool);
   Model& model = *loaded;
   model.prefault(/*progress=*/true);
+  const std::string where = place_model(model, device_option(a));
+  if (where != "cpu") std::fprintf(stderr, "nextn: the model runs on %s\n", where.c_str());
   // A recurrent-state model keeps one state per verify row: as many as this run's k needs, no more.
   memory.max_verify_rows = so.enabled ? so.num_speculative_tokens + 1 : 1;
   model.configure_memory(memory);
@@ -349,7 +355,7 @@ int run_tokenize(int argc, char** argv, bool detok) {
 }
 
 int run_logits(int argc, char** argv) {
-  Args a(argc, argv, 2, {"help", "draft"}, {"model", "ids", "output", "threads"});
+  Args a(argc, argv, 2, {"help", "draft"}, {"model", "ids", "output", "threads", "device"});
   if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
   if (a.has("help")) {
     std::fputs(kLogitsUsage, stdout);
@@ -363,6 +369,7 @@ int run_logits(int argc, char** argv) {
   const std::unique_ptr<Model> loaded = load_model(a.get("model"), &pool);
   Model& model = *loaded;
   model.prefault(/*progress=*/false);  // (also refuses a checkpoint holding NaN or inf, naming the tensor)
+  place_model(model, device_option(a));
   const int64_t T = ids.size(), V = model.facts().vocab_size, H = model.facts().hidden_width;
   const std::unique_ptr<SequenceState> seq = model.new_sequence(T);
   std::vector<float> logits(T * V), hidden(T * H);

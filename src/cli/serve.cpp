@@ -41,6 +41,8 @@ target's, sampled output is distributed as the target's. docs/server.md has the 
   --max-body-kb N           largest request body, in KiB (default 8192; larger bodies get 413)
   --http-threads N          connections served at once (default 128; each stream holds one)
   --threads N               compute threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
+  --device cpu|cuda|auto    where the model runs (default auto: the GPU when there is one and the CUDA
+                            backend runs the model's family, HY V4 so far; else the CPU)
 )";
 
 std::string model_name(const std::string& dir) {
@@ -61,7 +63,7 @@ std::optional<serve::ChatTemplate> chat_template(const Args& a, const std::strin
 int run_serve(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "no-speculate"},
          {"model", "host", "port", "served-model-name", "chat-template", "speculative-tokens", "max-sequences",
-          "max-queue", "kv-cache-mb", "max-body-kb", "http-threads", "threads"});
+          "max-queue", "kv-cache-mb", "max-body-kb", "http-threads", "threads", "device"});
   if (a.has("help")) {
     std::fputs(kServeUsage, stdout);
     return 0;
@@ -85,6 +87,7 @@ int run_serve(int argc, char** argv) {
   ThreadPool pool(thread_count(a));
   const std::unique_ptr<Model> model = load_model(dir, &pool);
   model->prefault(/*progress=*/true);
+  const std::string where = place_model(*model, device_option(a));
   model->configure_memory(memory);
   std::unique_ptr<Tokenizer> tok;
   if (std::filesystem::exists(dir + "/tokenizer.json")) tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(dir));
@@ -105,8 +108,8 @@ int run_serve(int argc, char** argv) {
 
   serve::Metrics metrics(served.id);
   serve::EngineService service(*model, tok.get(), metrics, service_options);
-  std::fprintf(stderr, "nextn serve: %s (%s), CPU kernels %s, %d compute threads; %s\n", served.id.c_str(),
-               model->facts().model_type.c_str(), cpu_target_text().c_str(), pool.size(),
+  std::fprintf(stderr, "nextn serve: %s (%s) on %s, CPU kernels %s, %d compute threads; %s\n", served.id.c_str(),
+               model->facts().model_type.c_str(), where.c_str(), cpu_target_text().c_str(), pool.size(),
                model->memory_summary().c_str());
   return serve::serve_http(served, service, metrics, http);
 }

@@ -69,6 +69,12 @@ class KVCache {
     return pool_->plane(layers_[layer].index_plane) + int64_t(physical(slot)) * index_dim(layer);
   }
   const KVPool* pool() const { return pool_.get(); }
+  // What a device mirror of the pool needs (models/hy_v4/cuda_blocks.cpp): the pool itself, the page table
+  // (entry i: the page of slots [i·page, (i+1)·page), valid for prepared slots) and the page size.
+  const std::shared_ptr<KVPool>& shared_pool() const { return pool_; }
+  const int32_t* page_table() const { return table_.data(); }
+  int64_t page_tokens() const { return page_tokens_; }
+  const LayerPlanes& layer_planes(size_t layer) const { return layers_[layer]; }
 
  private:
   void release();

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "models/common/draft_round.h"
 
 namespace nextn {
@@ -29,6 +30,9 @@ struct ModelFacts {
   int64_t sparse_budget = 0;      // keys a sparse-attention query selects (HY V4: index_topk); 0: dense
   std::vector<int32_t> eos_token_ids;
 };
+
+// Where a model's forwards run: the CPU backend, or the CUDA one (docs/backend.md says which families it runs).
+enum class Device { kCpu, kCuda };
 
 // How the model sizes the KV memory it shares between sequences.
 struct MemoryOptions {
@@ -94,6 +98,14 @@ class Model {
   // Reads every weight once (page faults up front) and throws nextn::Error naming the first tensor that holds
   // a NaN or inf; with `progress` and a terminal on stderr, large checkpoints show a progress bar.
   virtual void prefault(bool progress) const = 0;
+
+  // Whether this family runs on `device` (CUDA: HY V4 so far), and moving its forwards there: weights
+  // uploaded once, KV memory on the device. Before the first sequence; throws nextn::Error saying why not.
+  virtual bool runs_on(Device device) const { return device == Device::kCpu; }
+  virtual void use_device(Device device) {
+    if (device != Device::kCpu) throw Error(facts().model_type + ": the CUDA backend does not run this family yet");
+  }
+  virtual Device device() const { return Device::kCpu; }
 
   // Sizes the shared KV memory (before the first sequence; later calls throw).
   virtual void configure_memory(const MemoryOptions& options) = 0;

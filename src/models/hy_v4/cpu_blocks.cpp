@@ -13,6 +13,7 @@
 #include "core/threadpool.h"
 #include "models/common/row_spans.h"
 #include "models/hy_v4/model.h"
+#include "models/hy_v4/routing.h"
 
 namespace nextn {
 
@@ -548,50 +549,9 @@ size_t HYV4CpuBlocks::ffn(const FfnWeights& F) {
     return 0;
   }
   profile::Sections prof(sections::kRouter);
-  // Router: sigmoid scores; the correction bias steers selection only; group-limited top-k.
-  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, G = c.n_group, per = E / G;
+  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok;
   ops::matmul(pool_, x, S, F.router, ws_.router.data());  // [S, E]
-  for (int64_t s = 0; s < S; ++s) {
-    float* logit = ws_.router.data() + s * E;
-    float scores[1024], choice[1024];
-    if (E > 1024) throw Error("n_routed_experts > 1024 is not supported");
-    for (int64_t e = 0; e < E; ++e) {
-      scores[e] = ops::sigmoid(logit[e]);
-      choice[e] = scores[e] + F.e_bias[e];
-    }
-    if (G > 1) {
-      float gscore[256];
-      for (int64_t g = 0; g < G; ++g) {
-        float b1 = -INFINITY, b2 = -INFINITY;
-        for (int64_t e = g * per; e < (g + 1) * per; ++e) {
-          if (choice[e] > b1) { b2 = b1; b1 = choice[e]; } else if (choice[e] > b2) b2 = choice[e];
-        }
-        gscore[g] = b1 + (per > 1 ? b2 : 0.0f);
-      }
-      int32_t keep[256];
-      float tmp[256];
-      const int64_t nk = ops::topk_ascending(gscore, G, c.topk_group, keep, tmp);
-      bool kept[256] = {};
-      for (int64_t i = 0; i < nk; ++i) kept[keep[i]] = true;
-      for (int64_t e = 0; e < E; ++e)
-        if (!kept[e / per]) choice[e] = -INFINITY;
-    }
-    int32_t idx[1024];
-    float tmp[1024];
-    ops::topk_ascending(choice, E, k, idx, tmp);
-    float* w = ws_.expert_w.data() + s * k;
-    int32_t* ids = ws_.expert_ids.data() + s * k;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < k; ++i) {
-      ids[i] = idx[i];
-      w[i] = scores[idx[i]];
-      sum += w[i];
-    }
-    for (int64_t i = 0; i < k; ++i) {
-      if (c.norm_topk_prob) w[i] = w[i] / (sum + 1e-20f);
-      w[i] = w[i] * static_cast<float>(c.routed_scaling_factor);
-    }
-  }
+  route_tokens(c, F, ws_.router.data(), S, ws_.expert_ids.data(), ws_.expert_w.data());
   // Gather each used expert's tokens (experts in ascending id, rows grouped by expert). The experts then
   // run as independent jobs — one thread streams a whole expert, instead of every expert's three
   // matrices being split across threads with a hand-off each — and the results are added per token in

@@ -1,6 +1,7 @@
 // HY V4: memory, sequences, and the forwards as builders over the backend's blocks (blocks.h); model.h has
 // the data flow.
 #include "models/hy_v4/model.h"
+#include "models/hy_v4/cuda_blocks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +25,19 @@ namespace nextn {
 HYV4Model::~HYV4Model() = default;
 
 void HYV4Model::prefault(bool progress) const { prefault_weights(store_, dir_, progress); }
+
+void HYV4Model::use_device(Device device) {
+  if (device == device_) return;
+  if (target_pool_) throw Error("use_device: the model already has sequences on its current device");
+  if (device == Device::kCuda) {
+    device_blocks_ = std::make_unique<HYV4CudaBlocks>(cfg_, w_);
+    blocks_ = device_blocks_.get();
+  } else {
+    blocks_ = cpu_blocks_.get();
+    device_blocks_.reset();
+  }
+  device_ = device;
+}
 
 
 size_t HYV4Model::weight_bytes_with(size_t routed_bytes) const {
@@ -291,9 +305,9 @@ void HYV4Model::forward(const CacheSegment* segments, size_t count, float* logit
     S += g.rows;
   }
   if (S == 0) return;
-  blocks_->begin(spans_.data(), spans_.size());
   for (const CacheSegment* g = segments; g != segments + count; ++g)
     if (g->rows > 0) g->cache->prepare(g->rows);
+  blocks_->begin(spans_.data(), spans_.size());  // (after prepare: a backend may read the page tables)
 
   size_t routed_bytes = 0;
   blocks_->embed_streams(w_.embed);  // streams [S, C, H]
@@ -361,8 +375,8 @@ void HYV4Model::draft_forward_batch(int layer, DraftRequest* const* requests, si
     spans_.push_back({r.cache, row, r.rows, r.cache->length(), r.pos0, r.tokens, true, r.forced, r.topk_out});
     row += r.rows;
   }
-  blocks_->begin(spans_.data(), spans_.size());
   for (size_t i = 0; i < count; ++i) requests[i]->cache->prepare(requests[i]->rows);
+  blocks_->begin(spans_.data(), spans_.size());
   blocks_->mtp_input(m, w_.embed, requests, count);  // x [S, H]
   blocks_->rms_norm(HYV4Act::kX, m.block.input_norm, HYV4Act::kXn);
   blocks_->attention(m.block, 0);  // y [S, H]; the spans' last_topk filled

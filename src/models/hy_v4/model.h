@@ -140,6 +140,9 @@ class HYV4Model : public Model {
   // naming the first tensor that holds a NaN or inf (by its stored dtype); with `progress` and a terminal on
   // stderr, large checkpoints show a progress bar.
   void prefault(bool progress) const override;
+  bool runs_on(Device) const override { return true; }
+  void use_device(Device device) override;
+  Device device() const override { return device_; }
   void configure_memory(const MemoryOptions& options) override;
   bool can_admit(int64_t capacity, bool drafting) const override;
   bool could_ever_admit(int64_t capacity, bool drafting) const override;
@@ -219,7 +222,9 @@ class HYV4Model : public Model {
   HYV4Weights w_;
   // The backend that computes the blocks (only the CPU's so far), and the spans of the current forward.
   std::unique_ptr<HYV4CpuBlocks> cpu_blocks_;
+  std::unique_ptr<HYV4Blocks> device_blocks_;  // the CUDA backend's, when use_device(kCuda)
   HYV4Blocks* blocks_ = nullptr;
+  Device device_ = Device::kCpu;
   std::vector<HYV4RowSpan> spans_;
   ChainedDraftDriver<HYV4Model> draft_driver_;
   std::vector<CacheSegment> batch_segments_;

@@ -4,7 +4,6 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -12,77 +11,16 @@
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/device_weight.cuh"
 
 namespace nextn::cuda {
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw Error(std::string("CUDA: ") + what + ": " + cudaGetErrorString(e));
-}
-
-size_t elem_size(DType t) {
-  switch (t) {
-    case DType::F32: return 4;
-    case DType::BF16: return 2;
-    case DType::F8_E4M3: case DType::F8_E8M0: return 1;
-    default: return 0;
-  }
-}
-
 // ---- the matmul ------------------------------------------------------------------------------------------
-
-enum class WeightKind { kF32, kBF16, kFP8 };
-
-struct DeviceWeight {
-  const unsigned char* data;
-  int64_t out, in, row_stride;  // elements
-  const unsigned char* scale;
-  int scale_kind;               // 0 f32, 1 bf16, 2 e8m0
-  int64_t block_out, block_in, scale_cols, scale_row0;
-  const float* bias;
-};
 
 constexpr int kWarpsPerBlock = 8;  // a block's warps split each weight row's vectors (fixed: it sets the order)
 constexpr int kVecBytes = 16;
-
-__device__ __forceinline__ float bf16_bits_to_f32(unsigned short v) { return __uint_as_float(unsigned(v) << 16); }
-
-// The scale row of weight row n (computed once per row: 64-bit divisions cost more than the loads).
-__device__ __forceinline__ const unsigned char* scale_row(const DeviceWeight& w, int64_t n, int scale_bytes) {
-  return w.scale + ((w.scale_row0 + n) / w.block_out) * w.scale_cols * scale_bytes;
-}
-
-__device__ __forceinline__ float scale_value(const unsigned char* row, int kind, unsigned col) {
-  switch (kind) {
-    case 0: return reinterpret_cast<const float*>(row)[col];
-    case 1: return bf16_bits_to_f32(reinterpret_cast<const unsigned short*>(row)[col]);
-    default: {
-      const unsigned char e = row[col];
-      if (e == 0xff) return __int_as_float(0x7fc00000);
-      return e == 0 ? __int_as_float(0x00400000) : __int_as_float(int(e) << 23);  // 2^(e - 127)
-    }
-  }
-}
-
-// The e4m3 pair in the low 16 bits of `pair` as two f16 (exact: every e4m3 value is one).
-__device__ __forceinline__ __half2_raw fp8x2_to_half2(unsigned pair) {
-  return __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
-}
-
-__device__ __forceinline__ float fp8_to_f32(unsigned char v) {
-  const __half_raw h = __nv_cvt_fp8_to_halfraw(v, __NV_E4M3);
-  return __half2float(__half(h));
-}
-
-// One element of row n (the scalar path: tails, and layouts the vector loads cannot take).
-template <WeightKind K>
-__device__ __forceinline__ float weight_at(const DeviceWeight& w, const unsigned char* srow, int64_t n, int64_t k) {
-  const int64_t i = n * w.row_stride + k;
-  if constexpr (K == WeightKind::kF32) return reinterpret_cast<const float*>(w.data)[i];
-  if constexpr (K == WeightKind::kBF16) return bf16_bits_to_f32(reinterpret_cast<const unsigned short*>(w.data)[i]);
-  if constexpr (K == WeightKind::kFP8) return fp8_to_f32(w.data[i]) * scale_value(srow, w.scale_kind, unsigned(k / w.block_in));
-}
 
 // The 16 bytes of row n's vector v decoded to floats (FP8: its block scale applied, as the CPU dequantizes).
 template <WeightKind K>
@@ -581,10 +519,7 @@ DeviceLinear upload(const Linear& w) {
 void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride, int64_t y_stride) {
   if (M <= 0) return;
   const int64_t xs = x_stride < 0 ? w.in : x_stride, ys = y_stride < 0 ? w.out : y_stride;
-  DeviceWeight dw{static_cast<const unsigned char*>(w.data), w.out, w.in, w.row_stride,
-                  static_cast<const unsigned char*>(w.scale),
-                  w.scale_dtype == DType::F32 ? 0 : w.scale_dtype == DType::BF16 ? 1 : 2,
-                  w.block_out, w.block_in, w.scale_cols, w.scale_row0, w.bias};
+  const DeviceWeight dw = device_weight(w);
   const size_t es = elem_size(w.dtype);
   const int64_t elems = int64_t(kVecBytes / es);
   // 16-byte weight loads need aligned rows; an FP8 vector must sit inside one scale block.

@@ -1,6 +1,7 @@
 // cuda_ops.h in a build without CUDA (no nvcc found at configure time, -DNEXTN_CUDA=OFF, or a sanitizer
 // build): nothing is available, and every call says so.
 #include "core/error.h"
+#include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace nextn::cuda {
@@ -26,5 +27,47 @@ void rms_norm(const float*, int64_t, int64_t, const float*, float, float*) { una
 void synchronize() { unavailable(); }
 double time_device(int, void (*)(void*), void*) { unavailable(); }
 double copy_bandwidth_gbps(size_t, int) { unavailable(); }
+
+void copy_to_device(void*, const void*, size_t) { unavailable(); }
+void copy_to_host(void*, const void*, size_t) { unavailable(); }
+void copy_on_device(void*, const void*, size_t) { unavailable(); }
+void fill_zero(void*, size_t) { unavailable(); }
+void copy_cols(const float*, int64_t, int64_t, int64_t, float*, int64_t) { unavailable(); }
+void gather_rows(const float*, int64_t, const int32_t*, int64_t, float*) { unavailable(); }
+void add(float*, const float*, int64_t) { unavailable(); }
+void swiglu(const float*, const float*, int64_t, float, float*) { unavailable(); }
+void mul_sigmoid(const float*, const float*, int64_t, float*) { unavailable(); }
+void scale(float*, int64_t, float, float) { unavailable(); }
+void rms_norm_rows(const float*, int64_t, int64_t, int64_t, const float*, float, float*, int64_t) { unavailable(); }
+void layer_norm_rows(const float*, int64_t, int64_t, const float*, const float*, float, float*) { unavailable(); }
+void rope_rows(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, const int32_t*, const float*, float) {
+  unavailable();
+}
+void embed_rows(const Linear&, const int32_t*, int64_t, int, float*, int64_t) { unavailable(); }
+void matmul_transposed_heads(const float*, int64_t, int64_t, int64_t, const Linear&, int64_t, int64_t, int64_t,
+                             int64_t, float*, int64_t, int64_t) {
+  unavailable();
+}
+void hc_pre(const float*, const float*, int64_t, int64_t, int64_t, int64_t, const float*, float, float, float, float,
+            float, float*, float*) {
+  unavailable();
+}
+void hc_post(float*, const float*, const float*, int64_t, int64_t, int64_t) { unavailable(); }
+void write_cache_rows(const float*, int64_t, int64_t, int64_t, const RowCaches&, int) { unavailable(); }
+void indexer_scores(const float*, const float*, int64_t, int64_t, int64_t, const RowCaches&, int, int64_t, float*,
+                    int64_t) {
+  unavailable();
+}
+void topk_rows(const float*, int64_t, int64_t, const RowCaches&, int64_t, int32_t*, int32_t*, const int32_t*) {
+  unavailable();
+}
+void override_selection(int32_t*, int32_t*, int64_t, int64_t, const int32_t*, const int32_t*) { unavailable(); }
+void sparse_mla(const float*, int64_t, int64_t, int64_t, int64_t, const int32_t*, int64_t, const int32_t*,
+                const RowCaches&, int, float, const float*, float*) {
+  unavailable();
+}
+void moe_combine(const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, const float*, float*) {
+  unavailable();
+}
 
 }  // namespace nextn::cuda

@@ -1,0 +1,535 @@
+// The CUDA backend of HY V4's blocks (cuda_blocks.h). Shapes are in [rows, cols] comments; every buffer named
+// here lives in device memory unless it says host.
+#include "models/hy_v4/cuda_blocks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "models/common/mlp_bytes.h"
+#include "models/hy_v4/model.h"
+#include "models/hy_v4/routing.h"
+
+namespace nextn {
+
+namespace {
+
+// A device buffer of n elements of T, grown (never shrunk) to at least n.
+template <typename T>
+T* grow(cuda::DeviceBuffer& b, int64_t n) {
+  const size_t bytes = size_t(std::max<int64_t>(n, 1)) * sizeof(T);
+  if (b.bytes() < bytes) {
+    b = cuda::DeviceBuffer();
+    b = cuda::DeviceBuffer(bytes);
+  }
+  return static_cast<T*>(b.get());
+}
+
+template <typename T>
+T* as(const cuda::DeviceBuffer& b) { return static_cast<T*>(b.get()); }
+
+}  // namespace
+
+struct HYV4CudaBlocks::PoolMirror {
+  std::weak_ptr<KVPool> pool;
+  std::vector<int64_t> widths;
+  int64_t rows = 0;
+  std::vector<cuda::DeviceBuffer> planes;  // [rows, width] each
+  cuda::DeviceBuffer table;                // [planes] their device addresses
+};
+
+struct HYV4CudaBlocks::Workspace {
+  int64_t rows = 0, positions = 0;
+  cuda::DeviceBuffer streams, x, xn, y, hidden, mixes, post;
+  cuda::DeviceBuffer q_resid, q, kv_a, key_new, gate, attn, qcat, olat, vout;
+  cuda::DeviceBuffer iq, ik, iw, scores, topk, topk_count, forced;
+  cuda::DeviceBuffer ffn_a, ffn_b, router, gathered, expert_a, expert_b, expert_out, shared_out, moe_i32, moe_f32;
+  cuda::DeviceBuffer mtp_in, logits, lm_in, lm_out, meta_i32, meta_i64;
+};
+
+HYV4CudaBlocks::~HYV4CudaBlocks() = default;
+
+HYV4CudaBlocks::HYV4CudaBlocks(const HYV4Config& config, const HYV4Weights& w)
+    : cfg_(config), ws_(std::make_unique<Workspace>()) {
+  std::string why;
+  if (!cuda::available(&why)) throw Error("--device cuda: " + why);
+  upload_weights(w);
+  cuda::synchronize();
+}
+
+// ---- weights -------------------------------------------------------------------------------------------------
+
+const Linear& HYV4CudaBlocks::dev(const Linear& w) {
+  const auto it = linears_.find(w.data);
+  if (it == linears_.end() || it->second.w.out != w.out || it->second.w.in != w.in)
+    throw Error("internal: a weight the CUDA backend did not upload");
+  return it->second.w;
+}
+
+const float* HYV4CudaBlocks::dev(const std::vector<float>& v) {
+  if (v.empty()) return nullptr;
+  const auto it = vectors_.find(v.data());
+  if (it == vectors_.end()) throw Error("internal: a vector the CUDA backend did not upload");
+  return it->second.f32();
+}
+
+void HYV4CudaBlocks::upload_weights(const HYV4Weights& w) {
+  auto linear = [&](const Linear& l) {
+    if (!l.data || linears_.count(l.data)) return;
+    cuda::DeviceLinear d = cuda::upload(l);
+    weight_bytes_ += d.data.bytes() + d.scale.bytes() + d.bias.bytes();
+    linears_.emplace(l.data, std::move(d));
+  };
+  auto vec = [&](const std::vector<float>& v) {
+    if (v.empty() || vectors_.count(v.data())) return;
+    cuda::DeviceBuffer b(v.size() * sizeof(float));
+    b.upload(v.data(), b.bytes());
+    vectors_.emplace(v.data(), std::move(b));
+  };
+  auto ffn = [&](const FfnWeights& f) {
+    for (const Linear* l : {&f.gate_proj, &f.up_proj, &f.down_proj, &f.router}) linear(*l);
+    for (size_t e = 0; e < f.expert_gate.size(); ++e) {
+      linear(f.expert_gate[e]);
+      linear(f.expert_up[e]);
+      linear(f.expert_down[e]);
+    }
+  };
+  auto block = [&](const DecoderLayerWeights& L) {
+    const AttentionWeights& a = L.attn;
+    for (const Linear* l : {&a.q_a_proj, &a.q_b_proj, &a.kv_a_proj, &a.kv_b_proj, &a.o_proj, &a.gate_proj,
+                            &a.indexer.wq_b, &a.indexer.wk, &a.indexer.weights_proj, &L.attn_hc.fn, &L.ffn_hc.fn})
+      linear(*l);
+    for (const std::vector<float>* v : {&a.q_a_norm, &a.kv_a_norm, &a.sinks, &a.indexer.k_norm_w, &a.indexer.k_norm_b,
+                                        &L.input_norm, &L.post_attn_norm, &L.attn_hc.base, &L.ffn_hc.base})
+      vec(*v);
+    ffn(L.ffn);
+  };
+  linear(w.embed);
+  linear(w.lm_head);
+  linear(w.hc_head_fn);
+  vec(w.hc_head_base);
+  vec(w.final_norm);
+  vec(cfg_.rope.inv_freq);
+  for (const DecoderLayerWeights& L : w.layers) block(L);
+  for (const MtpLayerWeights& m : w.mtp) {
+    linear(m.eh_proj);
+    vec(m.enorm);
+    vec(m.hnorm);
+    vec(m.final_norm);
+    block(m.block);
+  }
+}
+
+// ---- workspace and the forward's rows --------------------------------------------------------------------------
+
+int64_t HYV4CudaBlocks::topk_stride() const {
+  return std::min<int64_t>(std::max<int64_t>(cfg_.index_topk, 1), ws_->positions);
+}
+
+void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
+  Workspace& w = *ws_;
+  if (S <= w.rows && P <= w.positions) return;
+  S = std::max(S, w.rows);
+  P = std::max(P, w.positions);
+  const HYV4Config& c = cfg_;
+  const int64_t H = c.hidden_size, C = c.hc_mult, nh = c.num_attention_heads, kvl = c.kv_lora_rank;
+  const int64_t kr = kvl + c.qk_rope_head_dim, K = std::min<int64_t>(std::max<int64_t>(c.index_topk, 1), P);
+  const int64_t I_moe = c.moe_intermediate_size * std::max(1, c.n_shared_experts);
+  const int64_t I2 = std::max<int64_t>(c.intermediate_size, I_moe), k = std::max(1, c.num_experts_per_tok);
+  const int64_t SK = S * k;
+  w = Workspace();  // (frees the old buffers before the new ones are taken)
+  grow<float>(w.streams, S * C * H);
+  for (cuda::DeviceBuffer* b : {&w.x, &w.xn, &w.y, &w.hidden, &w.shared_out, &w.lm_in}) grow<float>(*b, S * H);
+  grow<float>(w.mixes, S * 2 * C);
+  grow<float>(w.post, S * C);
+  grow<float>(w.q_resid, S * c.q_lora_rank);
+  grow<float>(w.q, S * nh * c.qk_head_dim);
+  grow<float>(w.kv_a, S * kr);
+  grow<float>(w.key_new, S * kr);
+  for (cuda::DeviceBuffer* b : {&w.gate, &w.attn, &w.vout}) grow<float>(*b, S * nh * c.v_head_dim);
+  grow<float>(w.qcat, S * nh * kr);
+  grow<float>(w.olat, S * nh * kvl);
+  grow<float>(w.iq, S * c.index_n_heads * c.index_head_dim);
+  grow<float>(w.ik, S * c.index_head_dim);
+  grow<float>(w.iw, S * c.index_n_heads);
+  grow<float>(w.scores, S * P);
+  grow<int32_t>(w.topk, S * K);
+  grow<int32_t>(w.forced, S * K);
+  grow<int32_t>(w.topk_count, S);
+  grow<float>(w.ffn_a, S * I2);
+  grow<float>(w.ffn_b, S * I2);
+  grow<float>(w.router, S * std::max(1, c.n_routed_experts));
+  grow<float>(w.gathered, SK * H);
+  grow<float>(w.expert_out, SK * H);
+  grow<float>(w.expert_a, SK * c.moe_intermediate_size);
+  grow<float>(w.expert_b, SK * c.moe_intermediate_size);
+  grow<int32_t>(w.moe_i32, 2 * SK);
+  grow<float>(w.moe_f32, SK);
+  grow<float>(w.mtp_in, S * 2 * H);
+  grow<float>(w.logits, S * c.vocab_size);
+  grow<float>(w.lm_out, S * c.vocab_size);
+  w.rows = S;
+  w.positions = P;
+  // The host staging of the per-forward uploads, sized now so that a forward does not allocate.
+  meta_i32_.reserve(size_t(8 * S + P + S * K));
+  meta_i64_.reserve(size_t(2 * S));
+  host_f32_.reserve(size_t(std::max<int64_t>(S * c.n_routed_experts, S * H)));
+  host_i32_.reserve(size_t(3 * SK));
+  host_w_.reserve(size_t(SK));
+  jobs_.reserve(size_t(std::min<int64_t>(std::max(1, c.n_routed_experts), SK)));
+}
+
+void HYV4CudaBlocks::reserve(int64_t rows, int64_t positions) {
+  ensure_workspace(std::max<int64_t>(rows, 1), std::max<int64_t>(positions, 1));
+}
+
+HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::mirror(const KVCache& cache) {
+  const std::shared_ptr<KVPool>& pool = cache.shared_pool();
+  std::unique_ptr<PoolMirror>& m = pools_[pool.get()];
+  const int64_t rows = pool->pages() * pool->page_tokens();
+  if (m && m->pool.lock() == pool && m->rows == rows && m->widths.size() == pool->num_planes()) return *m;
+  m = std::make_unique<PoolMirror>();
+  m->pool = pool;
+  m->rows = rows;
+  std::vector<float*> addresses;
+  for (size_t p = 0; p < pool->num_planes(); ++p) {
+    m->widths.push_back(pool->plane_width(p));
+    m->planes.emplace_back(size_t(rows * pool->plane_width(p)) * sizeof(float));
+    addresses.push_back(m->planes.back().f32());
+  }
+  m->table = cuda::DeviceBuffer(addresses.size() * sizeof(float*));
+  m->table.upload(addresses.data(), m->table.bytes());
+  return *m;
+}
+
+// One upload of the rows' facts: tokens, span, slot, position, pages and forced selections (int32), and per
+// span its page table's offset and its pool's plane table (int64).
+void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
+  spans_.assign(spans, spans + count);
+  for (auto it = pools_.begin(); it != pools_.end();)  // mirrors of pools that are gone
+    it = it->second->pool.expired() ? pools_.erase(it) : std::next(it);
+  S_ = 0;
+  int64_t max_seq = 1;
+  any_forced_ = false;
+  for (const HYV4RowSpan& sp : spans_) {
+    S_ += sp.rows;
+    max_seq = std::max(max_seq, sp.cache->capacity());
+    any_forced_ = any_forced_ || sp.forced;
+  }
+  if (S_ == 0) return;
+  ensure_workspace(S_, max_seq);
+  const int64_t S = S_, n = int64_t(spans_.size()), K = topk_stride();
+  std::vector<int32_t>& m = meta_i32_;
+  m.assign(size_t(6 * S + n), 0);
+  int32_t *tokens = m.data(), *span = tokens + S, *slot = span + S, *pos = slot + S, *forced_count = pos + S;
+  int32_t* logit_rows = forced_count + S;
+  int32_t* page_tokens = logit_rows + S;
+  std::vector<int64_t>& m64 = meta_i64_;
+  m64.assign(size_t(2 * n), 0);
+  max_keys_ = 0;
+  logit_rows_ = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const HYV4RowSpan& sp = spans_[i];
+    for (int64_t r = 0; r < sp.rows; ++r) {
+      const int64_t row = sp.first_row + r;
+      tokens[row] = sp.tokens[r];
+      span[row] = int32_t(i);
+      slot[row] = int32_t(sp.slot0 + r);
+      pos[row] = int32_t(sp.pos0 + r);
+      forced_count[row] = -1;
+      if (sp.all_logits || r == sp.rows - 1) logit_rows[logit_rows_++] = int32_t(row);
+    }
+    max_keys_ = std::max(max_keys_, sp.slot0 + sp.rows);
+    page_tokens[i] = int32_t(sp.cache->page_tokens());
+  }
+  for (int64_t i = 0; i < n; ++i) {  // the page tables, after the fixed part
+    const HYV4RowSpan& sp = spans_[i];
+    const int64_t pt = sp.cache->page_tokens(), pages = (sp.slot0 + sp.rows + pt - 1) / pt;
+    m64[size_t(i)] = int64_t(m.size());
+    m.insert(m.end(), sp.cache->page_table(), sp.cache->page_table() + pages);
+    m64[size_t(n + i)] = reinterpret_cast<int64_t>(mirror(*sp.cache).table.get());
+  }
+  if (any_forced_) {  // forced rows' selections [S, K] after the page tables
+    const size_t at = m.size();
+    m.resize(at + size_t(S * K), 0);
+    for (const HYV4RowSpan& sp : spans_) {
+      if (!sp.forced) continue;
+      const int64_t take = std::min<int64_t>(sp.forced->count, K);
+      for (int64_t r = std::max<int64_t>(sp.forced->first_row, 0); r < sp.rows; ++r) {
+        const int64_t row = sp.first_row + r;
+        m[size_t(4 * S + row)] = int32_t(take);
+        std::copy(sp.forced->slots, sp.forced->slots + take, m.data() + at + row * K);
+      }
+    }
+    cuda::copy_to_device(ws_->forced.get(), m.data() + at, size_t(S * K) * sizeof(int32_t));
+  }
+  int32_t* d32 = grow<int32_t>(ws_->meta_i32, int64_t(m.size()));
+  int64_t* d64 = grow<int64_t>(ws_->meta_i64, 2 * n);
+  cuda::copy_to_device(d32, m.data(), m.size() * sizeof(int32_t));
+  cuda::copy_to_device(d64, m64.data(), m64.size() * sizeof(int64_t));
+  rc_.span = d32 + S;
+  rc_.slot = d32 + 2 * S;
+  rc_.position = d32 + 3 * S;
+  rc_.page_tokens = d32 + 6 * S;
+  rc_.tables = d32;
+  rc_.table_offset = d64;
+  rc_.planes = reinterpret_cast<float* const* const*>(d64 + n);
+}
+
+float* HYV4CudaBlocks::act(HYV4Act a) {
+  switch (a) {
+    case HYV4Act::kX: return ws_->x.f32();
+    case HYV4Act::kXn: return ws_->xn.f32();
+    case HYV4Act::kY: return ws_->y.f32();
+    case HYV4Act::kHidden: return ws_->hidden.f32();
+  }
+  throw Error("internal: unknown activation");
+}
+
+// ---- embeddings, iHC, norms --------------------------------------------------------------------------------
+
+void HYV4CudaBlocks::embed_streams(const Linear& embed) {
+  const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
+  cuda::embed_rows(dev(embed), as<int32_t>(ws_->meta_i32), S_, int(C), ws_->streams.f32(), C * H);  // [S, C, H]
+}
+
+void HYV4CudaBlocks::hyper_pre(const HyperConnectionWeights& hc) {
+  const HYV4Config& c = cfg_;
+  const int64_t C = c.hc_mult;
+  cuda::matmul(ws_->streams.f32(), S_, dev(hc.fn), ws_->mixes.f32());  // [S, 2C]
+  cuda::hc_pre(ws_->streams.f32(), ws_->mixes.f32(), 2 * C, S_, C, c.hidden_size, dev(hc.base), hc.scale[0],
+               hc.scale[1], float(c.rms_norm_eps), float(c.hc_eps), float(c.hc_magnitude), ws_->x.f32(),
+               ws_->post.f32());
+}
+
+void HYV4CudaBlocks::hyper_post() {
+  cuda::hc_post(ws_->streams.f32(), ws_->post.f32(), ws_->y.f32(), S_, cfg_.hc_mult, cfg_.hidden_size);
+}
+
+void HYV4CudaBlocks::hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale) {
+  const HYV4Config& c = cfg_;
+  cuda::matmul(ws_->streams.f32(), S_, dev(fn), ws_->mixes.f32());  // [S, C]
+  cuda::hc_pre(ws_->streams.f32(), ws_->mixes.f32(), c.hc_mult, S_, c.hc_mult, c.hidden_size, dev(base), scale[0],
+               0.0f, float(c.rms_norm_eps), float(c.hc_eps), 0.0f, ws_->x.f32(), nullptr);
+}
+
+void HYV4CudaBlocks::mtp_input(const MtpLayerWeights& m, const Linear& embed, DraftRequest* const* requests,
+                               size_t count) {
+  const int64_t H = cfg_.hidden_size, S = S_;
+  const float eps = float(cfg_.rms_norm_eps);
+  // The token ids (-1 at absolute position 0, whose embedding the seed zeroes) and h_prev [S, H], from the host.
+  std::vector<int32_t>& ids = host_i32_;
+  std::vector<float>& h = host_f32_;
+  ids.clear();
+  h.resize(size_t(S * H));
+  int64_t row = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const DraftRequest& r = *requests[i];
+    for (int64_t s = 0; s < r.rows; ++s) ids.push_back(r.pos0 + s == 0 ? -1 : r.tokens[s]);
+    std::copy(r.h_prev, r.h_prev + r.rows * H, h.data() + row * H);
+    row += r.rows;
+  }
+  int32_t* ids_d = as<int32_t>(ws_->moe_i32);
+  cuda::copy_to_device(ids_d, ids.data(), ids.size() * sizeof(int32_t));
+  float* in = ws_->mtp_in.f32();  // [S, 2H]: enorm(embed) | hnorm(h_prev)
+  cuda::copy_to_device(ws_->lm_in.f32(), h.data(), h.size() * sizeof(float));
+  cuda::embed_rows(dev(embed), ids_d, S, 1, in, 2 * H);
+  cuda::copy_cols(ws_->lm_in.f32(), S, H, H, in + H, 2 * H);
+  cuda::rms_norm_rows(in, S, H, 2 * H, dev(m.enorm), eps, in, 2 * H);
+  cuda::rms_norm_rows(in + H, S, H, 2 * H, dev(m.hnorm), eps, in + H, 2 * H);
+  cuda::matmul(in, S, dev(m.eh_proj), ws_->x.f32());  // [S, H]
+}
+
+void HYV4CudaBlocks::rms_norm(HYV4Act in, const std::vector<float>& weight, HYV4Act out) {
+  const int64_t H = cfg_.hidden_size;
+  cuda::rms_norm_rows(act(in), S_, H, H, dev(weight), float(cfg_.rms_norm_eps), act(out), H);
+}
+
+void HYV4CudaBlocks::add(HYV4Act into, HYV4Act other) { cuda::add(act(into), act(other), S_ * cfg_.hidden_size); }
+
+// ---- attention -----------------------------------------------------------------------------------------------
+
+// xn [S, H] -> y [S, H]: the CPU backend's sparse MLA (cpu_blocks.cpp says what each step is), on the device.
+void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
+  const HYV4Config& c = cfg_;
+  const AttentionWeights& a = L.attn;
+  Workspace& w = *ws_;
+  const int64_t S = S_, nh = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
+  const int64_t qkd = c.qk_head_dim, vd = c.v_head_dim, kvl = c.kv_lora_rank, kr = kvl + rope;
+  const float eps = float(c.rms_norm_eps), af = float(c.rope.attention_factor);
+  const float* inv_freq = dev(c.rope.inv_freq);
+  const int32_t* pos = rc_.position;
+  const int key_plane = spans_[0].cache->layer_planes(layer).key_plane;
+  const int index_plane = spans_[0].cache->layer_planes(layer).index_plane;
+  bool all_forced = true;
+  for (const HYV4RowSpan& sp : spans_) all_forced = all_forced && sp.forced && sp.forced->first_row <= 0;
+  const bool run_indexer = !all_forced && a.has_indexer;
+  const float* xn = w.xn.f32();
+
+  cuda::matmul(xn, S, dev(a.gate_proj), w.gate.f32());    // [S, nh*v]
+  cuda::matmul(xn, S, dev(a.q_a_proj), w.q_resid.f32());  // [S, q_lora]
+  cuda::matmul(xn, S, dev(a.kv_a_proj), w.kv_a.f32());    // [S, kvl + rope]
+  cuda::rms_norm_rows(w.q_resid.f32(), S, c.q_lora_rank, c.q_lora_rank, dev(a.q_a_norm), eps, w.q_resid.f32(),
+                      c.q_lora_rank);
+  cuda::matmul(w.q_resid.f32(), S, dev(a.q_b_proj), w.q.f32());  // [S, nh*qkd]
+  cuda::rope_rows(w.q.f32(), S, nh, nh * qkd, qkd, nope, rope, pos, inv_freq, af);
+  // The cached key: kv_a_layernorm(latent) | rotated rope part, written at each row's slot.
+  float* key = w.key_new.f32();  // [S, kr]
+  cuda::rms_norm_rows(w.kv_a.f32(), S, kvl, kr, dev(a.kv_a_norm), eps, key, kr);
+  cuda::copy_cols(w.kv_a.f32() + kvl, S, rope, kr, key + kvl, kr);
+  cuda::rope_rows(key, S, 1, kr, 0, kvl, rope, pos, inv_freq, af);
+  cuda::write_cache_rows(key, S, kr, kr, rc_, key_plane);
+
+  const int64_t K = topk_stride();
+  int32_t* topk = as<int32_t>(w.topk);  // [S, K] slots, ascending (kept for the layers that share it)
+  int32_t* count = as<int32_t>(w.topk_count);
+  if (run_indexer) {
+    const IndexerWeights& ix = a.indexer;
+    const int64_t nih = c.index_n_heads, ihd = c.index_head_dim;
+    cuda::matmul(xn, S, dev(ix.wk), w.ik.f32());                    // [S, ihd]
+    cuda::matmul(xn, S, dev(ix.weights_proj), w.iw.f32());          // [S, nih]
+    cuda::matmul(w.q_resid.f32(), S, dev(ix.wq_b), w.iq.f32());     // [S, nih*ihd]
+    cuda::layer_norm_rows(w.ik.f32(), S, ihd, dev(ix.k_norm_w), dev(ix.k_norm_b), eps, w.ik.f32());
+    // The indexer rotates the *last* rope dims of its heads.
+    cuda::rope_rows(w.iq.f32(), S, nih, nih * ihd, ihd, ihd - rope, rope, pos, inv_freq, af);
+    cuda::rope_rows(w.ik.f32(), S, 1, ihd, 0, ihd - rope, rope, pos, inv_freq, af);
+    cuda::write_cache_rows(w.ik.f32(), S, ihd, ihd, rc_, index_plane);
+    cuda::scale(w.iw.f32(), S * nih, 1.0f / std::sqrt(float(nih)), 1.0f / std::sqrt(float(ihd)));
+    cuda::indexer_scores(w.iq.f32(), w.iw.f32(), S, nih, ihd, rc_, index_plane, max_keys_, w.scores.f32(),
+                         w.positions);
+    cuda::topk_rows(w.scores.f32(), S, w.positions, rc_, K, topk, count, nullptr);
+  }
+  if (any_forced_)
+    cuda::override_selection(topk, count, S, K, as<int32_t>(w.forced), as<int32_t>(w.meta_i32) + 4 * S);
+
+  // Absorbed: q_cat [S, nh, kr] = [W_kb[h]ᵀ q_nope, q_rope]; o_lat [S, nh, kvl] over the selected keys;
+  // out [S, nh, v] = o_lat · W_vb[h]ᵀ, times the sigmoid gate.
+  const Linear& kvb = dev(a.kv_b_proj);
+  float* qcat = w.qcat.f32();
+  cuda::matmul_transposed_heads(w.q.f32(), S, nh * qkd, qkd, kvb, 0, nope + vd, nope, nh, qcat, nh * kr, kr);
+  cuda::copy_cols(w.q.f32() + nope, S * nh, rope, qkd, qcat + kvl, kr);
+  cuda::sparse_mla(qcat, S, nh, kvl, rope, topk, K, count, rc_, key_plane, float(c.attn_scale), dev(a.sinks),
+                   w.olat.f32());
+  for (int64_t h = 0; h < nh; ++h)
+    cuda::matmul(w.olat.f32() + h * kvl, S, kvb.rows(h * (nope + vd) + nope, vd), w.vout.f32() + h * vd, nh * kvl,
+                 nh * vd);
+  cuda::mul_sigmoid(w.vout.f32(), w.gate.f32(), S * nh * vd, w.attn.f32());
+  cuda::matmul(w.attn.f32(), S, dev(a.o_proj), w.y.f32());  // [S, H]
+
+  for (const HYV4RowSpan& sp : spans_)
+    if (sp.last_topk) {
+      const int64_t last = sp.first_row + sp.rows - 1;
+      int32_t n = 0;
+      cuda::copy_to_host(&n, count + last, sizeof(n));
+      sp.last_topk->resize(size_t(n));
+      cuda::copy_to_host(sp.last_topk->data(), topk + last * K, size_t(n) * sizeof(int32_t));
+      for (int32_t& p : *sp.last_topk) p += static_cast<int32_t>(sp.cache->base_position());
+    }
+}
+
+// ---- MLP and MoE ---------------------------------------------------------------------------------------------
+
+void HYV4CudaBlocks::swiglu_mlp(const Linear& g, const Linear& u, const Linear& d, float limit, const float* in,
+                                int64_t rows, float* a, float* b, float* out) {
+  const Linear &gd = dev(g), &ud = dev(u);
+  cuda::matmul(in, rows, gd, a);  // [rows, I]
+  cuda::matmul(in, rows, ud, b);
+  cuda::swiglu(a, b, rows * gd.out, limit, a);
+  cuda::matmul(a, rows, dev(d), out);  // [rows, H]
+}
+
+// xn [S, H] -> y [S, H]
+size_t HYV4CudaBlocks::ffn(const FfnWeights& F) {
+  const HYV4Config& c = cfg_;
+  Workspace& w = *ws_;
+  const int64_t S = S_, H = c.hidden_size;
+  const float* x = w.xn.f32();
+  if (!F.sparse) {
+    swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), w.y.f32());
+    return 0;
+  }
+  // The router's logits come back to the host for the decisions (routing.h); each used expert then runs on
+  // its tokens' rows, gathered in ascending expert order, and every token adds its experts' outputs in that
+  // order (as the CPU backend does).
+  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, I = c.moe_intermediate_size;
+  cuda::matmul(x, S, dev(F.router), w.router.f32());  // [S, E]
+  std::vector<float>& logits = host_f32_;
+  logits.resize(size_t(S * E));
+  cuda::copy_to_host(logits.data(), w.router.f32(), size_t(S * E) * sizeof(float));
+  std::vector<int32_t>& v = host_i32_;
+  v.resize(size_t(3 * S * k));
+  int32_t* ids = v.data();              // [S, k] chosen experts, ascending
+  int32_t* token_of = ids + S * k;      // [S·k] the token of each gathered row
+  int32_t* row_of = token_of + S * k;   // [S, k] the gathered row of each choice
+  host_w_.resize(size_t(S * k));
+  float* wts = host_w_.data();          // [S, k] their weights
+  route_tokens(c, F, logits.data(), S, ids, wts);
+  std::vector<ExpertJob>& jobs = jobs_;
+  jobs.clear();
+  int64_t n = 0;
+  size_t routed_bytes = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t first = n;
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t i = 0; i < k; ++i)
+        if (ids[s * k + i] == e) {
+          token_of[n] = int32_t(s);
+          row_of[s * k + i] = int32_t(n);
+          ++n;
+        }
+    if (n > first) {
+      jobs.push_back({int32_t(e), first, n - first});
+      routed_bytes += swiglu_bytes(F.expert_gate[e], F.expert_up[e], F.expert_down[e]);
+    }
+  }
+  int32_t* d32 = as<int32_t>(w.moe_i32);  // token_of | row_of
+  cuda::copy_to_device(d32, token_of, size_t(2 * S * k) * sizeof(int32_t));
+  cuda::copy_to_device(w.moe_f32.get(), wts, size_t(S * k) * sizeof(float));
+  cuda::gather_rows(x, H, d32, n, w.gathered.f32());  // [n, H]
+  for (const ExpertJob& j : jobs) {
+    const Linear &g = dev(F.expert_gate[j.expert]), &u = dev(F.expert_up[j.expert]);
+    cuda::matmul(w.gathered.f32() + j.first * H, j.rows, g, w.expert_a.f32() + j.first * I);
+    cuda::matmul(w.gathered.f32() + j.first * H, j.rows, u, w.expert_b.f32() + j.first * I);
+  }
+  cuda::swiglu(w.expert_a.f32(), w.expert_b.f32(), n * I, float(c.swiglu_limit), w.expert_a.f32());
+  for (const ExpertJob& j : jobs)
+    cuda::matmul(w.expert_a.f32() + j.first * I, j.rows, dev(F.expert_down[j.expert]),
+                 w.expert_out.f32() + j.first * H);
+  if (F.has_shared)
+    swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), w.shared_out.f32());
+  cuda::moe_combine(w.expert_out.f32(), d32 + S * k, w.moe_f32.f32(), S, k, H, F.has_shared ? w.shared_out.f32() : nullptr,
+                    w.y.f32());
+  return routed_bytes;
+}
+
+// ---- what comes back to the host ---------------------------------------------------------------------------
+
+void HYV4CudaBlocks::read_hidden(int64_t first, int64_t rows, float* out) {
+  const int64_t H = cfg_.hidden_size;
+  cuda::copy_to_host(out, ws_->hidden.f32() + first * H, size_t(rows * H) * sizeof(float));
+}
+
+void HYV4CudaBlocks::logits(const Linear& lm_head, float* out) {
+  const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size, n = logit_rows_;
+  const float* rows = ws_->hidden.f32();
+  if (n < S_) {  // only some rows want logits (prefill: the last): gather them, one lm_head for all
+    cuda::gather_rows(ws_->hidden.f32(), H, as<int32_t>(ws_->meta_i32) + 5 * S_, n, ws_->x.f32());
+    rows = ws_->x.f32();
+  }
+  cuda::matmul(rows, n, dev(lm_head), ws_->logits.f32());  // [n, V]
+  cuda::copy_to_host(out, ws_->logits.f32(), size_t(n * V) * sizeof(float));
+}
+
+void HYV4CudaBlocks::lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out) {
+  if (rows <= 0) return;
+  const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
+  float* in = grow<float>(ws_->lm_in, rows * H);
+  float* y = grow<float>(ws_->lm_out, rows * V);
+  cuda::copy_to_device(in, hidden, size_t(rows * H) * sizeof(float));
+  cuda::matmul(in, rows, dev(lm_head), y);
+  cuda::copy_to_host(out, y, size_t(rows * V) * sizeof(float));
+}
+
+}  // namespace nextn

@@ -1,0 +1,79 @@
+// The CUDA backend of HY V4's blocks (blocks.h): weights uploaded once as stored (FP8 stays FP8 with its
+// block scales), activations and the KV planes in device memory, the kernels of ops/cuda. The host keeps
+// the page tables (a small upload per forward), the MoE routing decisions (the router's logits come back,
+// the expert choices go out) and what the engine reads: logits, and hidden states for the drafter.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "models/hy_v4/blocks.h"
+#include "models/hy_v4/config.h"
+#include "ops/cuda/cuda_nn.h"
+#include "ops/cuda/cuda_ops.h"
+
+namespace nextn {
+
+class HYV4CudaBlocks final : public HYV4Blocks {
+ public:
+  // Uploads every weight of w (throws nextn::Error when there is no usable device or too little memory).
+  HYV4CudaBlocks(const HYV4Config& config, const HYV4Weights& w);
+  ~HYV4CudaBlocks() override;
+
+  void reserve(int64_t rows, int64_t positions) override;
+  void begin(const HYV4RowSpan* spans, size_t count) override;
+  void embed_streams(const Linear& embed) override;
+  void hyper_pre(const HyperConnectionWeights& hc) override;
+  void hyper_post() override;
+  void hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale) override;
+  void mtp_input(const MtpLayerWeights& m, const Linear& embed, DraftRequest* const* requests, size_t count) override;
+  void rms_norm(HYV4Act in, const std::vector<float>& weight, HYV4Act out) override;
+  void add(HYV4Act into, HYV4Act other) override;
+  void attention(const DecoderLayerWeights& L, size_t layer) override;
+  size_t ffn(const FfnWeights& F) override;
+  void read_hidden(int64_t first, int64_t rows, float* out) override;
+  void logits(const Linear& lm_head, float* out) override;
+  void lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out) override;
+
+  size_t weight_bytes_on_device() const { return weight_bytes_; }
+
+ private:
+  struct PoolMirror;   // a KV pool's planes in device memory
+  struct Workspace;    // the forward's device buffers
+  const Linear& dev(const Linear& w);              // w's device twin (uploaded at construction)
+  const float* dev(const std::vector<float>& v);   // likewise for norm weights, biases, sinks
+  void upload_weights(const HYV4Weights& w);
+  float* act(HYV4Act a);
+  PoolMirror& mirror(const KVCache& cache);
+  void ensure_workspace(int64_t rows, int64_t positions);
+  void swiglu_mlp(const Linear& g, const Linear& u, const Linear& d, float limit, const float* in, int64_t rows,
+                  float* a, float* b, float* out);
+  int64_t topk_stride() const;
+
+  const HYV4Config& cfg_;
+  std::unordered_map<const void*, cuda::DeviceLinear> linears_;  // by the host weight's bytes
+  std::unordered_map<const float*, cuda::DeviceBuffer> vectors_;
+  size_t weight_bytes_ = 0;
+  std::unordered_map<const KVPool*, std::unique_ptr<PoolMirror>> pools_;
+  std::unique_ptr<Workspace> ws_;
+
+  // The current forward (begin()): its spans, rows, and the device view of its rows' caches.
+  std::vector<HYV4RowSpan> spans_;
+  int64_t S_ = 0, max_keys_ = 0;
+  bool any_forced_ = false;
+  int64_t logit_rows_ = 0;
+  cuda::RowCaches rc_;
+  std::vector<int32_t> meta_i32_;  // host staging of the per-forward uploads
+  std::vector<int64_t> meta_i64_;
+  std::vector<float> host_f32_;   // router logits [S, E]; h_prev rows of an MTP forward [S, H]
+  std::vector<int32_t> host_i32_;  // expert choices and their rows; MTP token ids
+  std::vector<float> host_w_;      // expert weights [S, k]
+  struct ExpertJob {
+    int32_t expert;
+    int64_t first, rows;  // its rows of the gathered tokens
+  };
+  std::vector<ExpertJob> jobs_;
+};
+
+}  // namespace nextn

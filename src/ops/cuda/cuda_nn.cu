@@ -1,0 +1,555 @@
+// CUDA kernels behind cuda_nn.h. Compiled with --fmad=false like cuda_ops.cu: every fused multiply-add is
+// written out, so that no contraction can round one row differently from another. A kernel gives each row
+// (or (row, head) pair) a block of its own, and block reductions run in a fixed tree: the launch shape
+// never changes a row's value.
+#include <cuda_runtime.h>
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include <climits>
+#include <string>
+
+#include "core/error.h"
+#include "ops/cuda/cuda_nn.h"
+#include "ops/cuda/device_weight.cuh"
+
+namespace nextn::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+unsigned blocks_for(int64_t n, int threads = kThreads) { return unsigned((n + threads - 1) / threads); }
+
+void launched(const char* what) { check(cudaGetLastError(), what); }
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// One element of w, decoded as the CPU dequantizes it.
+__device__ __forceinline__ float weight_elem(const DeviceWeight& w, int kind, int64_t n, int64_t k) {
+  switch (kind) {
+    case 0: return weight_at<WeightKind::kF32>(w, nullptr, n, k);
+    case 1: return weight_at<WeightKind::kBF16>(w, nullptr, n, k);
+    default: {
+      const int scale_bytes = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
+      return weight_at<WeightKind::kFP8>(w, scale_row(w, n, scale_bytes), n, k);
+    }
+  }
+}
+
+int weight_kind(const Linear& w) {
+  switch (w.dtype) {
+    case DType::F32: return 0;
+    case DType::BF16: return 1;
+    case DType::F8_E4M3: return 2;
+    default: throw Error(std::string("cuda: weights of dtype ") + dtype_name(w.dtype) + " are not supported");
+  }
+}
+
+// The sum of v over the block (kThreads threads), the same tree whatever the caller; every thread gets it.
+template <typename T, typename Op>
+__device__ __forceinline__ T block_all(T v, Op op) {
+  using Reduce = cub::BlockReduce<T, kThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  __shared__ T result;
+  const T r = Reduce(tmp).Reduce(v, op);
+  if (threadIdx.x == 0) result = r;
+  __syncthreads();
+  const T out = result;
+  __syncthreads();
+  return out;
+}
+
+struct SumOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
+};
+struct MaxOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a > b ? a : b; }
+};
+struct MinOp {
+  template <typename T>
+  __device__ __forceinline__ T operator()(T a, T b) const { return a < b ? a : b; }
+};
+
+// ---- copies and elementwise --------------------------------------------------------------------------------
+
+__global__ void copy_cols_kernel(const float* src, int64_t cols, int64_t ss, float* dst, int64_t ds) {
+  const int64_t r = blockIdx.x;
+  for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[r * ds + c] = src[r * ss + c];
+}
+
+__global__ void gather_rows_kernel(const float* src, int64_t width, const int32_t* idx, float* dst) {
+  const int64_t i = blockIdx.x, from = idx[i];
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[i * width + c] = src[from * width + c];
+}
+
+__global__ void add_kernel(float* a, const float* b, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) a[i] = a[i] + b[i];
+}
+
+__global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float limit, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float g = gate[i], u = up[i];
+  if (limit > 0) {
+    g = fminf(g, limit);
+    u = fminf(fmaxf(u, -limit), limit);
+  }
+  out[i] = g * sigmoidf(g) * u;
+}
+
+__global__ void mul_sigmoid_kernel(const float* x, const float* g, int64_t n, float* out) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = x[i] * sigmoidf(g[i]);
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float a, float b) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = x[i] * a * b;
+}
+
+// ---- norms -------------------------------------------------------------------------------------------------
+
+__global__ void rms_norm_rows_kernel(const float* x, int64_t d, int64_t xs, const float* weight, float eps, float* out,
+                                     int64_t os) {
+  const float* xr = x + int64_t(blockIdx.x) * xs;
+  float* o = out + int64_t(blockIdx.x) * os;
+  float s = 0.f;
+  for (int64_t k = threadIdx.x; k < d; k += kThreads) s = fmaf(xr[k], xr[k], s);
+  const float inv = 1.0f / sqrtf(block_all(s, SumOp()) / float(d) + eps);
+  for (int64_t k = threadIdx.x; k < d; k += kThreads) o[k] = weight ? xr[k] * inv * weight[k] : xr[k] * inv;
+}
+
+__global__ void layer_norm_rows_kernel(const float* x, int64_t d, const float* weight, const float* bias, float eps,
+                                       float* out) {
+  const float* xr = x + int64_t(blockIdx.x) * d;
+  float* o = out + int64_t(blockIdx.x) * d;
+  float s = 0.f;
+  for (int64_t k = threadIdx.x; k < d; k += kThreads) s = s + xr[k];
+  const float mean = block_all(s, SumOp()) / float(d);
+  float v = 0.f;
+  for (int64_t k = threadIdx.x; k < d; k += kThreads) v = v + (xr[k] - mean) * (xr[k] - mean);
+  const float inv = 1.0f / sqrtf(block_all(v, SumOp()) / float(d) + eps);
+  for (int64_t k = threadIdx.x; k < d; k += kThreads) o[k] = (xr[k] - mean) * inv * weight[k] + bias[k];
+}
+
+// ---- RoPE, embeddings, absorption ------------------------------------------------------------------------
+
+__global__ void rope_rows_kernel(float* x, int64_t rs, int64_t hs, int64_t offset, int64_t half, const int32_t* pos,
+                                 const float* inv_freq, float af) {
+  const int64_t r = blockIdx.x, h = blockIdx.y;
+  float* v = x + r * rs + h * hs + offset;
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+    const float f = inv_freq[i] * float(pos[r]);
+    const float c = cosf(f) * af, s = sinf(f) * af;
+    const float a = v[i], b = v[i + half];
+    v[i] = a * c - b * s;
+    v[i + half] = b * c + a * s;
+  }
+}
+
+__global__ void embed_rows_kernel(DeviceWeight w, int kind, const int32_t* ids, int copies, float* out, int64_t os) {
+  const int64_t r = blockIdx.x, id = ids[r];
+  float* o = out + r * os;
+  for (int64_t k = threadIdx.x; k < w.in; k += blockDim.x) {
+    const float v = id < 0 ? 0.f : weight_elem(w, kind, id, k);
+    for (int c = 0; c < copies; ++c) o[c * w.in + k] = v;
+  }
+}
+
+__global__ void matmul_transposed_heads_kernel(const float* x, int64_t xs, int64_t xh, DeviceWeight w, int kind,
+                                               int64_t row0, int64_t hrs, int64_t rows, float* y, int64_t ys,
+                                               int64_t yh) {
+  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, h = blockIdx.y, m = blockIdx.z;
+  if (c >= w.in) return;
+  const float* xr = x + m * xs + h * xh;
+  const int64_t first = row0 + h * hrs;
+  float acc = 0.f;
+  for (int64_t r = 0; r < rows; ++r) acc = fmaf(weight_elem(w, kind, first + r, c), xr[r], acc);
+  y[m * ys + h * yh + c] = acc;
+}
+
+// ---- iHC ---------------------------------------------------------------------------------------------------
+
+constexpr int kMaxStreams = 64;
+
+__global__ void hc_pre_kernel(const float* streams, const float* mixes, int64_t ms, int64_t C, int64_t H,
+                              const float* base, float scale0, float scale1, float eps, float hc_eps, float mag,
+                              float* x, float* post) {
+  const int64_t r = blockIdx.x;
+  const float* X = streams + r * C * H;
+  float s = 0.f;
+  for (int64_t k = threadIdx.x; k < C * H; k += kThreads) s = fmaf(X[k], X[k], s);
+  const float inv = 1.0f / sqrtf(block_all(s, SumOp()) / float(C * H) + eps);
+  __shared__ float pre[kMaxStreams];
+  if (threadIdx.x < C) {
+    const int64_t j = threadIdx.x;
+    const float* m = mixes + r * ms;
+    pre[j] = sigmoidf(m[j] * inv * scale0 + base[j]) + hc_eps;
+    if (post) post[r * C + j] = mag * sigmoidf(m[C + j] * inv * scale1 + base[C + j]) + hc_eps;
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < H; i += kThreads) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < C; ++j) acc = acc + pre[j] * X[j * H + i];
+    x[r * H + i] = acc;
+  }
+}
+
+__global__ void hc_post_kernel(float* streams, const float* post, const float* y, int64_t C, int64_t H, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int64_t r = i / (C * H), j = i / H % C, k = i % H;
+  streams[i] = post[r * C + j] * y[r * H + k] + streams[i];
+}
+
+// ---- paged caches ------------------------------------------------------------------------------------------
+
+__device__ __forceinline__ int64_t physical(const RowCaches& rc, int span, int64_t slot) {
+  const int64_t pt = rc.page_tokens[span];
+  return int64_t(rc.tables[rc.table_offset[span] + slot / pt]) * pt + slot % pt;
+}
+
+__global__ void write_cache_rows_kernel(const float* src, int64_t width, int64_t ss, RowCaches rc, int plane) {
+  const int64_t r = blockIdx.x;
+  const int span = rc.span[r];
+  float* dst = rc.planes[span][plane] + physical(rc, span, rc.slot[r]) * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[c] = src[r * ss + c];
+}
+
+// One thread per key: Σ_h w_h · relu(q_h · key) with q and w of the row in shared memory.
+__global__ void indexer_scores_kernel(const float* q, const float* w, int64_t heads, int64_t dim, RowCaches rc,
+                                      int plane, float* out, int64_t os) {
+  extern __shared__ float smem[];
+  const int64_t r = blockIdx.y;
+  float* qs = smem;            // [heads, dim]
+  float* ws = smem + heads * dim;  // [heads]
+  for (int64_t i = threadIdx.x; i < heads * dim; i += blockDim.x) qs[i] = q[r * heads * dim + i];
+  for (int64_t i = threadIdx.x; i < heads; i += blockDim.x) ws[i] = w[r * heads + i];
+  __syncthreads();
+  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int span = rc.span[r];
+  if (j > rc.slot[r]) return;
+  const float* key = rc.planes[span][plane] + physical(rc, span, j) * dim;
+  float total = 0.f;
+  for (int64_t h = 0; h < heads; ++h) {
+    float d = 0.f;
+    for (int64_t k = 0; k < dim; ++k) d = fmaf(qs[h * dim + k], key[k], d);
+    total = total + fmaxf(d, 0.f) * ws[h];
+  }
+  out[r * os + j] = total;
+}
+
+// An int key per float with the same order (-0 and +0 equal), as the CPU's top-k.
+__device__ __forceinline__ int order_key(float f) {
+  f = f + 0.0f;
+  const int b = __float_as_int(f);
+  return b ^ ((b >> 31) & 0x7fffffff);
+}
+
+constexpr int kTopkThreads = kThreads;
+
+// The CPU's selection (ops::topk_ascending): the k-th largest key found bit by bit, then the keys above it
+// and the lowest-slot keys equal to it, in ascending slot order.
+__global__ void topk_rows_kernel(const float* scores, int64_t ss, RowCaches rc, int64_t k, int32_t* topk,
+                                 int32_t* count, const int32_t* mask) {
+  const int64_t r = blockIdx.x;
+  if (mask && !mask[r]) return;
+  const float* x = scores + r * ss;
+  const int64_t n = int64_t(rc.slot[r]) + 1;
+  int32_t* out = topk + r * k;
+  if (k >= n) {
+    for (int64_t i = threadIdx.x; i < n; i += kTopkThreads) out[i] = int32_t(i);
+    if (threadIdx.x == 0) count[r] = int32_t(n);
+    return;
+  }
+  int lo = INT_MAX, hi = INT_MIN;
+  for (int64_t i = threadIdx.x; i < n; i += kTopkThreads) {
+    const int key = order_key(x[i]);
+    lo = min(lo, key);
+    hi = max(hi, key);
+  }
+  const int kmin = block_all(lo, MinOp()), kmax = block_all(hi, MaxOp());
+  auto count_ge = [&](int t) -> int64_t {
+    if (t == INT_MIN) return n;
+    int c = 0;
+    for (int64_t i = threadIdx.x; i < n; i += kTopkThreads) c += order_key(x[i]) >= t;
+    return block_all(c, SumOp());
+  };
+  const unsigned umin = unsigned(kmin) ^ 0x80000000u, umax = unsigned(kmax) ^ 0x80000000u;
+  const int top = umin == umax ? -1 : 31 - __clz(int(umin ^ umax));
+  unsigned u = top < 0 ? umin : umin & ~((2u << top) - 1u);  // (2 << 31 wraps to 0: all bits free)
+  bool exact = false;
+  for (int bit = top; bit >= 0 && !exact; --bit) {
+    const unsigned cand = u | (1u << bit);
+    const int64_t c = count_ge(int(cand ^ 0x80000000u));
+    if (c >= k) {
+      u = cand;
+      exact = c == k;
+    }
+  }
+  const int t = int(u ^ 0x80000000u);
+  const int64_t ties = exact ? n : k - (t == INT_MAX ? 0 : count_ge(t + 1));
+  using Scan = cub::BlockScan<int, kTopkThreads>;
+  __shared__ typename Scan::TempStorage scan_tmp;
+  int64_t eq_seen = 0, taken = 0;
+  for (int64_t i0 = 0; i0 < n; i0 += kTopkThreads) {
+    const int64_t i = i0 + threadIdx.x;
+    const int key = i < n ? order_key(x[i]) : INT_MIN;
+    const int eq = i < n && key == t, gt = i < n && key > t;
+    int eq_before, eq_total;
+    Scan(scan_tmp).ExclusiveSum(eq, eq_before, eq_total);
+    __syncthreads();
+    const int take = gt || (eq && eq_seen + eq_before < ties);
+    int at, took;
+    Scan(scan_tmp).ExclusiveSum(take, at, took);
+    __syncthreads();
+    if (take) out[taken + at] = int32_t(i);
+    eq_seen += eq_total;
+    taken += took;
+  }
+  if (threadIdx.x == 0) count[r] = int32_t(taken);
+}
+
+__global__ void override_selection_kernel(int32_t* topk, int32_t* count, int64_t k, const int32_t* forced,
+                                          const int32_t* forced_count) {
+  const int64_t r = blockIdx.x;
+  const int32_t n = forced_count[r];
+  if (n < 0) return;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) topk[r * k + i] = forced[r * k + i];
+  if (threadIdx.x == 0) count[r] = n;
+}
+
+// Block (head h, row r): scores over the selected keys (a warp per key, lanes striding the key), the
+// softmax with the sink, then the latent sum with a thread per latent column.
+constexpr int kMlaThreads = kThreads;
+
+__global__ void sparse_mla_kernel(const float* q_cat, int64_t heads, int64_t kvl, int64_t rope, const int32_t* topk,
+                                  int64_t ks, const int32_t* count, RowCaches rc, int plane, float scale,
+                                  const float* sinks, float* o_lat) {
+  extern __shared__ __align__(16) unsigned char mla_smem[];
+  const int64_t h = blockIdx.x, r = blockIdx.y, kr = kvl + rope;
+  const int64_t nsel = count[r];
+  int64_t* rows = reinterpret_cast<int64_t*>(mla_smem);  // [ks] the selected slots' physical rows
+  float* q = reinterpret_cast<float*>(rows + ks);        // [kr]
+  float* p = q + kr;                                     // [ks] scores, then exp(score - max)
+  const int span = rc.span[r];
+  const float* keys = rc.planes[span][plane];
+  for (int64_t i = threadIdx.x; i < kr; i += kMlaThreads) q[i] = q_cat[(r * heads + h) * kr + i];
+  for (int64_t j = threadIdx.x; j < nsel; j += kMlaThreads) rows[j] = physical(rc, span, topk[r * ks + j]);
+  __syncthreads();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t j = warp; j < nsel; j += kMlaThreads / 32) {
+    const float* key = keys + rows[j] * kr;
+    float acc = 0.f;
+    for (int64_t i = lane; i < kr; i += 32) acc = fmaf(q[i], key[i], acc);
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) p[j] = acc * scale;
+  }
+  __syncthreads();
+  const float sink = sinks[h];
+  float mx = sink;
+  for (int64_t j = threadIdx.x; j < nsel; j += kMlaThreads) mx = fmaxf(mx, p[j]);
+  const float m = block_all(mx, MaxOp());
+  float s = 0.f;
+  for (int64_t j = threadIdx.x; j < nsel; j += kMlaThreads) {
+    const float e = expf(p[j] - m);
+    p[j] = e;
+    s = s + e;
+  }
+  const float total = block_all(s, SumOp()) + expf(sink - m);
+  const float inv = 1.0f / total;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < kvl; i += kMlaThreads) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < nsel; ++j) acc = fmaf(p[j] * inv, keys[rows[j] * kr + i], acc);
+    o_lat[(r * heads + h) * kvl + i] = acc;
+  }
+}
+
+__global__ void moe_combine_kernel(const float* eo, const int32_t* rows, const float* wts, int64_t k, int64_t H,
+                                   const float* shared, float* out) {
+  const int64_t t = blockIdx.x;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+    float acc = 0.f;
+    for (int64_t q = 0; q < k; ++q) {
+      const int32_t row = rows[t * k + q];
+      if (row >= 0) acc = acc + eo[int64_t(row) * H + i] * wts[t * k + q];
+    }
+    if (shared) acc = acc + shared[t * H + i];
+    out[t * H + i] = acc;
+  }
+}
+
+// Dynamic shared memory above the 48 KB a launch may take unasked: raised once per kernel, to what it needs.
+template <typename Kernel>
+void allow_smem(Kernel k, size_t bytes, const char* what) {
+  if (bytes <= 48 * 1024) return;
+  check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), what);
+}
+
+}  // namespace
+
+// ---- memory ------------------------------------------------------------------------------------------------
+
+void copy_to_device(void* dst, const void* host_src, size_t bytes) {
+  if (bytes) check(cudaMemcpy(dst, host_src, bytes, cudaMemcpyHostToDevice), "copy to device");
+}
+void copy_to_host(void* host_dst, const void* src, size_t bytes) {
+  if (bytes) check(cudaMemcpy(host_dst, src, bytes, cudaMemcpyDeviceToHost), "copy to host");
+}
+void copy_on_device(void* dst, const void* src, size_t bytes) {
+  if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0), "copy on device");
+}
+void fill_zero(void* dst, size_t bytes) {
+  if (bytes) check(cudaMemsetAsync(dst, 0, bytes, 0), "fill");
+}
+void copy_cols(const float* src, int64_t rows, int64_t cols, int64_t src_stride, float* dst, int64_t dst_stride) {
+  if (rows <= 0 || cols <= 0) return;
+  copy_cols_kernel<<<unsigned(rows), 128>>>(src, cols, src_stride, dst, dst_stride);
+  launched("copy_cols");
+}
+void gather_rows(const float* src, int64_t width, const int32_t* idx, int64_t n, float* dst) {
+  if (n <= 0) return;
+  gather_rows_kernel<<<unsigned(n), kThreads>>>(src, width, idx, dst);
+  launched("gather_rows");
+}
+
+// ---- elementwise -------------------------------------------------------------------------------------------
+
+void add(float* a, const float* b, int64_t n) {
+  if (n <= 0) return;
+  add_kernel<<<blocks_for(n), kThreads>>>(a, b, n);
+  launched("add");
+}
+void swiglu(const float* gate, const float* up, int64_t n, float limit, float* out) {
+  if (n <= 0) return;
+  swiglu_kernel<<<blocks_for(n), kThreads>>>(gate, up, n, limit, out);
+  launched("swiglu");
+}
+void mul_sigmoid(const float* x, const float* g, int64_t n, float* out) {
+  if (n <= 0) return;
+  mul_sigmoid_kernel<<<blocks_for(n), kThreads>>>(x, g, n, out);
+  launched("mul_sigmoid");
+}
+void scale(float* x, int64_t n, float a, float b) {
+  if (n <= 0) return;
+  scale_kernel<<<blocks_for(n), kThreads>>>(x, n, a, b);
+  launched("scale");
+}
+
+// ---- norms -------------------------------------------------------------------------------------------------
+
+void rms_norm_rows(const float* x, int64_t rows, int64_t d, int64_t x_stride, const float* weight, float eps,
+                   float* out, int64_t out_stride) {
+  if (rows <= 0) return;
+  rms_norm_rows_kernel<<<unsigned(rows), kThreads>>>(x, d, x_stride, weight, eps, out, out_stride);
+  launched("rms_norm_rows");
+}
+void layer_norm_rows(const float* x, int64_t rows, int64_t d, const float* weight, const float* bias, float eps,
+                     float* out) {
+  if (rows <= 0) return;
+  layer_norm_rows_kernel<<<unsigned(rows), kThreads>>>(x, d, weight, bias, eps, out);
+  launched("layer_norm_rows");
+}
+
+// ---- RoPE, embeddings, absorption ------------------------------------------------------------------------
+
+void rope_rows(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride, int64_t offset,
+               int64_t dim, const int32_t* positions, const float* inv_freq, float attention_factor) {
+  if (rows <= 0 || heads <= 0 || dim < 2) return;
+  rope_rows_kernel<<<dim3(unsigned(rows), unsigned(heads)), 64>>>(x, row_stride, head_stride, offset, dim / 2,
+                                                                  positions, inv_freq, attention_factor);
+  launched("rope_rows");
+}
+
+void embed_rows(const Linear& w, const int32_t* ids, int64_t rows, int copies, float* out, int64_t out_stride) {
+  if (rows <= 0) return;
+  embed_rows_kernel<<<unsigned(rows), kThreads>>>(device_weight(w), weight_kind(w), ids, copies, out, out_stride);
+  launched("embed_rows");
+}
+
+void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, const Linear& w,
+                             int64_t row0, int64_t head_rows_stride, int64_t rows_per_head, int64_t heads, float* y,
+                             int64_t y_stride, int64_t y_head) {
+  if (M <= 0 || heads <= 0) return;
+  const dim3 grid(blocks_for(w.in, 128), unsigned(heads), unsigned(M));
+  matmul_transposed_heads_kernel<<<grid, 128>>>(x, x_stride, x_head, device_weight(w), weight_kind(w), row0,
+                                                head_rows_stride, rows_per_head, y, y_stride, y_head);
+  launched("matmul_transposed_heads");
+}
+
+// ---- iHC ---------------------------------------------------------------------------------------------------
+
+void hc_pre(const float* streams, const float* mixes, int64_t mix_stride, int64_t rows, int64_t C, int64_t H,
+            const float* base, float scale0, float scale1, float eps, float hc_eps, float mag, float* x,
+            float* post) {
+  if (rows <= 0) return;
+  if (C > kMaxStreams) throw Error("cuda::hc_pre: more than 64 hyper-connection streams");
+  hc_pre_kernel<<<unsigned(rows), kThreads>>>(streams, mixes, mix_stride, C, H, base, scale0, scale1, eps, hc_eps, mag,
+                                              x, post);
+  launched("hc_pre");
+}
+void hc_post(float* streams, const float* post, const float* y, int64_t rows, int64_t C, int64_t H) {
+  const int64_t n = rows * C * H;
+  if (n <= 0) return;
+  hc_post_kernel<<<blocks_for(n), kThreads>>>(streams, post, y, C, H, n);
+  launched("hc_post");
+}
+
+// ---- caches, indexer, attention ----------------------------------------------------------------------------
+
+void write_cache_rows(const float* src, int64_t rows, int64_t width, int64_t src_stride, const RowCaches& rc,
+                      int plane) {
+  if (rows <= 0) return;
+  write_cache_rows_kernel<<<unsigned(rows), 128>>>(src, width, src_stride, rc, plane);
+  launched("write_cache_rows");
+}
+
+void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads, int64_t dim, const RowCaches& rc,
+                    int plane, int64_t max_keys, float* out, int64_t out_stride) {
+  if (rows <= 0 || max_keys <= 0) return;
+  const size_t smem = size_t(heads * dim + heads) * sizeof(float);
+  allow_smem(indexer_scores_kernel, smem, "indexer scores: shared memory");
+  indexer_scores_kernel<<<dim3(blocks_for(max_keys, 128), unsigned(rows)), 128, smem>>>(q, w, heads, dim, rc, plane,
+                                                                                        out, out_stride);
+  launched("indexer_scores");
+}
+
+void topk_rows(const float* scores, int64_t rows, int64_t score_stride, const RowCaches& rc, int64_t k,
+               int32_t* topk, int32_t* count, const int32_t* rows_mask) {
+  if (rows <= 0) return;
+  topk_rows_kernel<<<unsigned(rows), kTopkThreads>>>(scores, score_stride, rc, k, topk, count, rows_mask);
+  launched("topk_rows");
+}
+
+void override_selection(int32_t* topk, int32_t* count, int64_t rows, int64_t k, const int32_t* forced,
+                        const int32_t* forced_count) {
+  if (rows <= 0) return;
+  override_selection_kernel<<<unsigned(rows), 128>>>(topk, count, k, forced, forced_count);
+  launched("override_selection");
+}
+
+void sparse_mla(const float* q_cat, int64_t rows, int64_t heads, int64_t kvl, int64_t rope, const int32_t* topk,
+                int64_t k_stride, const int32_t* count, const RowCaches& rc, int plane, float scale,
+                const float* sinks, float* o_lat) {
+  if (rows <= 0 || heads <= 0) return;
+  const size_t smem = size_t(k_stride) * sizeof(int64_t) + size_t(kvl + rope + k_stride) * sizeof(float);
+  allow_smem(sparse_mla_kernel, smem, "sparse MLA: shared memory");
+  sparse_mla_kernel<<<dim3(unsigned(heads), unsigned(rows)), kMlaThreads, smem>>>(
+      q_cat, heads, kvl, rope, topk, k_stride, count, rc, plane, scale, sinks, o_lat);
+  launched("sparse_mla");
+}
+
+void moe_combine(const float* expert_out, const int32_t* rows, const float* weights, int64_t tokens, int64_t k,
+                 int64_t H, const float* shared, float* out) {
+  if (tokens <= 0) return;
+  moe_combine_kernel<<<unsigned(tokens), kThreads>>>(expert_out, rows, weights, k, H, shared, out);
+  launched("moe_combine");
+}
+
+}  // namespace nextn::cuda

@@ -1,0 +1,105 @@
+// The CUDA ops a model's blocks are built from, besides the matmul (cuda_ops.h): norms, RoPE, gates,
+// hyper-connection mixers, embedding gathers, the DSA indexer with its top-k, sparse MLA over a paged
+// latent cache, and the MoE combine. All pointers are device pointers unless named `host`; every call is
+// queued on the default stream in call order (copy_to_host waits for what came before it).
+//
+// Batch invariance: every kernel computes a row (and, in attention, a (row, head) pair) with the same
+// operations in the same order whatever the number of rows, so the rows of a verify or of a batch of
+// sequences get the bits of a one-row call, as the CPU ops do (ops.h).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "ops/ops.h"
+
+namespace nextn::cuda {
+
+// ---- memory
+void copy_to_device(void* dst, const void* host_src, size_t bytes);
+void copy_to_host(void* host_dst, const void* src, size_t bytes);  // waits for the kernels queued before it
+void copy_on_device(void* dst, const void* src, size_t bytes);
+void fill_zero(void* dst, size_t bytes);
+// dst[r, 0..cols) = src[r, 0..cols) for r < rows (rows src_stride / dst_stride floats apart).
+void copy_cols(const float* src, int64_t rows, int64_t cols, int64_t src_stride, float* dst, int64_t dst_stride);
+// dst[i] = src[idx[i]] rows of `width` floats, i < n.
+void gather_rows(const float* src, int64_t width, const int32_t* idx, int64_t n, float* dst);
+
+// ---- elementwise
+void add(float* a, const float* b, int64_t n);  // a += b
+void swiglu(const float* gate, const float* up, int64_t n, float limit, float* out);  // as ops::swiglu
+void mul_sigmoid(const float* x, const float* g, int64_t n, float* out);             // as ops::mul_sigmoid
+void scale(float* x, int64_t n, float a, float b);                                   // x = x · a · b
+
+// ---- norms (rows of width d, x and out rows x_stride / out_stride floats apart; out may be x)
+void rms_norm_rows(const float* x, int64_t rows, int64_t d, int64_t x_stride, const float* weight, float eps,
+                   float* out, int64_t out_stride);
+void layer_norm_rows(const float* x, int64_t rows, int64_t d, const float* weight, const float* bias, float eps,
+                     float* out);
+
+// ---- RoPE ("rotate half") on x[r, h, offset .. offset + dim) for r < rows, h < heads (rows row_stride and
+// heads head_stride floats apart), at position positions[r]: cos/sin of inv_freq[i] · position (fp32 product)
+// times attention_factor, as ops::rope_tables.
+void rope_rows(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride, int64_t offset,
+               int64_t dim, const int32_t* positions, const float* inv_freq, float attention_factor);
+
+// ---- embeddings: out[r, c·width ..] = row ids[r] of w, dequantized, for each of `copies` copies; a row
+// whose id is negative gets zeros. Rows of out are out_stride floats apart.
+void embed_rows(const Linear& w, const int32_t* ids, int64_t rows, int copies, float* out, int64_t out_stride);
+
+// ---- y[m, h, c] = Σ_r x[m, h, r] · w[row0 + h·head_rows_stride + r, c] for r < rows_per_head, c < w.in:
+// the transposed product per head (MLA weight absorption). x rows x_stride apart, heads x_head floats apart;
+// y likewise. r ascends in one fused multiply-add chain per output.
+void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, const Linear& w,
+                             int64_t row0, int64_t head_rows_stride, int64_t rows_per_head, int64_t heads, float* y,
+                             int64_t y_stride, int64_t y_head);
+
+// ---- iHC: streams [rows, C, H]; mixes [rows, mix_stride] from the mixer's matmul.
+// x[r] = Σ_j pre_j · streams[r, j] with pre_j = sigmoid(mixes[r, j] · inv_rms(streams[r]) · scale0 + base[j]) +
+// hc_eps; when post is not null also post[r, j] = mag · sigmoid(mixes[r, C + j] · inv_rms · scale1 +
+// base[C + j]) + hc_eps. base is a device array.
+void hc_pre(const float* streams, const float* mixes, int64_t mix_stride, int64_t rows, int64_t C, int64_t H,
+            const float* base, float scale0, float scale1, float eps, float hc_eps, float mag, float* x,
+            float* post);
+// streams[r, j] = post[r, j] · y[r] + streams[r, j]
+void hc_post(float* streams, const float* post, const float* y, int64_t rows, int64_t C, int64_t H);
+
+// ---- a forward's rows and the paged caches they read and write (all arrays on the device).
+// Row r belongs to span span[r], sits at cache slot slot[r] and sees slots [0, slot[r]]; span s's cache has
+// pages of page_tokens[s] positions, page table tables[table_offset[s] ..], and its pool's planes planes[s][p].
+// Slot i of span s is physical row tables[table_offset[s] + i / pt] · pt + i % pt of every plane.
+struct RowCaches {
+  const int32_t* span = nullptr;
+  const int32_t* slot = nullptr;
+  const int32_t* position = nullptr;
+  const int64_t* table_offset = nullptr;
+  const int32_t* page_tokens = nullptr;
+  const int32_t* tables = nullptr;
+  float* const* const* planes = nullptr;
+};
+// Writes src[r, 0..width) (rows src_stride apart) to plane `plane` at row r's slot.
+void write_cache_rows(const float* src, int64_t rows, int64_t width, int64_t src_stride, const RowCaches& rc,
+                      int plane);
+// DSA indexer scores: out[r, j] = Σ_h w[r, h] · relu(q[r, h] · key_j) over the index plane's keys j <= slot[r];
+// q [rows, heads, dim], w [rows, heads], out rows out_stride floats apart.
+void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads, int64_t dim, const RowCaches& rc,
+                    int plane, int64_t max_keys, float* out, int64_t out_stride);
+// The k largest of scores[r, 0..slot[r]] (ties: the lower slot), ascending, into topk[r, 0..count[r]) (all
+// the slots when there are at most k); scores are never NaN. rows_mask: rows whose flag is 0 are left alone.
+void topk_rows(const float* scores, int64_t rows, int64_t score_stride, const RowCaches& rc, int64_t k,
+               int32_t* topk, int32_t* count, const int32_t* rows_mask);
+// Rows whose forced_count >= 0 take forced[r, 0..forced_count[r]) as their selection.
+void override_selection(int32_t* topk, int32_t* count, int64_t rows, int64_t k, const int32_t* forced,
+                        const int32_t* forced_count);
+// Sparse MLA, absorbed, per (row r, head h): scores over the selected slots' keys [kvl + rope] of plane
+// `plane` (q_cat [rows, heads, kvl + rope]), softmax with the head's sink at `scale`, then
+// o_lat[r, h] = Σ_j p_j · key_j[0, kvl) in ascending j.
+void sparse_mla(const float* q_cat, int64_t rows, int64_t heads, int64_t kvl, int64_t rope, const int32_t* topk,
+                int64_t k_stride, const int32_t* count, const RowCaches& rc, int plane, float scale,
+                const float* sinks, float* o_lat);
+
+// ---- MoE: out[t] = Σ_i w[t, i] · expert_out[rows[t, i]] in i order (i < k), then out[t] += shared[t] when
+// shared is not null.
+void moe_combine(const float* expert_out, const int32_t* rows, const float* weights, int64_t tokens, int64_t k,
+                 int64_t H, const float* shared, float* out);
+
+}  // namespace nextn::cuda

@@ -1,0 +1,225 @@
+// HY V4 on the CUDA backend (models/hy_v4/cuda_blocks.*) against the CPU backend and transformers: logits,
+// hidden states and MTP draft logits within the fixtures' tolerance (fp32 compute on both: max|Δ| <= 1e-4 ·
+// max|ref|, identical argmax), and the GPU's own exactness: decode steps bit-identical to a full recompute,
+// greedy speculation equal to plain greedy for k = 1..7, and each of many sequences decoded together
+// bit-identical to it alone. Without a usable GPU every test reports itself skipped, with the reason.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "core/error.h"
+
+#include "core/threadpool.h"
+#include "engine/engine.h"
+#include "engine/generator.h"
+#include "models/registry.h"
+#include "ops/cuda/cuda_ops.h"
+#include "test_util.h"
+
+namespace nextn {
+namespace {
+
+using testing::compare;
+
+const std::string kBundled = std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny";
+
+#define SKIP_WITHOUT_GPU()                                          \
+  do {                                                              \
+    std::string why;                                                \
+    if (!cuda::available(&why)) GTEST_SKIP() << "CUDA: " << why;    \
+  } while (0)
+
+std::vector<int32_t> random_prompt(int64_t len, int64_t vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int32_t> p(size_t(std::max<int64_t>(len, 1)));
+  for (auto& t : p) t = static_cast<int32_t>(3 + rng() % (vocab - 3));
+  return p;
+}
+
+std::unique_ptr<Model> load_on_gpu(const std::string& dir, ThreadPool* pool) {
+  auto m = load_model(dir, pool);
+  m->use_device(Device::kCuda);
+  return m;
+}
+
+// Logits (all rows) and hidden states of a prompt's prefill, then of `steps` decode steps.
+struct ForwardRun {
+  std::vector<float> logits, hidden, decode;
+};
+ForwardRun prefill_and_decode(HYV4Model& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& next) {
+  const int64_t T = prompt.size(), N = next.size(), V = m.config().vocab_size, H = m.config().hidden_size;
+  ForwardRun r;
+  r.logits.resize(size_t(T * V));
+  r.hidden.resize(size_t(T * H));
+  r.decode.resize(size_t(N * V));
+  KVCache cache = m.new_cache(T + N);
+  m.forward(prompt.data(), T, cache, r.logits.data(), r.hidden.data());
+  for (int64_t i = 0; i < N; ++i) m.forward(&next[i], 1, cache, r.decode.data() + i * V, nullptr);
+  return r;
+}
+
+class CudaHYV4 : public ::testing::TestWithParam<std::string> {
+ protected:
+  ThreadPool pool_{2};
+};
+
+// The prompt: the fixture's recorded one where there is a reference, else random, past the sparse budget.
+std::vector<int32_t> prompt_for(const HYV4Model& m, const std::string& dir) {
+  testing::Reference ref(dir);
+  if (ref.has("input_ids")) return ref.ids("input_ids");
+  return random_prompt(3 * m.config().index_topk + 5, m.config().vocab_size, 11);
+}
+
+TEST_P(CudaHYV4, LogitsHiddenAndDraftLogitsMatchTheCpuBackend) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = GetParam();
+  HYV4Model cpu(dir, &pool_), gpu(dir, &pool_);
+  gpu.use_device(Device::kCuda);
+  const auto prompt = prompt_for(cpu, dir);
+  const int64_t T = prompt.size(), V = cpu.config().vocab_size, H = cpu.config().hidden_size;
+  ASSERT_GT(T, cpu.config().index_topk) << "the prompt must be longer than index_topk so DSA drops keys";
+  const std::vector<int32_t> next = random_prompt(8, V, 5);
+  const ForwardRun c = prefill_and_decode(cpu, prompt, next), g = prefill_and_decode(gpu, prompt, next);
+
+  const auto dl = compare(g.logits.data(), c.logits.data(), T, V);
+  EXPECT_LE(dl.rel(), 1e-4) << "prompt logits max|Δ| " << dl.max_abs << " max|ref| " << dl.max_ref;
+  EXPECT_EQ(dl.argmax_mismatches, 0) << "first at row " << dl.first_mismatch_row;
+  const auto dh = compare(g.hidden.data(), c.hidden.data(), T, H);
+  EXPECT_LE(dh.rel(), 1e-4) << "hidden max|Δ| " << dh.max_abs;
+  const auto dd = compare(g.decode.data(), c.decode.data(), next.size(), V);
+  EXPECT_LE(dd.rel(), 1e-4) << "decode logits max|Δ| " << dd.max_abs;
+  EXPECT_EQ(dd.argmax_mismatches, 0);
+
+  if (cpu.num_mtp_layers() > 0) {
+    std::vector<float> cd(size_t((T - 1) * V)), gd(cd.size());
+    cpu.prompt_draft_logits(prompt.data(), T, c.hidden.data(), cd.data());
+    gpu.prompt_draft_logits(prompt.data(), T, c.hidden.data(), gd.data());  // (the same h_prev for both)
+    const auto d = compare(gd.data(), cd.data(), T - 1, V);
+    EXPECT_LE(d.rel(), 1e-4) << "draft logits max|Δ| " << d.max_abs;
+    EXPECT_EQ(d.argmax_mismatches, 0);
+  }
+  testing::Reference ref(dir);
+  const std::string exact = ref.has("logits_f32up") ? "logits_f32up" : "logits";
+  if (ref.has(exact) && ref.has("input_ids")) {
+    const auto r = ref.f32(exact);
+    const auto d = compare(g.logits.data(), r.data(), T, V);
+    EXPECT_LE(d.rel(), 1e-4) << "against transformers: max|Δ| " << d.max_abs;
+    EXPECT_EQ(d.argmax_mismatches, 0);
+  }
+}
+
+// On the GPU as on the CPU: prefill, then one token at a time, gives the bits of one forward over all of it.
+TEST_P(CudaHYV4, DecodeStepsEqualAFullRecomputeBitForBit) {
+  SKIP_WITHOUT_GPU();
+  const std::string dir = GetParam();
+  HYV4Model m(dir, &pool_);
+  m.use_device(Device::kCuda);
+  const auto prompt = prompt_for(m, dir);
+  const std::vector<int32_t> next = random_prompt(12, m.config().vocab_size, 6);
+  const int64_t T = prompt.size(), N = next.size(), V = m.config().vocab_size;
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), next.begin(), next.end());
+  KVCache full_cache = m.new_cache(T + N);
+  std::vector<float> full(size_t((T + N) * V));
+  m.forward(all.data(), T + N, full_cache, full.data(), nullptr);
+  const ForwardRun r = prefill_and_decode(m, prompt, next);
+  EXPECT_EQ(0, std::memcmp(r.logits.data(), full.data(), size_t(T * V) * sizeof(float))) << "prefill";
+  for (int64_t i = 0; i + 1 < N; ++i)
+    ASSERT_EQ(0, std::memcmp(r.decode.data() + i * V, full.data() + (T + i) * V, size_t(V) * sizeof(float)))
+        << "decode step " << i;
+}
+
+// Greedy speculation on the GPU: the target's tokens exactly, for k = 1..7.
+TEST_P(CudaHYV4, GreedySpeculationEqualsPlainGreedyForKOneToSeven) {
+  SKIP_WITHOUT_GPU();
+  const auto model = load_on_gpu(GetParam(), &pool_);
+  const ModelFacts& f = model->facts();
+  if (f.num_mtp_layers == 0) GTEST_SKIP() << "no MTP layers";
+  const int N = int(2 * f.sparse_budget + 4);
+  int64_t accepted = 0;
+  for (int p = 0; p < 4; ++p) {
+    const auto prompt = random_prompt(1 + p * (f.sparse_budget + 3), f.vocab_size, 40 + p);
+    SamplingParams sp;
+    sp.max_tokens = N;
+    SpecOptions plain;
+    plain.enabled = false;
+    const auto ref = Generator(*model).generate(prompt, sp, plain);
+    ASSERT_EQ(int(ref.ids.size()), N);
+    for (int k = 1; k <= 7; ++k) {
+      SpecOptions so;
+      so.num_speculative_tokens = k;
+      const auto got = Generator(*model).generate(prompt, sp, so);
+      ASSERT_EQ(got.ids, ref.ids) << "prompt length " << prompt.size() << " k " << k;
+      accepted += got.stats.num_accepted_tokens;
+    }
+  }
+  EXPECT_GT(accepted, 0) << "some drafts were accepted";
+}
+
+// n sequences decoding together (greedy and sampled, speculating with k 0..4) give each one's tokens and
+// logprobs bit for bit as it alone, for n up to 64.
+TEST_P(CudaHYV4, SequencesDecodedTogetherMatchEachAloneUpToSixtyFour) {
+  SKIP_WITHOUT_GPU();
+  const auto model = load_on_gpu(GetParam(), &pool_);
+  const ModelFacts& f = model->facts();
+  auto request = [&](int i) {
+    Request r;
+    r.prompt = random_prompt(1 + (i * 7) % (2 * f.sparse_budget + 9), f.vocab_size, 500 + i);
+    r.params.max_tokens = 12;
+    r.params.logprobs = 1;
+    if (i % 3 == 1) {
+      r.params.temperature = 0.8f;
+      r.params.seed = 900 + i;
+    }
+    const int k = f.num_mtp_layers > 0 ? i % 5 : 0;
+    r.spec.enabled = k > 0;
+    r.spec.num_speculative_tokens = std::max(k, 1);
+    return r;
+  };
+  constexpr int kMax = 64;
+  std::vector<GenerationResult> alone;
+  for (int i = 0; i < kMax; ++i) {
+    Engine e(*model);
+    e.submit(request(i));
+    e.run();
+    alone.push_back(std::move(e.take_finished().at(0).second));
+  }
+  for (int n : {2, 7, 64}) {
+    Engine engine(*model, EngineOptions{kMax});
+    for (int i = 0; i < n; ++i) engine.submit(request(i));
+    engine.run();
+    auto done = engine.take_finished();
+    ASSERT_EQ(done.size(), size_t(n));
+    for (auto& [id, res] : done) {
+      ASSERT_EQ(res.ids, alone[id].ids) << n << " sequences, request " << id << ": " << res.error;
+      ASSERT_EQ(res.logprobs.size(), alone[id].logprobs.size());
+      for (size_t t = 0; t < res.logprobs.size(); ++t)
+        ASSERT_EQ(0, std::memcmp(&res.logprobs[t].logprob, &alone[id].logprobs[t].logprob, sizeof(float)))
+            << n << " sequences, request " << id << " token " << t;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaHYV4,
+                         ::testing::Values(testing::fixture_dir("a_fp32"), testing::fixture_dir("b_fp32"),
+                                           testing::fixture_dir("c_bf16"),
+                                           std::string(NEXTN_SOURCE_DIR) + "/tests/fixtures/hy_v4_fp8/fp8_bf16_mtp",
+                                           std::string(NEXTN_SOURCE_DIR) + "/tests/fixtures/hy_v4_fp8/fp8_ue8m0",
+                                           kBundled),
+                         [](const auto& param_info) { return testing::fixture_test_name(param_info.param); });
+
+TEST(CudaDevice, AFamilyTheBackendDoesNotRunIsAClearError) {
+  ThreadPool pool(1);
+  auto m = load_model(testing::qwen4_exp_fixture_dir("a_fp32"), &pool);
+  EXPECT_FALSE(m->runs_on(Device::kCuda));
+  try {
+    m->use_device(Device::kCuda);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("does not run this family"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace nextn
