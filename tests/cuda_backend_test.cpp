@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "core/error.h"
@@ -64,10 +65,13 @@ class CudaHYV4 : public ::testing::TestWithParam<std::string> {
   ThreadPool pool_{2};
 };
 
+bool has_reference(const std::string& dir) {
+  return std::filesystem::exists(dir + "/reference.safetensors") && testing::Reference(dir).has("input_ids");
+}
+
 // The prompt: the fixture's recorded one where there is a reference, else random, past the sparse budget.
 std::vector<int32_t> prompt_for(const HYV4Model& m, const std::string& dir) {
-  testing::Reference ref(dir);
-  if (ref.has("input_ids")) return ref.ids("input_ids");
+  if (has_reference(dir)) return testing::Reference(dir).ids("input_ids");
   return random_prompt(3 * m.config().index_topk + 5, m.config().vocab_size, 11);
 }
 
@@ -99,13 +103,15 @@ TEST_P(CudaHYV4, LogitsHiddenAndDraftLogitsMatchTheCpuBackend) {
     EXPECT_LE(d.rel(), 1e-4) << "draft logits max|Δ| " << d.max_abs;
     EXPECT_EQ(d.argmax_mismatches, 0);
   }
-  testing::Reference ref(dir);
-  const std::string exact = ref.has("logits_f32up") ? "logits_f32up" : "logits";
-  if (ref.has(exact) && ref.has("input_ids")) {
-    const auto r = ref.f32(exact);
-    const auto d = compare(g.logits.data(), r.data(), T, V);
-    EXPECT_LE(d.rel(), 1e-4) << "against transformers: max|Δ| " << d.max_abs;
-    EXPECT_EQ(d.argmax_mismatches, 0);
+  if (has_reference(dir)) {
+    testing::Reference ref(dir);
+    const std::string exact = ref.has("logits_f32up") ? "logits_f32up" : "logits";
+    if (ref.has(exact)) {
+      const auto r = ref.f32(exact);
+      const auto d = compare(g.logits.data(), r.data(), T, V);
+      EXPECT_LE(d.rel(), 1e-4) << "against transformers: max|Δ| " << d.max_abs;
+      EXPECT_EQ(d.argmax_mismatches, 0);
+    }
   }
 }
 
@@ -137,7 +143,7 @@ TEST_P(CudaHYV4, GreedySpeculationEqualsPlainGreedyForKOneToSeven) {
   const ModelFacts& f = model->facts();
   if (f.num_mtp_layers == 0) GTEST_SKIP() << "no MTP layers";
   const int N = int(2 * f.sparse_budget + 4);
-  int64_t accepted = 0;
+  int64_t drafts = 0, accepted = 0;
   for (int p = 0; p < 4; ++p) {
     const auto prompt = random_prompt(1 + p * (f.sparse_budget + 3), f.vocab_size, 40 + p);
     SamplingParams sp;
@@ -151,10 +157,15 @@ TEST_P(CudaHYV4, GreedySpeculationEqualsPlainGreedyForKOneToSeven) {
       so.num_speculative_tokens = k;
       const auto got = Generator(*model).generate(prompt, sp, so);
       ASSERT_EQ(got.ids, ref.ids) << "prompt length " << prompt.size() << " k " << k;
+      drafts += got.stats.num_drafts;
       accepted += got.stats.num_accepted_tokens;
     }
   }
-  EXPECT_GT(accepted, 0) << "some drafts were accepted";
+  EXPECT_GT(drafts, 0);
+  // (the fixtures' random MTP layers never guess right; the bundled model's trained ones do)
+  if (GetParam() == kBundled) {
+    EXPECT_GT(accepted, 0) << "some drafts were accepted";
+  }
 }
 
 // n sequences decoding together (greedy and sampled, speculating with k 0..4) give each one's tokens and

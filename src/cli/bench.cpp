@@ -25,6 +25,7 @@
 #include "engine/generator.h"
 #include "engine/sampler.h"
 #include "models/registry.h"
+#include "ops/cuda/cuda_ops.h"
 
 namespace nextn::cli {
 namespace {
@@ -53,6 +54,8 @@ concurrency.
   --tokens N         decode tokens per measurement (default 64)
   --prompt-tokens N  prompt length (default 64)
   --threads N        worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
+  --device cpu|cuda  where the model runs (default cpu); with cuda every bandwidth is the GPU's
+                     device-to-device copy bandwidth ((read + write) / time over 2 GiB), measured likewise
   --repeats N        passes (default 3; one pass is at the mercy of a noisy machine): decode is measured
                      N times, each right after a bandwidth measurement of its own, and speculation in N
                      interleaved passes over plain, k = 1..4 and tuned k; reported are the medians of the
@@ -247,6 +250,7 @@ struct BenchOptions {
   bool oracle = false;
   std::vector<double> oracle_p;  // per draft position (the last for those past it)
   std::vector<int> concurrency;  // --concurrency: the numbers of concurrent sequences (empty: not measured)
+  std::string device = "cpu";    // --device: cpu, or cuda (bandwidths are then the device's copy bandwidth)
 };
 
 // The family the synthetic checkpoints are of (`--synthetic`).
@@ -305,6 +309,8 @@ BenchOptions parse_bench_options(const Args& a) {
   o.n_prompt = a.get_int("prompt-tokens", 64, 1, kMaxTokens);
   o.repeats = a.get_int("repeats", 3, 1, 100);
   o.threads = thread_count(a);
+  o.device = a.get("device", "cpu");
+  if (o.device != "cpu" && o.device != "cuda") throw UsageError("--device must be cpu or cuda, got '" + o.device + "'");
   o.oracle = a.has("oracle-acceptance");
   if (o.oracle)
     o.oracle_p = parse_list<double>(a.get("oracle-acceptance"), "--oracle-acceptance", "0.9,0.8,0.7",
@@ -432,7 +438,7 @@ std::string rounds_at_k_text(const std::vector<int64_t>& at_k) {
 int run_bench(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "synthetic"},
          {"model", "dtype", "mlp", "layers", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats", "oracle-acceptance",
-          "concurrency"});
+          "concurrency", "device"});
   if (a.has("help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
@@ -475,12 +481,20 @@ int run_bench(int argc, char** argv) {
   }
 
   nlohmann::json out;
-  const double bw = measure_read_bandwidth(pool);
-  log("machine: %d threads, CPU kernels %s, read bandwidth %.2f GB/s\n", pool.size(), cpu_target_text().c_str(), bw);
+  m.prefault(!json);
+  const bool gpu = o.device == "cuda";
+  const std::string where = place_model(m, o.device);
+  // The yardstick of a bandwidth-bound decode: the CPU's read bandwidth, or the GPU's copy bandwidth.
+  auto measure_bandwidth = [&] { return gpu ? cuda::copy_bandwidth_gbps(size_t(2) << 30) : measure_read_bandwidth(pool); };
+  const double bw = measure_bandwidth();
+  if (gpu)
+    log("machine: %s, device copy bandwidth %.2f GB/s (the yardstick below)\n", where.c_str(), bw);
+  else
+    log("machine: %d threads, CPU kernels %s, read bandwidth %.2f GB/s\n", pool.size(), cpu_target_text().c_str(), bw);
+  out["device"] = where;
   out["cpu_target"] = ops::cpu_target_name();
   out["cpu_target_forced"] = ops::cpu_target_forced();
 
-  m.prefault(!json);
   auto prompt = bench_prompt(dir, facts.vocab_size, n_prompt);
   // Bytes one decode token reads: weights (active experts only) + the KV cache (latent + rope key +
   // indexer key per cached position and layer) at the mean context length of the run.
@@ -499,7 +513,7 @@ int run_bench(int argc, char** argv) {
   DecodeResult base{};
   for (int pass = 0; pass < repeats; ++pass) {
     if (profile::enabled()) profile::clear();  // (NEXTN_PROFILE: the last pass's decode steps)
-    pass_bw.push_back(pass == 0 ? bw : measure_read_bandwidth(pool));
+    pass_bw.push_back(pass == 0 ? bw : measure_bandwidth());
     base = time_decode(m, prompt, n_tokens);
     pass_tps.push_back(base.tokens_per_s);
     pass_frac.push_back(bytes_per_token * base.tokens_per_s / 1e9 / pass_bw.back());
@@ -519,7 +533,7 @@ int run_bench(int argc, char** argv) {
   // last-level cache is read from there, and its fraction of DRAM bandwidth is no bound.
   const double checkpoint_bytes = double(m.checkpoint_bytes());
   const double llc_bytes = double(std::max<long>(0, sysconf(_SC_LEVEL3_CACHE_SIZE)));
-  const bool fits_in_llc = llc_bytes > 0 && checkpoint_bytes <= llc_bytes;
+  const bool fits_in_llc = !gpu && llc_bytes > 0 && checkpoint_bytes <= llc_bytes;
   out["checkpoint_bytes"] = checkpoint_bytes;
   out["llc_bytes"] = llc_bytes;
   out["fits_in_llc"] = fits_in_llc;
@@ -715,7 +729,7 @@ int run_bench(int argc, char** argv) {
       return r.decode_seconds > 0 ? r.bytes_per_step * double(r.decode_steps) / r.decode_seconds / 1e9 / gbps : 0.0;
     };
     for (int pass = 0; pass < repeats; ++pass) {
-      pass_bw_c.push_back(measure_read_bandwidth(pool));
+      pass_bw_c.push_back(measure_bandwidth());
       const double gbps = pass_bw_c.back();
       double single = o.concurrency.front() == 1 ? 0.0 : run_concurrent(m, first(1), n_tokens, plain).tokens_per_s;
       for (size_t i = 0; i < C; ++i) {
