@@ -72,6 +72,10 @@ class HYV4Blocks {
   // xn -> y: dense SwiGLU MLP or MoE. Returns the bytes of routed expert weights it read.
   virtual size_t ffn(const FfnWeights& F) = 0;
 
+  // Every block of the forward has been called; what follows reads its results (a backend that records
+  // forwards, the CUDA one, closes or replays the recording here).
+  virtual void finish() {}
+
   // hidden rows [first, first + rows) -> out [rows, H] (host memory).
   virtual void read_hidden(int64_t first, int64_t rows, float* out) = 0;
   // logits of the rows that want them (every row of an all_logits span, else its last), in row order:

@@ -8,9 +8,7 @@
 #include <string>
 
 #include "core/error.h"
-#include "models/common/mlp_bytes.h"
 #include "models/hy_v4/model.h"
-#include "models/hy_v4/routing.h"
 
 namespace nextn {
 
@@ -90,11 +88,19 @@ void HYV4CudaBlocks::upload_weights(const HYV4Weights& w) {
   };
   auto ffn = [&](const FfnWeights& f) {
     for (const Linear* l : {&f.gate_proj, &f.up_proj, &f.down_proj, &f.router}) linear(*l);
+    vec(f.e_bias);
+    if (f.expert_gate.empty()) return;
     for (size_t e = 0; e < f.expert_gate.size(); ++e) {
       linear(f.expert_gate[e]);
       linear(f.expert_up[e]);
       linear(f.expert_down[e]);
     }
+    auto table = [&](const std::vector<Linear>& ws) {
+      std::vector<const Linear*> d;
+      for (const Linear& l : ws) d.push_back(&dev(l));
+      return cuda::weight_table(d.data(), int64_t(d.size()));
+    };
+    experts_.emplace(&f, ExpertTables{table(f.expert_gate), table(f.expert_up), table(f.expert_down)});
   };
   auto block = [&](const DecoderLayerWeights& L) {
     const AttentionWeights& a = L.attn;
@@ -139,6 +145,7 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   const int64_t I_moe = c.moe_intermediate_size * std::max(1, c.n_shared_experts);
   const int64_t I2 = std::max<int64_t>(c.intermediate_size, I_moe), k = std::max(1, c.num_experts_per_tok);
   const int64_t SK = S * k;
+  forget_graphs();  // (recorded with the old buffers' addresses)
   w = Workspace();  // (frees the old buffers before the new ones are taken)
   grow<float>(w.streams, S * C * H);
   for (cuda::DeviceBuffer* b : {&w.x, &w.xn, &w.y, &w.hidden, &w.shared_out, &w.lm_in}) grow<float>(*b, S * H);
@@ -165,7 +172,7 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   grow<float>(w.expert_out, SK * H);
   grow<float>(w.expert_a, SK * c.moe_intermediate_size);
   grow<float>(w.expert_b, SK * c.moe_intermediate_size);
-  grow<int32_t>(w.moe_i32, 2 * SK);
+  grow<int32_t>(w.moe_i32, 3 * SK + std::max(1, c.n_routed_experts) + 1);
   grow<float>(w.moe_f32, SK);
   grow<float>(w.mtp_in, S * 2 * H);
   grow<float>(w.logits, S * c.vocab_size);
@@ -175,10 +182,8 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   // The host staging of the per-forward uploads, sized now so that a forward does not allocate.
   meta_i32_.reserve(size_t(8 * S + P + S * K));
   meta_i64_.reserve(size_t(2 * S));
-  host_f32_.reserve(size_t(std::max<int64_t>(S * c.n_routed_experts, S * H)));
-  host_i32_.reserve(size_t(3 * SK));
-  host_w_.reserve(size_t(SK));
-  jobs_.reserve(size_t(std::min<int64_t>(std::max(1, c.n_routed_experts), SK)));
+  host_f32_.reserve(size_t(S * H));
+  host_i32_.reserve(size_t(S));
 }
 
 void HYV4CudaBlocks::reserve(int64_t rows, int64_t positions) {
@@ -207,6 +212,8 @@ HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::mirror(const KVCache& cache) {
 // One upload of the rows' facts: tokens, span, slot, position, pages and forced selections (int32), and per
 // span its page table's offset and its pool's plane table (int64).
 void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
+  if (mode_ == Mode::kRecording) cuda::abandon_capture();  // (a forward that threw mid-way)
+  mode_ = Mode::kEager;
   spans_.assign(spans, spans + count);
   for (auto it = pools_.begin(); it != pools_.end();)  // mirrors of pools that are gone
     it = it->second->pool.expired() ? pools_.erase(it) : std::next(it);
@@ -265,8 +272,13 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
     }
     cuda::copy_to_device(ws_->forced.get(), m.data() + at, size_t(S * K) * sizeof(int32_t));
   }
-  int32_t* d32 = grow<int32_t>(ws_->meta_i32, int64_t(m.size()));
-  int64_t* d64 = grow<int64_t>(ws_->meta_i64, 2 * n);
+  const void* before[2] = {ws_->meta_i32.get(), ws_->meta_i64.get()};
+  // (twice what this forward needs when they grow: the page tables lengthen as sequences do)
+  if (ws_->meta_i32.bytes() < m.size() * sizeof(int32_t)) grow<int32_t>(ws_->meta_i32, 2 * int64_t(m.size()));
+  if (ws_->meta_i64.bytes() < size_t(2 * n) * sizeof(int64_t)) grow<int64_t>(ws_->meta_i64, 4 * n);
+  int32_t* d32 = as<int32_t>(ws_->meta_i32);
+  int64_t* d64 = as<int64_t>(ws_->meta_i64);
+  if (d32 != before[0] || d64 != before[1]) forget_graphs();  // (recorded with the old addresses)
   cuda::copy_to_device(d32, m.data(), m.size() * sizeof(int32_t));
   cuda::copy_to_device(d64, m64.data(), m64.size() * sizeof(int64_t));
   rc_.span = d32 + S;
@@ -291,11 +303,23 @@ float* HYV4CudaBlocks::act(HYV4Act a) {
 // ---- embeddings, iHC, norms --------------------------------------------------------------------------------
 
 void HYV4CudaBlocks::embed_streams(const Linear& embed) {
+  // A target forward starts here: replay its shape's graph, record it, or run it as it comes.
+  constexpr size_t kMaxGraphs = 256;
+  key_ = GraphKey{S_, int64_t(spans_.size()), logit_rows_};
+  if (graphs_.count(key_)) {
+    mode_ = Mode::kReplaying;
+    return;
+  }
+  if (++seen_[key_] >= 2 && graphs_.size() < kMaxGraphs) {
+    cuda::begin_capture();
+    mode_ = Mode::kRecording;
+  }
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
   cuda::embed_rows(dev(embed), as<int32_t>(ws_->meta_i32), S_, int(C), ws_->streams.f32(), C * H);  // [S, C, H]
 }
 
 void HYV4CudaBlocks::hyper_pre(const HyperConnectionWeights& hc) {
+  if (skipping()) return;
   const HYV4Config& c = cfg_;
   const int64_t C = c.hc_mult;
   cuda::matmul(ws_->streams.f32(), S_, dev(hc.fn), ws_->mixes.f32());  // [S, 2C]
@@ -305,10 +329,12 @@ void HYV4CudaBlocks::hyper_pre(const HyperConnectionWeights& hc) {
 }
 
 void HYV4CudaBlocks::hyper_post() {
+  if (skipping()) return;
   cuda::hc_post(ws_->streams.f32(), ws_->post.f32(), ws_->y.f32(), S_, cfg_.hc_mult, cfg_.hidden_size);
 }
 
 void HYV4CudaBlocks::hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale) {
+  if (skipping()) return;
   const HYV4Config& c = cfg_;
   cuda::matmul(ws_->streams.f32(), S_, dev(fn), ws_->mixes.f32());  // [S, C]
   cuda::hc_pre(ws_->streams.f32(), ws_->mixes.f32(), c.hc_mult, S_, c.hc_mult, c.hidden_size, dev(base), scale[0],
@@ -343,16 +369,20 @@ void HYV4CudaBlocks::mtp_input(const MtpLayerWeights& m, const Linear& embed, Dr
 }
 
 void HYV4CudaBlocks::rms_norm(HYV4Act in, const std::vector<float>& weight, HYV4Act out) {
+  if (skipping()) return;
   const int64_t H = cfg_.hidden_size;
   cuda::rms_norm_rows(act(in), S_, H, H, dev(weight), float(cfg_.rms_norm_eps), act(out), H);
 }
 
-void HYV4CudaBlocks::add(HYV4Act into, HYV4Act other) { cuda::add(act(into), act(other), S_ * cfg_.hidden_size); }
+void HYV4CudaBlocks::add(HYV4Act into, HYV4Act other) {
+  if (!skipping()) cuda::add(act(into), act(other), S_ * cfg_.hidden_size);
+}
 
 // ---- attention -----------------------------------------------------------------------------------------------
 
 // xn [S, H] -> y [S, H]: the CPU backend's sparse MLA (cpu_blocks.cpp says what each step is), on the device.
 void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
+  if (skipping()) return;
   const HYV4Config& c = cfg_;
   const AttentionWeights& a = L.attn;
   Workspace& w = *ws_;
@@ -397,7 +427,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
     cuda::rope_rows(w.ik.f32(), S, 1, ihd, 0, ihd - rope, rope, pos, inv_freq, af);
     cuda::write_cache_rows(w.ik.f32(), S, ihd, ihd, rc_, index_plane);
     cuda::scale(w.iw.f32(), S * nih, 1.0f / std::sqrt(float(nih)), 1.0f / std::sqrt(float(ihd)));
-    cuda::indexer_scores(w.iq.f32(), w.iw.f32(), S, nih, ihd, rc_, index_plane, max_keys_, w.scores.f32(),
+    cuda::indexer_scores(w.iq.f32(), w.iw.f32(), S, nih, ihd, rc_, index_plane, w.positions, w.scores.f32(),
                          w.positions);
     cuda::topk_rows(w.scores.f32(), S, w.positions, rc_, K, topk, count, nullptr);
   }
@@ -412,9 +442,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
   cuda::copy_cols(w.q.f32() + nope, S * nh, rope, qkd, qcat + kvl, kr);
   cuda::sparse_mla(qcat, S, nh, kvl, rope, topk, K, count, rc_, key_plane, float(c.attn_scale), dev(a.sinks),
                    w.olat.f32());
-  for (int64_t h = 0; h < nh; ++h)
-    cuda::matmul(w.olat.f32() + h * kvl, S, kvb.rows(h * (nope + vd) + nope, vd), w.vout.f32() + h * vd, nh * kvl,
-                 nh * vd);
+  cuda::matmul_heads(w.olat.f32(), S, nh * kvl, kvl, kvb, nope, nope + vd, vd, nh, w.vout.f32(), nh * vd, vd);
   cuda::mul_sigmoid(w.vout.f32(), w.gate.f32(), S * nh * vd, w.attn.f32());
   cuda::matmul(w.attn.f32(), S, dev(a.o_proj), w.y.f32());  // [S, H]
 
@@ -442,6 +470,7 @@ void HYV4CudaBlocks::swiglu_mlp(const Linear& g, const Linear& u, const Linear& 
 
 // xn [S, H] -> y [S, H]
 size_t HYV4CudaBlocks::ffn(const FfnWeights& F) {
+  if (skipping()) return 0;
   const HYV4Config& c = cfg_;
   Workspace& w = *ws_;
   const int64_t S = S_, H = c.hidden_size;
@@ -450,61 +479,52 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F) {
     swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), w.y.f32());
     return 0;
   }
-  // The router's logits come back to the host for the decisions (routing.h); each used expert then runs on
-  // its tokens' rows, gathered in ascending expert order, and every token adds its experts' outputs in that
-  // order (as the CPU backend does).
-  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, I = c.moe_intermediate_size;
+  // Routing and dispatch on the device (no host round trip): each token's k experts, the tokens grouped by
+  // expert (ascending) into rows of `gathered`, every expert's rows through its weights in one grouped launch
+  // per matrix, and each token adding its experts' outputs in ascending expert order (as the CPU backend).
+  const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, I = c.moe_intermediate_size, SK = S * k;
+  const ExpertTables& t = experts_.at(&F);
   cuda::matmul(x, S, dev(F.router), w.router.f32());  // [S, E]
-  std::vector<float>& logits = host_f32_;
-  logits.resize(size_t(S * E));
-  cuda::copy_to_host(logits.data(), w.router.f32(), size_t(S * E) * sizeof(float));
-  std::vector<int32_t>& v = host_i32_;
-  v.resize(size_t(3 * S * k));
-  int32_t* ids = v.data();              // [S, k] chosen experts, ascending
-  int32_t* token_of = ids + S * k;      // [S·k] the token of each gathered row
-  int32_t* row_of = token_of + S * k;   // [S, k] the gathered row of each choice
-  host_w_.resize(size_t(S * k));
-  float* wts = host_w_.data();          // [S, k] their weights
-  route_tokens(c, F, logits.data(), S, ids, wts);
-  std::vector<ExpertJob>& jobs = jobs_;
-  jobs.clear();
-  int64_t n = 0;
-  size_t routed_bytes = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t first = n;
-    for (int64_t s = 0; s < S; ++s)
-      for (int64_t i = 0; i < k; ++i)
-        if (ids[s * k + i] == e) {
-          token_of[n] = int32_t(s);
-          row_of[s * k + i] = int32_t(n);
-          ++n;
-        }
-    if (n > first) {
-      jobs.push_back({int32_t(e), first, n - first});
-      routed_bytes += swiglu_bytes(F.expert_gate[e], F.expert_up[e], F.expert_down[e]);
-    }
-  }
-  int32_t* d32 = as<int32_t>(w.moe_i32);  // token_of | row_of
-  cuda::copy_to_device(d32, token_of, size_t(2 * S * k) * sizeof(int32_t));
-  cuda::copy_to_device(w.moe_f32.get(), wts, size_t(S * k) * sizeof(float));
-  cuda::gather_rows(x, H, d32, n, w.gathered.f32());  // [n, H]
-  for (const ExpertJob& j : jobs) {
-    const Linear &g = dev(F.expert_gate[j.expert]), &u = dev(F.expert_up[j.expert]);
-    cuda::matmul(w.gathered.f32() + j.first * H, j.rows, g, w.expert_a.f32() + j.first * I);
-    cuda::matmul(w.gathered.f32() + j.first * H, j.rows, u, w.expert_b.f32() + j.first * I);
-  }
-  cuda::swiglu(w.expert_a.f32(), w.expert_b.f32(), n * I, float(c.swiglu_limit), w.expert_a.f32());
-  for (const ExpertJob& j : jobs)
-    cuda::matmul(w.expert_a.f32() + j.first * I, j.rows, dev(F.expert_down[j.expert]),
-                 w.expert_out.f32() + j.first * H);
+  cuda::MoeRouting r;
+  r.experts = E;
+  r.k = k;
+  r.groups = c.n_group;
+  r.topk_group = c.topk_group;
+  r.norm_topk_prob = c.norm_topk_prob;
+  r.routed_scaling_factor = float(c.routed_scaling_factor);
+  int32_t* ids = as<int32_t>(w.moe_i32);  // [S, k] | token_of [S·k] | row_of [S, k] | first [E + 1]
+  int32_t *token_of = ids + SK, *row_of = token_of + SK, *first = row_of + SK;
+  cuda::moe_route(w.router.f32(), dev(F.e_bias), S, r, ids, w.moe_f32.f32());
+  cuda::moe_dispatch(ids, S, k, E, first, token_of, row_of);
+  cuda::gather_rows(x, H, token_of, SK, w.gathered.f32());  // [S·k, H]
+  cuda::grouped_matmul(w.gathered.f32(), t.gate, first, w.expert_a.f32());  // [S·k, I]
+  cuda::grouped_matmul(w.gathered.f32(), t.up, first, w.expert_b.f32());
+  cuda::swiglu(w.expert_a.f32(), w.expert_b.f32(), SK * I, float(c.swiglu_limit), w.expert_a.f32());
+  cuda::grouped_matmul(w.expert_a.f32(), t.down, first, w.expert_out.f32());  // [S·k, H]
   if (F.has_shared)
     swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), w.shared_out.f32());
-  cuda::moe_combine(w.expert_out.f32(), d32 + S * k, w.moe_f32.f32(), S, k, H, F.has_shared ? w.shared_out.f32() : nullptr,
+  cuda::moe_combine(w.expert_out.f32(), row_of, w.moe_f32.f32(), S, k, H, F.has_shared ? w.shared_out.f32() : nullptr,
                     w.y.f32());
-  return routed_bytes;
+  return 0;  // (which experts ran stays on the device: bench's verify bytes do not count them here)
 }
 
 // ---- what comes back to the host ---------------------------------------------------------------------------
+
+void HYV4CudaBlocks::finish() {
+  if (mode_ == Mode::kRecording) {
+    mode_ = Mode::kEager;
+    graphs_[key_] = cuda::end_capture();
+    graphs_[key_].launch();
+  } else if (mode_ == Mode::kReplaying) {
+    mode_ = Mode::kEager;
+    graphs_.at(key_).launch();
+  }
+}
+
+void HYV4CudaBlocks::forget_graphs() {
+  graphs_.clear();
+  seen_.clear();
+}
 
 void HYV4CudaBlocks::read_hidden(int64_t first, int64_t rows, float* out) {
   const int64_t H = cfg_.hidden_size;

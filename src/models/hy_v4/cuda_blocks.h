@@ -4,7 +4,9 @@
 // the expert choices go out) and what the engine reads: logits, and hidden states for the drafter.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -32,6 +34,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   void add(HYV4Act into, HYV4Act other) override;
   void attention(const DecoderLayerWeights& L, size_t layer) override;
   size_t ffn(const FfnWeights& F) override;
+  void finish() override;
   void read_hidden(int64_t first, int64_t rows, float* out) override;
   void logits(const Linear& lm_head, float* out) override;
   void lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out) override;
@@ -58,6 +61,18 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   std::unordered_map<const KVPool*, std::unique_ptr<PoolMirror>> pools_;
   std::unique_ptr<Workspace> ws_;
 
+  // Target forwards as CUDA graphs, by shape (rows, spans, logit rows): a shape's second forward is recorded,
+  // later ones replay it (the block calls then queue nothing). The kernels' arguments are the workspace's
+  // addresses and these sizes; positions, slots, page tables and tokens are read from the per-forward upload.
+  using GraphKey = std::tuple<int64_t, int64_t, int64_t>;
+  enum class Mode { kEager, kRecording, kReplaying };
+  bool skipping() const { return mode_ == Mode::kReplaying; }
+  void forget_graphs();
+  Mode mode_ = Mode::kEager;
+  GraphKey key_{};
+  std::map<GraphKey, cuda::Graph> graphs_;
+  std::map<GraphKey, int> seen_;
+
   // The current forward (begin()): its spans, rows, and the device view of its rows' caches.
   std::vector<HYV4RowSpan> spans_;
   int64_t S_ = 0, max_keys_ = 0;
@@ -66,14 +81,12 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   cuda::RowCaches rc_;
   std::vector<int32_t> meta_i32_;  // host staging of the per-forward uploads
   std::vector<int64_t> meta_i64_;
-  std::vector<float> host_f32_;   // router logits [S, E]; h_prev rows of an MTP forward [S, H]
-  std::vector<int32_t> host_i32_;  // expert choices and their rows; MTP token ids
-  std::vector<float> host_w_;      // expert weights [S, k]
-  struct ExpertJob {
-    int32_t expert;
-    int64_t first, rows;  // its rows of the gathered tokens
+  std::vector<float> host_f32_;   // h_prev rows of an MTP forward [S, H]
+  std::vector<int32_t> host_i32_;  // MTP token ids
+  struct ExpertTables {  // a MoE layer's experts, each matrix as one table for grouped launches
+    cuda::WeightTable gate, up, down;
   };
-  std::vector<ExpertJob> jobs_;
+  std::unordered_map<const FfnWeights*, ExpertTables> experts_;
 };
 
 }  // namespace nextn

@@ -324,6 +324,7 @@ void HYV4Model::forward(const CacheSegment* segments, size_t count, float* logit
   }
   blocks_->hc_head(w_.hc_head_fn, w_.hc_head_base, w_.hc_head_scale);  // x [S, H]
   blocks_->rms_norm(HYV4Act::kX, w_.final_norm, HYV4Act::kHidden);
+  blocks_->finish();
   for (const HYV4RowSpan& sp : spans_) sp.cache->advance(sp.rows);
   last_routed_bytes_ = routed_bytes;
   if (hidden_out) blocks_->read_hidden(0, S, hidden_out);
@@ -385,6 +386,7 @@ void HYV4Model::draft_forward_batch(int layer, DraftRequest* const* requests, si
   blocks_->ffn(m.block.ffn);
   blocks_->add(HYV4Act::kX, HYV4Act::kY);
   blocks_->rms_norm(HYV4Act::kX, m.final_norm, HYV4Act::kHidden);
+  blocks_->finish();
   for (size_t i = 0; i < count; ++i) {
     const DraftRequest& r = *requests[i];
     r.cache->advance(r.rows);

@@ -371,6 +371,113 @@ __global__ void sparse_mla_kernel(const float* q_cat, int64_t heads, int64_t kvl
   }
 }
 
+// Block (n, h): thread t sums the columns c = t, t + blockDim, ... of each row, then the block's fixed tree.
+__global__ void matmul_heads_kernel(const float* x, int64_t M, int64_t xs, int64_t xh, DeviceWeight w, int kind,
+                                    int64_t row0, int64_t hrs, float* y, int64_t ys, int64_t yh) {
+  const int64_t n = blockIdx.x, h = blockIdx.y, row = row0 + h * hrs + n;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * xs + h * xh;
+    float acc = 0.f;
+    for (int64_t c = threadIdx.x; c < w.in; c += kThreads) acc = fmaf(weight_elem(w, kind, row, c), xr[c], acc);
+    const float sum = block_all(acc, SumOp());
+    if (threadIdx.x == 0) y[m * ys + h * yh + n] = sum;
+  }
+}
+
+// The k largest of v[0, n) (ties: the lower index), ascending, into out; n <= 1024, k <= n. One thread.
+__device__ void topk_ascending_serial(const float* v, int n, int k, int32_t* out, bool* taken) {
+  for (int i = 0; i < n; ++i) taken[i] = false;
+  for (int j = 0; j < k; ++j) {
+    int best = -1;
+    for (int i = 0; i < n; ++i)
+      if (!taken[i] && (best < 0 || v[i] > v[best])) best = i;
+    taken[best] = true;
+  }
+  int m = 0;
+  for (int i = 0; i < n && m < k; ++i)
+    if (taken[i]) out[m++] = i;
+}
+
+constexpr int kMaxExperts = 1024, kMaxGroups = 256;
+
+// Block t, thread 0: the host's route_tokens for token t.
+__global__ void moe_route_kernel(const float* logits, const float* e_bias, MoeRouting r, int32_t* ids, float* wts) {
+  if (threadIdx.x != 0) return;
+  const int64_t t = blockIdx.x;
+  const int E = int(r.experts), k = int(r.k), G = int(r.groups), per = E / G;
+  __shared__ float scores[kMaxExperts], choice[kMaxExperts], gscore[kMaxGroups];
+  __shared__ bool taken[kMaxExperts];
+  __shared__ int32_t pick[kMaxExperts];
+  for (int e = 0; e < E; ++e) {
+    scores[e] = sigmoidf(logits[t * E + e]);
+    choice[e] = scores[e] + e_bias[e];
+  }
+  if (G > 1) {
+    for (int g = 0; g < G; ++g) {
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (int e = g * per; e < (g + 1) * per; ++e) {
+        if (choice[e] > b1) {
+          b2 = b1;
+          b1 = choice[e];
+        } else if (choice[e] > b2) {
+          b2 = choice[e];
+        }
+      }
+      gscore[g] = b1 + (per > 1 ? b2 : 0.0f);
+    }
+    const int keep = min(int(r.topk_group), G);
+    topk_ascending_serial(gscore, G, keep, pick, taken);
+    for (int g = 0; g < G; ++g) taken[g] = false;
+    for (int i = 0; i < keep; ++i) taken[pick[i]] = true;
+    for (int e = 0; e < E; ++e)
+      if (!taken[e / per]) choice[e] = -INFINITY;
+  }
+  topk_ascending_serial(choice, E, k, pick, taken);
+  float sum = 0.0f;
+  for (int i = 0; i < k; ++i) {
+    ids[t * k + i] = pick[i];
+    wts[t * k + i] = scores[pick[i]];
+    sum += wts[t * k + i];
+  }
+  for (int i = 0; i < k; ++i) {
+    float w = wts[t * k + i];
+    if (r.norm_topk_prob) w = w / (sum + 1e-20f);
+    wts[t * k + i] = w * r.routed_scaling_factor;
+  }
+}
+
+// One block: thread per expert counts its rows, thread 0 lays out the offsets, then each expert's rows in
+// token order.
+__global__ void moe_dispatch_kernel(const int32_t* ids, int64_t n, int64_t E, int32_t* first, int32_t* token_of,
+                                    int32_t* row_of, int64_t k) {
+  __shared__ int32_t count[kMaxExperts + 1];
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    int32_t c = 0;
+    for (int64_t i = 0; i < n; ++i) c += ids[i] == e;
+    count[e] = c;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int32_t at = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int32_t c = count[e];
+      first[e] = at;
+      count[e] = at;
+      at += c;
+    }
+    first[E] = at;
+  }
+  __syncthreads();
+  for (int64_t e = threadIdx.x; e < E; e += blockDim.x) {
+    int32_t at = count[e];
+    for (int64_t i = 0; i < n; ++i)
+      if (ids[i] == e) {
+        token_of[at] = int32_t(i / k);
+        row_of[i] = at++;
+      }
+  }
+}
+
 __global__ void moe_combine_kernel(const float* eo, const int32_t* rows, const float* wts, int64_t k, int64_t H,
                                    const float* shared, float* out) {
   const int64_t t = blockIdx.x;
@@ -543,6 +650,31 @@ void sparse_mla(const float* q_cat, int64_t rows, int64_t heads, int64_t kvl, in
   sparse_mla_kernel<<<dim3(unsigned(heads), unsigned(rows)), kMlaThreads, smem>>>(
       q_cat, heads, kvl, rope, topk, k_stride, count, rc, plane, scale, sinks, o_lat);
   launched("sparse_mla");
+}
+
+void matmul_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, const Linear& w, int64_t row0,
+                  int64_t head_rows_stride, int64_t rows_per_head, int64_t heads, float* y, int64_t y_stride,
+                  int64_t y_head) {
+  if (M <= 0 || heads <= 0 || rows_per_head <= 0) return;
+  matmul_heads_kernel<<<dim3(unsigned(rows_per_head), unsigned(heads)), kThreads>>>(
+      x, M, x_stride, x_head, device_weight(w), weight_kind(w), row0, head_rows_stride, y, y_stride, y_head);
+  launched("matmul_heads");
+}
+
+void moe_route(const float* logits, const float* e_bias, int64_t S, const MoeRouting& r, int32_t* ids,
+               float* weights) {
+  if (S <= 0) return;
+  if (r.experts > kMaxExperts || r.groups > kMaxGroups || r.groups < 1 || r.k > r.experts)
+    throw Error("cuda::moe_route: more than 1024 experts or 256 groups, or k > experts");
+  moe_route_kernel<<<unsigned(S), 32>>>(logits, e_bias, r, ids, weights);
+  launched("moe_route");
+}
+
+void moe_dispatch(const int32_t* ids, int64_t S, int64_t k, int64_t E, int32_t* first, int32_t* token_of,
+                  int32_t* row_of) {
+  if (E > kMaxExperts) throw Error("cuda::moe_dispatch: more than 1024 experts");
+  moe_dispatch_kernel<<<1, 1024>>>(ids, S * k, E, first, token_of, row_of, k);
+  launched("moe_dispatch");
 }
 
 void moe_combine(const float* expert_out, const int32_t* rows, const float* weights, int64_t tokens, int64_t k,

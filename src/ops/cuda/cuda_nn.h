@@ -81,6 +81,7 @@ void write_cache_rows(const float* src, int64_t rows, int64_t width, int64_t src
                       int plane);
 // DSA indexer scores: out[r, j] = Σ_h w[r, h] · relu(q[r, h] · key_j) over the index plane's keys j <= slot[r];
 // q [rows, heads, dim], w [rows, heads], out rows out_stride floats apart.
+// max_keys bounds every row's slot + 1 (the launch covers that many keys a row).
 void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads, int64_t dim, const RowCaches& rc,
                     int plane, int64_t max_keys, float* out, int64_t out_stride);
 // The k largest of scores[r, 0..slot[r]] (ties: the lower slot), ascending, into topk[r, 0..count[r]) (all
@@ -96,6 +97,26 @@ void override_selection(int32_t* topk, int32_t* count, int64_t rows, int64_t k, 
 void sparse_mla(const float* q_cat, int64_t rows, int64_t heads, int64_t kvl, int64_t rope, const int32_t* topk,
                 int64_t k_stride, const int32_t* count, const RowCaches& rc, int plane, float scale,
                 const float* sinks, float* o_lat);
+
+// ---- y[m, h, n] = Σ_c x[m, h, c] · w[row0 + h·head_rows_stride + n, c] for n < rows_per_head, c < w.in: one
+// launch for every head's rows of a stacked weight (MLA's W_vb per head).
+void matmul_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, const Linear& w, int64_t row0,
+                  int64_t head_rows_stride, int64_t rows_per_head, int64_t heads, float* y, int64_t y_stride,
+                  int64_t y_head);
+
+// ---- MoE routing on the device (the host's route_tokens, models/hy_v4/routing.h, in the same steps): from
+// router logits [S, E], the k experts of each token, ascending, and their weights, into ids / weights [S, k].
+struct MoeRouting {
+  int64_t experts = 0, k = 0, groups = 1, topk_group = 1;
+  bool norm_topk_prob = false;
+  float routed_scaling_factor = 1.0f;
+};
+void moe_route(const float* logits, const float* e_bias, int64_t S, const MoeRouting& r, int32_t* ids,
+               float* weights);
+// The tokens' choices grouped by expert: first[E + 1] row offsets, token_of[S·k] the token of each grouped row
+// (experts ascending, tokens in order within one), row_of[S, k] the grouped row of each choice.
+void moe_dispatch(const int32_t* ids, int64_t S, int64_t k, int64_t E, int32_t* first, int32_t* token_of,
+                  int32_t* row_of);
 
 // ---- MoE: out[t] = Σ_i w[t, i] · expert_out[rows[t, i]] in i order (i < k), then out[t] += shared[t] when
 // shared is not null.

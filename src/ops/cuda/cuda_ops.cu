@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
@@ -103,15 +104,15 @@ __device__ __forceinline__ void load_x(const float* xr, bool x_vectors, float* o
 // (row, column) accumulates in its own register in that order, a warp's sums meet in a fixed butterfly and
 // the block's 8 warps' sums are added in warp order. None of it depends on M, C, R or U, so the launch
 // shape can follow M (launch() below) and every row still gets the value the one-row call gives it.
+// (The block's columns start at n0: a plain matmul's block blockIdx.x, or a grouped one's within its expert.)
 template <WeightKind K, int C, int R, int U>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    matmul_kernel(const float* __restrict__ x, int64_t M, int64_t xs, DeviceWeight w, float* __restrict__ y,
-                  int64_t ys, bool vectors, bool x_vectors) {
+__device__ __forceinline__ void matmul_tile(const float* __restrict__ x, int64_t M, int64_t xs, const DeviceWeight& w,
+                                            float* __restrict__ y, int64_t ys, bool vectors, bool x_vectors,
+                                            int64_t n0) {
   using V = Vec<K>;
   constexpr int E = V::kElems, kThreads = kWarpsPerBlock * 32;
   __shared__ float part[kWarpsPerBlock][C][R];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t n0 = int64_t(blockIdx.x) * C;
   const int cols = int(w.out - n0 < C ? w.out - n0 : C);
   const int scale_bytes = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
   const unsigned char* srow[C];
@@ -180,6 +181,25 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+
+template <WeightKind K, int C, int R, int U>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    matmul_kernel(const float* __restrict__ x, int64_t M, int64_t xs, DeviceWeight w, float* __restrict__ y,
+                  int64_t ys, bool vectors, bool x_vectors) {
+  matmul_tile<K, C, R, U>(x, M, xs, w, y, ys, vectors, x_vectors, int64_t(blockIdx.x) * C);
+}
+
+// Block (column block, expert e): the rows [first[e], first[e + 1]) against table[e], as matmul_kernel does.
+template <WeightKind K, int C, int R, int U>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    grouped_matmul_kernel(const float* __restrict__ x, int64_t xs, const DeviceWeight* __restrict__ table,
+                          const int32_t* __restrict__ first, float* __restrict__ y, int64_t ys, bool vectors,
+                          bool x_vectors) {
+  const int64_t r0 = first[blockIdx.y], M = first[blockIdx.y + 1] - r0;
+  if (M <= 0) return;
+  matmul_tile<K, C, R, U>(x + r0 * xs, M, xs, table[blockIdx.y], y + r0 * ys, ys, vectors, x_vectors,
+                          int64_t(blockIdx.x) * C);
+}
 
 template <WeightKind K, int C, int R, int U>
 void launch_shape(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys, bool vectors,
@@ -540,6 +560,52 @@ void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stri
   check(cudaGetLastError(), "matmul launch");
 }
 
+WeightTable weight_table(const Linear* const* weights, int64_t n) {
+  if (n <= 0) throw Error("cuda::weight_table: no weights");
+  WeightTable t;
+  t.shape = *weights[0];
+  t.count = n;
+  const size_t es = elem_size(t.shape.dtype);
+  t.vectors = es > 0;
+  std::vector<DeviceWeight> d;
+  for (int64_t e = 0; e < n; ++e) {
+    const Linear& w = *weights[e];
+    if (w.dtype != t.shape.dtype || w.out != t.shape.out || w.in != t.shape.in || w.scale_dtype != t.shape.scale_dtype)
+      throw Error("cuda::weight_table: the weights differ in shape or dtype");
+    // 16-byte weight loads need aligned rows; an FP8 vector must sit inside one scale block.
+    t.vectors = t.vectors && reinterpret_cast<uintptr_t>(w.data) % kVecBytes == 0 &&
+                (w.row_stride * int64_t(es)) % kVecBytes == 0 &&
+                (w.dtype != DType::F8_E4M3 || w.block_in % int64_t(kVecBytes / es) == 0);
+    d.push_back(device_weight(w));
+  }
+  t.descriptors = DeviceBuffer(d.size() * sizeof(DeviceWeight));
+  t.descriptors.upload(d.data(), t.descriptors.bytes());
+  return t;
+}
+
+void grouped_matmul(const float* x, const WeightTable& t, const int32_t* first, float* y, int64_t x_stride,
+                    int64_t y_stride) {
+  const Linear& w = t.shape;
+  const int64_t xs = x_stride < 0 ? w.in : x_stride, ys = y_stride < 0 ? w.out : y_stride;
+  const bool x_vectors = reinterpret_cast<uintptr_t>(x) % 16 == 0 && xs % 4 == 0;
+  constexpr int C = 4, R = 4;
+  const dim3 grid(unsigned((w.out + C - 1) / C), unsigned(t.count)), block(kWarpsPerBlock * 32);
+  const auto* table = static_cast<const DeviceWeight*>(t.descriptors.get());
+  switch (w.dtype) {
+    case DType::F32:
+      grouped_matmul_kernel<WeightKind::kF32, C, R, 1><<<grid, block>>>(x, xs, table, first, y, ys, t.vectors, x_vectors);
+      break;
+    case DType::BF16:
+      grouped_matmul_kernel<WeightKind::kBF16, C, R, 1><<<grid, block>>>(x, xs, table, first, y, ys, t.vectors, x_vectors);
+      break;
+    case DType::F8_E4M3:
+      grouped_matmul_kernel<WeightKind::kFP8, C, R, 1><<<grid, block>>>(x, xs, table, first, y, ys, t.vectors, x_vectors);
+      break;
+    default: throw Error(std::string("cuda::grouped_matmul: weights of dtype ") + dtype_name(w.dtype) + " are not supported");
+  }
+  check(cudaGetLastError(), "grouped matmul launch");
+}
+
 void rms_norm(const float* x, int64_t rows, int64_t d, const float* weight, float eps, float* out) {
   if (rows <= 0) return;
   rms_norm_kernel<<<unsigned(rows), kNormThreads>>>(x, d, weight, eps, out);
@@ -547,6 +613,47 @@ void rms_norm(const float* x, int64_t rows, int64_t d, const float* weight, floa
 }
 
 void synchronize() { check(cudaDeviceSynchronize(), "kernel"); }
+
+Graph::~Graph() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+}
+Graph::Graph(Graph&& o) noexcept : exec_(std::exchange(o.exec_, nullptr)) {}
+Graph& Graph::operator=(Graph&& o) noexcept {
+  if (this != &o) {
+    if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+    exec_ = std::exchange(o.exec_, nullptr);
+  }
+  return *this;
+}
+void Graph::launch() const {
+  if (!exec_) throw Error("cuda::Graph::launch: an empty graph");
+  check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cudaStreamPerThread), "graph launch");
+}
+
+void begin_capture() {
+  check(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal), "begin capture");
+}
+
+Graph end_capture() {
+  cudaGraph_t g = nullptr;
+  check(cudaStreamEndCapture(cudaStreamPerThread, &g), "end capture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  check(e, "graph instantiate");
+  Graph out;
+  out.exec_ = exec;
+  return out;
+}
+
+void abandon_capture() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(cudaStreamPerThread, &status) != cudaSuccess || status == cudaStreamCaptureStatusNone) return;
+  cudaGraph_t g = nullptr;
+  cudaStreamEndCapture(cudaStreamPerThread, &g);
+  if (g) cudaGraphDestroy(g);
+  cudaGetLastError();  // (the capture's error, if it broke, is not the next caller's)
+}
 
 double time_device(int iters, void (*fn)(void*), void* arg) {
   fn(arg);

@@ -58,9 +58,45 @@ DeviceLinear upload(const Linear& w);
 // y_stride floats apart (default w.in, w.out). For decode and verify widths (any M; the weights are read
 // once per 8 rows). Asynchronous on the default stream: synchronize() before reading y on the host.
 void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride = -1, int64_t y_stride = -1);
+// Weights of one shape and dtype (a layer's MoE experts) as a table on the device, for grouped_matmul. The
+// Linears are device ones (from upload()).
+struct WeightTable {
+  DeviceBuffer descriptors;
+  Linear shape;        // the first weight's (every weight has its shape and dtype)
+  int64_t count = 0;
+  bool vectors = false;  // every weight's rows take 16-byte loads
+};
+WeightTable weight_table(const Linear* const* weights, int64_t n);
+// For each e < table.count: y[r] = x[r] · table[e]ᵀ for rows r in [first[e], first[e + 1]) (first: n + 1
+// offsets on the device, so the launch needs no host round trip). Each row gets the bits matmul()'s CUDA-core
+// kernel gives it, whichever rows share its weight.
+void grouped_matmul(const float* x, const WeightTable& table, const int32_t* first, float* y, int64_t x_stride = -1,
+                    int64_t y_stride = -1);
 // out[r] = x[r] * rsqrt(mean(x[r]²) + eps) * weight (weight may be null), rows of width d on the device.
 void rms_norm(const float* x, int64_t rows, int64_t d, const float* weight, float eps, float* out);
 void synchronize();  // waits for the device; throws with CUDA's message if a kernel failed
+
+// The kernels a thread queues between begin_capture() and end_capture() are recorded (a CUDA graph) instead of
+// run, and launch() replays them with their arguments as recorded: one launch for a whole forward. (Every
+// kernel goes to the calling thread's default stream: the CUDA code is built with --default-stream
+// per-thread.) Nothing may wait for the device while recording.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(Graph&& o) noexcept;
+  Graph& operator=(Graph&& o) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void launch() const;
+
+ private:
+  friend Graph end_capture();
+  void* exec_ = nullptr;
+};
+void begin_capture();
+Graph end_capture();
+void abandon_capture();  // ends a recording left open (a forward that threw), discarding it
 
 // Seconds per call of fn(), averaged over `iters` calls after one warm-up, timed with device events.
 double time_device(int iters, void (*fn)(void*), void* arg);

@@ -23,8 +23,17 @@ void DeviceBuffer::upload(const void*, size_t, size_t) { unavailable(); }
 void DeviceBuffer::download(void*, size_t, size_t) const { unavailable(); }
 DeviceLinear upload(const Linear&) { unavailable(); }
 void matmul(const float*, int64_t, const Linear&, float*, int64_t, int64_t) { unavailable(); }
+WeightTable weight_table(const Linear* const*, int64_t) { unavailable(); }
+void grouped_matmul(const float*, const WeightTable&, const int32_t*, float*, int64_t, int64_t) { unavailable(); }
 void rms_norm(const float*, int64_t, int64_t, const float*, float, float*) { unavailable(); }
 void synchronize() { unavailable(); }
+Graph::~Graph() = default;
+Graph::Graph(Graph&&) noexcept = default;
+Graph& Graph::operator=(Graph&&) noexcept = default;
+void Graph::launch() const { unavailable(); }
+void begin_capture() { unavailable(); }
+Graph end_capture() { unavailable(); }
+void abandon_capture() {}
 double time_device(int, void (*)(void*), void*) { unavailable(); }
 double copy_bandwidth_gbps(size_t, int) { unavailable(); }
 
@@ -66,6 +75,12 @@ void sparse_mla(const float*, int64_t, int64_t, int64_t, int64_t, const int32_t*
                 const RowCaches&, int, float, const float*, float*) {
   unavailable();
 }
+void matmul_heads(const float*, int64_t, int64_t, int64_t, const Linear&, int64_t, int64_t, int64_t, int64_t, float*,
+                  int64_t, int64_t) {
+  unavailable();
+}
+void moe_route(const float*, const float*, int64_t, const MoeRouting&, int32_t*, float*) { unavailable(); }
+void moe_dispatch(const int32_t*, int64_t, int64_t, int64_t, int32_t*, int32_t*, int32_t*) { unavailable(); }
 void moe_combine(const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, const float*, float*) {
   unavailable();
 }
