@@ -44,7 +44,7 @@ struct HYV4CudaBlocks::Workspace {
   cuda::DeviceBuffer q_resid, q, kv_a, key_new, gate, attn, qcat, olat, vout;
   cuda::DeviceBuffer iq, ik, iw, scores, topk, topk_count, forced;
   cuda::DeviceBuffer ffn_a, ffn_b, router, gathered, expert_a, expert_b, expert_out, shared_out, moe_i32, moe_f32;
-  cuda::DeviceBuffer mtp_in, logits, lm_in, lm_out, meta_i32, meta_i64;
+  cuda::DeviceBuffer mtp_in, h_prev, logits, lm_in, lm_out, meta_i32, meta_i64;
 };
 
 HYV4CudaBlocks::~HYV4CudaBlocks() = default;
@@ -148,7 +148,8 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   forget_graphs();  // (recorded with the old buffers' addresses)
   w = Workspace();  // (frees the old buffers before the new ones are taken)
   grow<float>(w.streams, S * C * H);
-  for (cuda::DeviceBuffer* b : {&w.x, &w.xn, &w.y, &w.hidden, &w.shared_out, &w.lm_in}) grow<float>(*b, S * H);
+  for (cuda::DeviceBuffer* b : {&w.x, &w.xn, &w.y, &w.hidden, &w.shared_out, &w.h_prev, &w.lm_in})
+    grow<float>(*b, S * H);
   grow<float>(w.mixes, S * 2 * C);
   grow<float>(w.post, S * C);
   grow<float>(w.q_resid, S * c.q_lora_rank);
@@ -220,10 +221,12 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   S_ = 0;
   int64_t max_seq = 1;
   any_forced_ = false;
+  all_forced_ = true;  // every row attends to forced selections: no indexer runs
   for (const HYV4RowSpan& sp : spans_) {
     S_ += sp.rows;
     max_seq = std::max(max_seq, sp.cache->capacity());
     any_forced_ = any_forced_ || sp.forced;
+    all_forced_ = all_forced_ && sp.forced && sp.forced->first_row <= 0;
   }
   if (S_ == 0) return;
   ensure_workspace(S_, max_seq);
@@ -235,7 +238,6 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   int32_t* page_tokens = logit_rows + S;
   std::vector<int64_t>& m64 = meta_i64_;
   m64.assign(size_t(2 * n), 0);
-  max_keys_ = 0;
   logit_rows_ = 0;
   for (int64_t i = 0; i < n; ++i) {
     const HYV4RowSpan& sp = spans_[i];
@@ -248,7 +250,6 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
       forced_count[row] = -1;
       if (sp.all_logits || r == sp.rows - 1) logit_rows[logit_rows_++] = int32_t(row);
     }
-    max_keys_ = std::max(max_keys_, sp.slot0 + sp.rows);
     page_tokens[i] = int32_t(sp.cache->page_tokens());
   }
   for (int64_t i = 0; i < n; ++i) {  // the page tables, after the fixed part
@@ -302,18 +303,22 @@ float* HYV4CudaBlocks::act(HYV4Act a) {
 
 // ---- embeddings, iHC, norms --------------------------------------------------------------------------------
 
-void HYV4CudaBlocks::embed_streams(const Linear& embed) {
-  // A target forward starts here: replay its shape's graph, record it, or run it as it comes.
+bool HYV4CudaBlocks::replay_or_record(uintptr_t which) {
   constexpr size_t kMaxGraphs = 256;
-  key_ = GraphKey{S_, int64_t(spans_.size()), logit_rows_};
+  key_ = GraphKey{S_, int64_t(spans_.size()), logit_rows_, which, int(any_forced_) + 2 * int(all_forced_)};
   if (graphs_.count(key_)) {
     mode_ = Mode::kReplaying;
-    return;
+    return true;
   }
   if (++seen_[key_] >= 2 && graphs_.size() < kMaxGraphs) {
     cuda::begin_capture();
     mode_ = Mode::kRecording;
   }
+  return false;
+}
+
+void HYV4CudaBlocks::embed_streams(const Linear& embed) {
+  if (replay_or_record(0)) return;  // (a target forward starts here)
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
   cuda::embed_rows(dev(embed), as<int32_t>(ws_->meta_i32), S_, int(C), ws_->streams.f32(), C * H);  // [S, C, H]
 }
@@ -359,10 +364,11 @@ void HYV4CudaBlocks::mtp_input(const MtpLayerWeights& m, const Linear& embed, Dr
   }
   int32_t* ids_d = as<int32_t>(ws_->moe_i32);
   cuda::copy_to_device(ids_d, ids.data(), ids.size() * sizeof(int32_t));
+  cuda::copy_to_device(ws_->h_prev.f32(), h.data(), h.size() * sizeof(float));
+  if (replay_or_record(reinterpret_cast<uintptr_t>(&m))) return;  // (after the uploads: an MTP forward starts here)
   float* in = ws_->mtp_in.f32();  // [S, 2H]: enorm(embed) | hnorm(h_prev)
-  cuda::copy_to_device(ws_->lm_in.f32(), h.data(), h.size() * sizeof(float));
   cuda::embed_rows(dev(embed), ids_d, S, 1, in, 2 * H);
-  cuda::copy_cols(ws_->lm_in.f32(), S, H, H, in + H, 2 * H);
+  cuda::copy_cols(ws_->h_prev.f32(), S, H, H, in + H, 2 * H);
   cuda::rms_norm_rows(in, S, H, 2 * H, dev(m.enorm), eps, in, 2 * H);
   cuda::rms_norm_rows(in + H, S, H, 2 * H, dev(m.hnorm), eps, in + H, 2 * H);
   cuda::matmul(in, S, dev(m.eh_proj), ws_->x.f32());  // [S, H]
@@ -393,9 +399,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
   const int32_t* pos = rc_.position;
   const int key_plane = spans_[0].cache->layer_planes(layer).key_plane;
   const int index_plane = spans_[0].cache->layer_planes(layer).index_plane;
-  bool all_forced = true;
-  for (const HYV4RowSpan& sp : spans_) all_forced = all_forced && sp.forced && sp.forced->first_row <= 0;
-  const bool run_indexer = !all_forced && a.has_indexer;
+  const bool run_indexer = !all_forced_ && a.has_indexer;
   const float* xn = w.xn.f32();
 
   cuda::matmul(xn, S, dev(a.gate_proj), w.gate.f32());    // [S, nh*v]
@@ -446,13 +450,19 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
   cuda::mul_sigmoid(w.vout.f32(), w.gate.f32(), S * nh * vd, w.attn.f32());
   cuda::matmul(w.attn.f32(), S, dev(a.o_proj), w.y.f32());  // [S, H]
 
+}
+
+// The spans' last rows' selections (MTP forwards: the draft steps after step 0 reuse them), read after the
+// forward has run: the top-k buffer then holds the last attention's, which is the MTP layer's only one.
+void HYV4CudaBlocks::read_selections() {
+  const int64_t K = topk_stride();
   for (const HYV4RowSpan& sp : spans_)
     if (sp.last_topk) {
       const int64_t last = sp.first_row + sp.rows - 1;
       int32_t n = 0;
-      cuda::copy_to_host(&n, count + last, sizeof(n));
+      cuda::copy_to_host(&n, as<int32_t>(ws_->topk_count) + last, sizeof(n));
       sp.last_topk->resize(size_t(n));
-      cuda::copy_to_host(sp.last_topk->data(), topk + last * K, size_t(n) * sizeof(int32_t));
+      cuda::copy_to_host(sp.last_topk->data(), as<int32_t>(ws_->topk) + last * K, size_t(n) * sizeof(int32_t));
       for (int32_t& p : *sp.last_topk) p += static_cast<int32_t>(sp.cache->base_position());
     }
 }
@@ -519,6 +529,7 @@ void HYV4CudaBlocks::finish() {
     mode_ = Mode::kEager;
     graphs_.at(key_).launch();
   }
+  read_selections();
 }
 
 void HYV4CudaBlocks::forget_graphs() {

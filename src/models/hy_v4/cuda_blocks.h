@@ -61,12 +61,17 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   std::unordered_map<const KVPool*, std::unique_ptr<PoolMirror>> pools_;
   std::unique_ptr<Workspace> ws_;
 
-  // Target forwards as CUDA graphs, by shape (rows, spans, logit rows): a shape's second forward is recorded,
-  // later ones replay it (the block calls then queue nothing). The kernels' arguments are the workspace's
-  // addresses and these sizes; positions, slots, page tables and tokens are read from the per-forward upload.
-  using GraphKey = std::tuple<int64_t, int64_t, int64_t>;
+  // Forwards as CUDA graphs, by shape (rows, spans, logit rows, which forward: the target's or an MTP layer's,
+  // forced selections): a shape's second forward is recorded, later ones replay it (the block calls then
+  // queue nothing). The kernels' arguments are the workspace's addresses and these sizes; positions, slots,
+  // page tables, tokens, h_prev and forced selections are read from the per-forward uploads, which come
+  // before. What a forward hands back mid-way (an MTP layer's top-k) is read after the graph, in finish().
+  using GraphKey = std::tuple<int64_t, int64_t, int64_t, uintptr_t, int>;
   enum class Mode { kEager, kRecording, kReplaying };
   bool skipping() const { return mode_ == Mode::kReplaying; }
+  // At a forward's first block: replay its shape's graph (true: queue nothing), or record or run it.
+  bool replay_or_record(uintptr_t which);
+  void read_selections();  // the spans' last_topk, from the device
   void forget_graphs();
   Mode mode_ = Mode::kEager;
   GraphKey key_{};
@@ -75,8 +80,8 @@ class HYV4CudaBlocks final : public HYV4Blocks {
 
   // The current forward (begin()): its spans, rows, and the device view of its rows' caches.
   std::vector<HYV4RowSpan> spans_;
-  int64_t S_ = 0, max_keys_ = 0;
-  bool any_forced_ = false;
+  int64_t S_ = 0;
+  bool any_forced_ = false, all_forced_ = false;
   int64_t logit_rows_ = 0;
   cuda::RowCaches rc_;
   std::vector<int32_t> meta_i32_;  // host staging of the per-forward uploads
