@@ -5,15 +5,16 @@
 
 Greedy decoding of --tokens new tokens after a random prompt of --prompt-tokens, each batch size after a
 short warm-up; prints one JSON line per batch with tokens/s = batch * tokens / wall time of generate()
-(prefill included: at these prompt lengths it is a few percent). The model loads as transformers loads the
-folder (FP8 checkpoints through its quantization_config), computing in bf16.
+(prefill included: at these prompt lengths it is a few percent). The model computes in bf16; FP8 checkpoints
+are dequantized to bf16 at load (transformers' FP8 kernels need a package the GPU machine lacks), so its
+decode reads twice the bytes nextn's does.
 """
 import argparse
 import json
 import time
 
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, FineGrainedFP8Config
 
 
 def main():
@@ -23,7 +24,14 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--batch", default="1,16")
     a = ap.parse_args()
-    model = AutoModelForCausalLM.from_pretrained(a.dir, dtype=torch.bfloat16, device_map="cuda").eval()
+    config = AutoConfig.from_pretrained(a.dir)
+    kwargs = {}
+    if getattr(config, "quantization_config", None):  # FP8 blocks: dequantized at load (no FP8 kernels needed)
+        kwargs["quantization_config"] = FineGrainedFP8Config(dequantize=True)
+    if config.pad_token_id is not None and not 0 <= config.pad_token_id < config.vocab_size:
+        config.pad_token_id = None  # (a synthetic checkpoint's pad id may lie outside its vocabulary)
+    model = AutoModelForCausalLM.from_pretrained(a.dir, config=config, dtype=torch.bfloat16, device_map="cuda",
+                                                 **kwargs).eval()
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(7)
     for b in (int(x) for x in a.batch.split(",")):

@@ -161,15 +161,38 @@ __global__ void embed_rows_kernel(DeviceWeight w, int kind, const int32_t* ids, 
   }
 }
 
-__global__ void matmul_transposed_heads_kernel(const float* x, int64_t xs, int64_t xh, DeviceWeight w, int kind,
-                                               int64_t row0, int64_t hrs, int64_t rows, float* y, int64_t ys,
-                                               int64_t yh) {
+// One weight element, decoded as weight_elem does, with the FP8 scale given (the callers keep it current).
+template <int KIND>
+__device__ __forceinline__ float decode(const DeviceWeight& w, int64_t i, float fp8_scale) {
+  if constexpr (KIND == 0) return reinterpret_cast<const float*>(w.data)[i];
+  if constexpr (KIND == 1) return bf16_bits_to_f32(reinterpret_cast<const unsigned short*>(w.data)[i]);
+  if constexpr (KIND == 2) return fp8_to_f32(w.data[i]) * fp8_scale;
+}
+
+// Thread c of block (., h, m) walks rows first.. of its column, the FP8 scale row advanced as the rows cross
+// a scale block (no division per element: those cost more than the loads).
+template <int KIND>
+__global__ void matmul_transposed_heads_kernel(const float* x, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0,
+                                               int64_t hrs, int64_t rows, float* y, int64_t ys, int64_t yh) {
   const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, h = blockIdx.y, m = blockIdx.z;
   if (c >= w.in) return;
   const float* xr = x + m * xs + h * xh;
   const int64_t first = row0 + h * hrs;
+  const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
+  const unsigned scol = KIND == 2 ? unsigned(c / w.block_in) : 0u;
+  int64_t block = KIND == 2 ? (w.scale_row0 + first) / w.block_out : 0;
+  int64_t in_block = KIND == 2 ? (w.scale_row0 + first) % w.block_out : 0;
+  float s = KIND == 2 ? scale_value(w.scale + block * w.scale_cols * sb, w.scale_kind, scol) : 1.0f;
   float acc = 0.f;
-  for (int64_t r = 0; r < rows; ++r) acc = fmaf(weight_elem(w, kind, first + r, c), xr[r], acc);
+#pragma unroll 8
+  for (int64_t r = 0; r < rows; ++r) {
+    acc = fmaf(decode<KIND>(w, (first + r) * w.row_stride + c, s), xr[r], acc);
+    if (KIND == 2 && ++in_block == w.block_out) {
+      in_block = 0;
+      ++block;
+      s = scale_value(w.scale + block * w.scale_cols * sb, w.scale_kind, scol);
+    }
+  }
   y[m * ys + h * yh + c] = acc;
 }
 
@@ -363,22 +386,40 @@ __global__ void sparse_mla_kernel(const float* q_cat, int64_t heads, int64_t kvl
   }
   const float total = block_all(s, SumOp()) + expf(sink - m);
   const float inv = 1.0f / total;
+  for (int64_t j = threadIdx.x; j < nsel; j += kMlaThreads) p[j] = p[j] * inv;
   __syncthreads();
+  // o_lat[i] = Σ_j p_j · key_j[i], j ascending; 8 keys' loads in flight before their multiply-adds.
+  constexpr int kAhead = 8;
   for (int64_t i = threadIdx.x; i < kvl; i += kMlaThreads) {
     float acc = 0.f;
-    for (int64_t j = 0; j < nsel; ++j) acc = fmaf(p[j] * inv, keys[rows[j] * kr + i], acc);
+    int64_t j = 0;
+    for (; j + kAhead <= nsel; j += kAhead) {
+      float v[kAhead];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) v[u] = keys[rows[j + u] * kr + i];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) acc = fmaf(p[j + u], v[u], acc);
+    }
+    for (; j < nsel; ++j) acc = fmaf(p[j], keys[rows[j] * kr + i], acc);
     o_lat[(r * heads + h) * kvl + i] = acc;
   }
 }
 
 // Block (n, h): thread t sums the columns c = t, t + blockDim, ... of each row, then the block's fixed tree.
-__global__ void matmul_heads_kernel(const float* x, int64_t M, int64_t xs, int64_t xh, DeviceWeight w, int kind,
-                                    int64_t row0, int64_t hrs, float* y, int64_t ys, int64_t yh) {
+template <int KIND>
+__global__ void matmul_heads_kernel(const float* x, int64_t M, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0,
+                                    int64_t hrs, float* y, int64_t ys, int64_t yh) {
   const int64_t n = blockIdx.x, h = blockIdx.y, row = row0 + h * hrs + n;
+  const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
+  const unsigned char* srow = KIND == 2 ? scale_row(w, row, sb) : nullptr;
+  const unsigned block_in = unsigned(w.block_in);
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * xs + h * xh;
     float acc = 0.f;
-    for (int64_t c = threadIdx.x; c < w.in; c += kThreads) acc = fmaf(weight_elem(w, kind, row, c), xr[c], acc);
+    for (int64_t c = threadIdx.x; c < w.in; c += kThreads) {
+      const float s = KIND == 2 ? scale_value(srow, w.scale_kind, unsigned(c) / block_in) : 1.0f;
+      acc = fmaf(decode<KIND>(w, row * w.row_stride + c, s), xr[c], acc);
+    }
     const float sum = block_all(acc, SumOp());
     if (threadIdx.x == 0) y[m * ys + h * yh + n] = sum;
   }
@@ -585,8 +626,15 @@ void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_
                              int64_t y_stride, int64_t y_head) {
   if (M <= 0 || heads <= 0) return;
   const dim3 grid(blocks_for(w.in, 128), unsigned(heads), unsigned(M));
-  matmul_transposed_heads_kernel<<<grid, 128>>>(x, x_stride, x_head, device_weight(w), weight_kind(w), row0,
-                                                head_rows_stride, rows_per_head, y, y_stride, y_head);
+  const DeviceWeight d = device_weight(w);
+  switch (weight_kind(w)) {
+    case 0: matmul_transposed_heads_kernel<0><<<grid, 128>>>(x, x_stride, x_head, d, row0, head_rows_stride,
+                                                              rows_per_head, y, y_stride, y_head); break;
+    case 1: matmul_transposed_heads_kernel<1><<<grid, 128>>>(x, x_stride, x_head, d, row0, head_rows_stride,
+                                                              rows_per_head, y, y_stride, y_head); break;
+    default: matmul_transposed_heads_kernel<2><<<grid, 128>>>(x, x_stride, x_head, d, row0, head_rows_stride,
+                                                               rows_per_head, y, y_stride, y_head);
+  }
   launched("matmul_transposed_heads");
 }
 
@@ -656,8 +704,16 @@ void matmul_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, c
                   int64_t head_rows_stride, int64_t rows_per_head, int64_t heads, float* y, int64_t y_stride,
                   int64_t y_head) {
   if (M <= 0 || heads <= 0 || rows_per_head <= 0) return;
-  matmul_heads_kernel<<<dim3(unsigned(rows_per_head), unsigned(heads)), kThreads>>>(
-      x, M, x_stride, x_head, device_weight(w), weight_kind(w), row0, head_rows_stride, y, y_stride, y_head);
+  const dim3 grid{unsigned(rows_per_head), unsigned(heads)};
+  const DeviceWeight d = device_weight(w);
+  switch (weight_kind(w)) {
+    case 0: matmul_heads_kernel<0><<<grid, kThreads>>>(x, M, x_stride, x_head, d, row0, head_rows_stride, y, y_stride,
+                                                        y_head); break;
+    case 1: matmul_heads_kernel<1><<<grid, kThreads>>>(x, M, x_stride, x_head, d, row0, head_rows_stride, y, y_stride,
+                                                        y_head); break;
+    default: matmul_heads_kernel<2><<<grid, kThreads>>>(x, M, x_stride, x_head, d, row0, head_rows_stride, y,
+                                                         y_stride, y_head);
+  }
   launched("matmul_heads");
 }
 
