@@ -14,6 +14,7 @@
 #include "io/safetensors.h"
 #include "io/tokenizer.h"
 #include "ops/cpu_target.h"
+#include "ops/cuda/cuda_ops.h"
 #include "test_util.h"
 
 namespace nextn {
@@ -117,6 +118,28 @@ TEST(Cli, BadArgumentsExitTwoWithUsage) {
 }
 
 // Greedy decoding tunes k by default (and with --speculative-tokens auto); a given K fixes it.
+// --device: a bad value is a usage error; cuda without a usable GPU (or for a family the CUDA backend does not
+// run) is an error saying why; auto runs where it can, and the tokens are the target's either way.
+TEST(Cli, DeviceOptionSaysWhereTheModelRunsOrWhyNot) {
+  expect_usage_error("generate --model " + kFixture + " --ids 1,2 -n 2 --device tpu", "--device must be cpu, cuda or auto");
+  const std::string args = "generate --model " + kFixture + " --ids 1,2,3 -n 4 --json --no-speculate";
+  const auto cpu = nextn(args + " --device cpu");
+  const auto automatic = nextn(args);
+  ASSERT_EQ(cpu.status, 0) << cpu.err;
+  ASSERT_EQ(automatic.status, 0) << automatic.err;
+  EXPECT_EQ(nlohmann::json::parse(cpu.out)["ids"], nlohmann::json::parse(automatic.out)["ids"]);
+  const auto qwen = nextn("generate --model " + testing::qwen4_exp_fixture_dir("a_fp32") + " --ids 1,2 -n 2 --device cuda");
+  EXPECT_EQ(qwen.status, 1);
+  std::string why;
+  if (!cuda::available(&why)) {
+    const auto r = nextn(args + " --device cuda");
+    EXPECT_EQ(r.status, 1) << r.err;
+    EXPECT_NE(r.err.find("--device cuda: "), std::string::npos) << r.err;
+  } else {
+    EXPECT_NE(qwen.err.find("does not run this family"), std::string::npos) << qwen.err;
+  }
+}
+
 TEST(Cli, GreedyTunesKUnlessKIsGiven) {
   testing::Reference ref(kFixture);
   auto ids = ref.ids("input_ids");
