@@ -2,6 +2,7 @@
 // the data flow.
 #include "models/hy_v4/model.h"
 #include "models/hy_v4/cuda_blocks.h"
+#include "ops/cuda/cuda_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -30,6 +31,12 @@ void HYV4Model::use_device(Device device) {
   if (device == device_) return;
   if (target_pool_) throw Error("use_device: the model already has sequences on its current device");
   if (device == Device::kCuda) {
+    std::string why;
+    if (!cuda::available(&why)) throw Error("--device cuda: " + why);
+    const size_t need = checkpoint_bytes(), free = cuda::free_memory();
+    if (need > free)
+      throw Error(dir_ + ": the checkpoint's " + gib(int64_t(need)) + " do not fit in the GPU's free memory (" +
+                  gib(int64_t(free)) + " of " + cuda::device_name() + ")");
     device_blocks_ = std::make_unique<HYV4CudaBlocks>(cfg_, w_);
     blocks_ = device_blocks_.get();
   } else {

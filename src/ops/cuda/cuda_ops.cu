@@ -480,6 +480,12 @@ std::string device_name() {
          std::to_string(p.totalGlobalMem >> 30) + " GiB)";
 }
 
+size_t free_memory() {
+  size_t free = 0, total = 0;
+  check(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
+}
+
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
   if (bytes) check(cudaMalloc(&ptr_, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str());
 }

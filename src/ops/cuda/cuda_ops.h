@@ -21,6 +21,7 @@ namespace nextn::cuda {
 // Whether a CUDA device can run the kernels; if not, why (built without CUDA, no driver, no device).
 bool available(std::string* why = nullptr);
 std::string device_name();  // "NVIDIA H200 (sm_90, 141 GB)"
+size_t free_memory();       // bytes of device memory free now
 
 // Device memory, freed with its owner (move-only).
 class DeviceBuffer {

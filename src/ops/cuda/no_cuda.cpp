@@ -15,6 +15,7 @@ bool available(std::string* why) {
   return false;
 }
 std::string device_name() { unavailable(); }
+size_t free_memory() { unavailable(); }
 DeviceBuffer::DeviceBuffer(size_t) { unavailable(); }
 DeviceBuffer::~DeviceBuffer() = default;
 DeviceBuffer::DeviceBuffer(DeviceBuffer&&) noexcept = default;
