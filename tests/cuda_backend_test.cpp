@@ -14,7 +14,9 @@
 #include "core/threadpool.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
+#include "models/hy_v4/routing.h"
 #include "models/registry.h"
+#include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/cuda_ops.h"
 #include "test_util.h"
 
@@ -219,6 +221,46 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaHYV4,
                                            std::string(NEXTN_SOURCE_DIR) + "/tests/fixtures/hy_v4_fp8/fp8_ue8m0",
                                            kBundled),
                          [](const auto& param_info) { return testing::fixture_test_name(param_info.param); });
+
+// The router's decisions on the device are the host's (routing.h): the same experts, the same weights.
+TEST(CudaDevice, MoeRoutingOnTheDeviceMatchesTheHost) {
+  SKIP_WITHOUT_GPU();
+  HYV4Config c;
+  c.n_routed_experts = 16;
+  c.num_experts_per_tok = 4;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 2.5;
+  FfnWeights f;
+  const int64_t S = 37, E = c.n_routed_experts, k = c.num_experts_per_tok;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> g(0.f, 1.f);
+  for (int64_t e = 0; e < E; ++e) f.e_bias.push_back(0.1f * g(rng));
+  std::vector<float> logits(size_t(S * E));
+  for (float& v : logits) v = g(rng);
+  std::vector<int32_t> ids(size_t(S * k));
+  std::vector<float> w(size_t(S * k));
+  route_tokens(c, f, logits.data(), S, ids.data(), w.data());
+  cuda::DeviceBuffer dl(logits.size() * 4), db(f.e_bias.size() * 4), di(ids.size() * 4), dw(w.size() * 4);
+  dl.upload(logits.data(), dl.bytes());
+  db.upload(f.e_bias.data(), db.bytes());
+  cuda::MoeRouting r;
+  r.experts = E;
+  r.k = k;
+  r.groups = c.n_group;
+  r.topk_group = c.topk_group;
+  r.norm_topk_prob = c.norm_topk_prob;
+  r.routed_scaling_factor = float(c.routed_scaling_factor);
+  cuda::moe_route(dl.f32(), db.f32(), S, r, static_cast<int32_t*>(di.get()), dw.f32());
+  cuda::synchronize();
+  std::vector<int32_t> gids(ids.size());
+  std::vector<float> gw(w.size());
+  di.download(gids.data(), di.bytes());
+  dw.download(gw.data(), dw.bytes());
+  EXPECT_EQ(gids, ids);
+  for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(gw[i], w[i], 1e-6 * (1 + std::fabs(w[i]))) << i;
+}
 
 TEST(CudaDevice, AFamilyTheBackendDoesNotRunIsAClearError) {
   ThreadPool pool(1);

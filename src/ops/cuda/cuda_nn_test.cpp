@@ -1,0 +1,163 @@
+// The CUDA backend's own ops (cuda_nn.h, and the grouped matmul of cuda_ops.h) against the CPU ops, op by op:
+// the expert-grouped matmul, the DSA top-k (exact indices, ties included), norms and gates. Without a usable
+// device every test reports itself skipped, saying why.
+#include "ops/cuda/cuda_nn.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/ops.h"
+
+namespace nextn {
+namespace {
+
+#define SKIP_WITHOUT_CUDA()                                      \
+  do {                                                           \
+    std::string why;                                             \
+    if (!cuda::available(&why)) GTEST_SKIP() << "CUDA: " << why; \
+  } while (0)
+
+std::vector<float> normal(size_t n, uint32_t seed, float sd = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = g(rng);
+  return v;
+}
+
+template <typename T>
+cuda::DeviceBuffer to_device(const std::vector<T>& v) {
+  cuda::DeviceBuffer b(v.size() * sizeof(T));
+  b.upload(v.data(), b.bytes());
+  return b;
+}
+
+template <typename T>
+std::vector<T> to_host(const cuda::DeviceBuffer& b, size_t n) {
+  cuda::synchronize();
+  std::vector<T> v(n);
+  b.download(v.data(), n * sizeof(T));
+  return v;
+}
+
+// A bf16 [out, in] weight of its own bytes.
+struct Bf16Weight {
+  std::vector<uint16_t> bytes;
+  Linear w;
+  Bf16Weight(int64_t out, int64_t in, uint32_t seed) : bytes(size_t(out * in)) {
+    const auto v = normal(bytes.size(), seed, 0.05f);
+    for (size_t i = 0; i < v.size(); ++i) bytes[i] = f32_to_bf16(v[i]);
+    w.dtype = DType::BF16;
+    w.out = out;
+    w.in = in;
+    w.row_stride = in;
+    w.data = bytes.data();
+  }
+};
+
+// Rows of 5 experts (0, 3, 1, 0 and 5 rows) through grouped_matmul: each row within the CPU's rounding of
+// ops::matmul, and bit-identical to the same row run with every expert holding one row.
+TEST(CudaNn, GroupedMatmulMatchesTheCpuAndNoRowDependsOnItsNeighbours) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t E = 5, out = 96, in = 256;
+  std::vector<Bf16Weight> host;
+  std::vector<cuda::DeviceLinear> dev;
+  std::vector<const Linear*> table_of;
+  for (int64_t e = 0; e < E; ++e) host.emplace_back(out, in, 10 + uint32_t(e));
+  for (int64_t e = 0; e < E; ++e) dev.push_back(cuda::upload(host[size_t(e)].w));
+  for (const auto& d : dev) table_of.push_back(&d.w);
+  const cuda::WeightTable table = cuda::weight_table(table_of.data(), E);
+  const std::vector<int32_t> first = {0, 0, 3, 4, 4, 9};
+  const int64_t rows = first.back();
+  const auto x = normal(size_t(rows * in), 3);
+  const auto dx = to_device(x), dfirst = to_device(first);
+  cuda::DeviceBuffer dy(size_t(rows * out) * 4);
+  cuda::grouped_matmul(dx.f32(), table, static_cast<const int32_t*>(dfirst.get()), dy.f32());
+  const auto got = to_host<float>(dy, size_t(rows * out));
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = first[size_t(e)]; r < first[size_t(e) + 1]; ++r) {
+      std::vector<float> want(static_cast<size_t>(out));
+      ops::matmul(nullptr, x.data() + r * in, 1, host[size_t(e)].w, want.data());
+      for (int64_t n = 0; n < out; ++n)
+        ASSERT_NEAR(got[size_t(r * out + n)], want[size_t(n)], 1e-5 * (1 + std::fabs(want[size_t(n)])))
+            << "expert " << e << " row " << r;
+      // the row alone: expert e's one row, the others none
+      std::vector<int32_t> alone_first(size_t(E + 1), 0);
+      for (int64_t i = e + 1; i <= E; ++i) alone_first[size_t(i)] = 1;
+      const std::vector<float> xr(x.begin() + r * in, x.begin() + (r + 1) * in);
+      const auto dxr = to_device(xr), daf = to_device(alone_first);
+      cuda::DeviceBuffer dyr(size_t(out) * 4);
+      cuda::grouped_matmul(dxr.f32(), table, static_cast<const int32_t*>(daf.get()), dyr.f32());
+      const auto alone = to_host<float>(dyr, size_t(out));
+      EXPECT_EQ(0, std::memcmp(alone.data(), got.data() + r * out, size_t(out) * 4)) << "expert " << e << " row " << r;
+    }
+}
+
+// The DSA top-k: the CPU's indices for every row (scores with many exact ties, as ReLU scores have), for k
+// below, at and above the row's length.
+TEST(CudaNn, TopkRowsPicksTheCpusIndicesTiesIncluded) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t rows = 40, stride = 700;
+  std::mt19937 rng(5);
+  std::vector<float> scores(size_t(rows * stride), 0.f);
+  std::vector<int32_t> slot(static_cast<size_t>(rows)), span(static_cast<size_t>(rows), 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    slot[size_t(r)] = int32_t(r * 17 % stride);
+    for (int64_t j = 0; j <= slot[size_t(r)]; ++j)
+      scores[size_t(r * stride + j)] = r % 3 == 0 ? float(int(rng() % 5)) - 1.f : std::ldexp(float(rng() % 1000), -7);
+  }
+  const auto ds = to_device(scores), dslot = to_device(slot), dspan = to_device(span);
+  cuda::RowCaches rc;
+  rc.slot = static_cast<const int32_t*>(dslot.get());
+  rc.span = static_cast<const int32_t*>(dspan.get());
+  for (int64_t k : {1, 7, 64, 300, 700}) {
+    cuda::DeviceBuffer dtopk(size_t(rows * k) * 4), dcount(size_t(rows) * 4);
+    cuda::topk_rows(ds.f32(), rows, stride, rc, k, static_cast<int32_t*>(dtopk.get()),
+                    static_cast<int32_t*>(dcount.get()), nullptr);
+    const auto topk = to_host<int32_t>(dtopk, size_t(rows * k));
+    const auto count = to_host<int32_t>(dcount, size_t(rows));
+    std::vector<float> scratch(static_cast<size_t>(stride));
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<int32_t> want(static_cast<size_t>(k));
+      const int64_t n = ops::topk_ascending(scores.data() + r * stride, slot[size_t(r)] + 1, k, want.data(),
+                                            scratch.data());
+      ASSERT_EQ(count[size_t(r)], n) << "row " << r << " k " << k;
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(topk[size_t(r * k + i)], want[size_t(i)]) << "row " << r << " k " << k;
+    }
+  }
+}
+
+TEST(CudaNn, NormsAndGatesMatchTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  const int64_t rows = 5, d = 300;
+  const auto x = normal(size_t(rows * d), 1), w = normal(size_t(d), 2), b = normal(size_t(d), 3), g = normal(size_t(rows * d), 4);
+  const auto dx = to_device(x), dw = to_device(w), db = to_device(b), dg = to_device(g);
+  cuda::DeviceBuffer dy(size_t(rows * d) * 4);
+  auto check = [&](const std::vector<float>& want, const char* what, double tol) {
+    const auto got = to_host<float>(dy, want.size());
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << what << " element " << i;
+  };
+  std::vector<float> want(size_t(rows * d));
+  ops::rms_norm(x.data(), rows, d, w.data(), 1e-6f, want.data());
+  cuda::rms_norm_rows(dx.f32(), rows, d, d, dw.f32(), 1e-6f, dy.f32(), d);
+  check(want, "rms_norm_rows", 1e-5);
+  ops::layer_norm(x.data(), rows, d, w.data(), b.data(), 1e-6f, want.data());
+  cuda::layer_norm_rows(dx.f32(), rows, d, dw.f32(), db.f32(), 1e-6f, dy.f32());
+  check(want, "layer_norm_rows", 1e-5);
+  ops::swiglu(x.data(), g.data(), rows * d, 1.5f, want.data());
+  cuda::swiglu(dx.f32(), dg.f32(), rows * d, 1.5f, dy.f32());
+  check(want, "swiglu", 1e-6);
+  ops::mul_sigmoid(x.data(), g.data(), rows * d, want.data());
+  cuda::mul_sigmoid(dx.f32(), dg.f32(), rows * d, dy.f32());
+  check(want, "mul_sigmoid", 1e-6);
+}
+
+}  // namespace
+}  // namespace nextn
