@@ -14,10 +14,12 @@
 #include "core/threadpool.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
+#include "models/hy_v4/cuda_blocks.h"
 #include "models/hy_v4/routing.h"
 #include "models/registry.h"
 #include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_test_util.h"
 #include "test_util.h"
 
 namespace nextn {
@@ -26,12 +28,6 @@ namespace {
 using testing::compare;
 
 const std::string kBundled = std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny";
-
-#define SKIP_WITHOUT_GPU()                                          \
-  do {                                                              \
-    std::string why;                                                \
-    if (!cuda::available(&why)) GTEST_SKIP() << "CUDA: " << why;    \
-  } while (0)
 
 std::vector<int32_t> random_prompt(int64_t len, int64_t vocab, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -78,7 +74,7 @@ std::vector<int32_t> prompt_for(const HYV4Model& m, const std::string& dir) {
 }
 
 TEST_P(CudaHYV4, LogitsHiddenAndDraftLogitsMatchTheCpuBackend) {
-  SKIP_WITHOUT_GPU();
+  NEXTN_SKIP_WITHOUT_CUDA();
   const std::string dir = GetParam();
   HYV4Model cpu(dir, &pool_), gpu(dir, &pool_);
   gpu.use_device(Device::kCuda);
@@ -119,7 +115,7 @@ TEST_P(CudaHYV4, LogitsHiddenAndDraftLogitsMatchTheCpuBackend) {
 
 // On the GPU as on the CPU: prefill, then one token at a time, gives the bits of one forward over all of it.
 TEST_P(CudaHYV4, DecodeStepsEqualAFullRecomputeBitForBit) {
-  SKIP_WITHOUT_GPU();
+  NEXTN_SKIP_WITHOUT_CUDA();
   const std::string dir = GetParam();
   HYV4Model m(dir, &pool_);
   m.use_device(Device::kCuda);
@@ -140,7 +136,7 @@ TEST_P(CudaHYV4, DecodeStepsEqualAFullRecomputeBitForBit) {
 
 // Greedy speculation on the GPU: the target's tokens exactly, for k = 1..7.
 TEST_P(CudaHYV4, GreedySpeculationEqualsPlainGreedyForKOneToSeven) {
-  SKIP_WITHOUT_GPU();
+  NEXTN_SKIP_WITHOUT_CUDA();
   const auto model = load_on_gpu(GetParam(), &pool_);
   const ModelFacts& f = model->facts();
   if (f.num_mtp_layers == 0) GTEST_SKIP() << "no MTP layers";
@@ -173,7 +169,7 @@ TEST_P(CudaHYV4, GreedySpeculationEqualsPlainGreedyForKOneToSeven) {
 // n sequences decoding together (greedy and sampled, speculating with k 0..4) give each one's tokens and
 // logprobs bit for bit as it alone, for n up to 64.
 TEST_P(CudaHYV4, SequencesDecodedTogetherMatchEachAloneUpToSixtyFour) {
-  SKIP_WITHOUT_GPU();
+  NEXTN_SKIP_WITHOUT_CUDA();
   const auto model = load_on_gpu(GetParam(), &pool_);
   const ModelFacts& f = model->facts();
   auto request = [&](int i) {
@@ -224,7 +220,7 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaHYV4,
 
 // The router's decisions on the device are the host's (routing.h): the same experts, the same weights.
 TEST(CudaDevice, MoeRoutingOnTheDeviceMatchesTheHost) {
-  SKIP_WITHOUT_GPU();
+  NEXTN_SKIP_WITHOUT_CUDA();
   HYV4Config c;
   c.n_routed_experts = 16;
   c.num_experts_per_tok = 4;
@@ -245,13 +241,7 @@ TEST(CudaDevice, MoeRoutingOnTheDeviceMatchesTheHost) {
   cuda::DeviceBuffer dl(logits.size() * 4), db(f.e_bias.size() * 4), di(ids.size() * 4), dw(w.size() * 4);
   dl.upload(logits.data(), dl.bytes());
   db.upload(f.e_bias.data(), db.bytes());
-  cuda::MoeRouting r;
-  r.experts = E;
-  r.k = k;
-  r.groups = c.n_group;
-  r.topk_group = c.topk_group;
-  r.norm_topk_prob = c.norm_topk_prob;
-  r.routed_scaling_factor = float(c.routed_scaling_factor);
+  const cuda::MoeRouting r = moe_routing(c);
   cuda::moe_route(dl.f32(), db.f32(), S, r, static_cast<int32_t*>(di.get()), dw.f32());
   cuda::synchronize();
   std::vector<int32_t> gids(ids.size());

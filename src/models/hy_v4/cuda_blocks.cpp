@@ -47,6 +47,17 @@ struct HYV4CudaBlocks::Workspace {
   cuda::DeviceBuffer mtp_in, h_prev, logits, lm_in, lm_out, meta_i32, meta_i64;
 };
 
+cuda::MoeRouting moe_routing(const HYV4Config& c) {
+  cuda::MoeRouting r;
+  r.experts = c.n_routed_experts;
+  r.k = c.num_experts_per_tok;
+  r.groups = c.n_group;
+  r.topk_group = c.topk_group;
+  r.norm_topk_prob = c.norm_topk_prob;
+  r.routed_scaling_factor = float(c.routed_scaling_factor);
+  return r;
+}
+
 HYV4CudaBlocks::~HYV4CudaBlocks() = default;
 
 HYV4CudaBlocks::HYV4CudaBlocks(const HYV4Config& config, const HYV4Weights& w)
@@ -495,13 +506,7 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F) {
   const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, I = c.moe_intermediate_size, SK = S * k;
   const ExpertTables& t = experts_.at(&F);
   cuda::matmul(x, S, dev(F.router), w.router.f32());  // [S, E]
-  cuda::MoeRouting r;
-  r.experts = E;
-  r.k = k;
-  r.groups = c.n_group;
-  r.topk_group = c.topk_group;
-  r.norm_topk_prob = c.norm_topk_prob;
-  r.routed_scaling_factor = float(c.routed_scaling_factor);
+  const cuda::MoeRouting r = moe_routing(c);
   int32_t* ids = as<int32_t>(w.moe_i32);  // [S, k] | token_of [S·k] | row_of [S, k] | first [E + 1]
   int32_t *token_of = ids + SK, *row_of = token_of + SK, *first = row_of + SK;
   cuda::moe_route(w.router.f32(), dev(F.e_bias), S, r, ids, w.moe_f32.f32());

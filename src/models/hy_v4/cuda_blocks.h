@@ -17,6 +17,9 @@
 
 namespace nextn {
 
+// The router's settings as the device's routing kernel takes them (the host's route_tokens reads the same).
+cuda::MoeRouting moe_routing(const HYV4Config& c);
+
 class HYV4CudaBlocks final : public HYV4Blocks {
  public:
   // Uploads every weight of w (throws nextn::Error when there is no usable device or too little memory).

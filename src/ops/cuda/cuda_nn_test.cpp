@@ -11,17 +11,12 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "ops/cuda/cuda_test_util.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 
 namespace nextn {
 namespace {
-
-#define SKIP_WITHOUT_CUDA()                                      \
-  do {                                                           \
-    std::string why;                                             \
-    if (!cuda::available(&why)) GTEST_SKIP() << "CUDA: " << why; \
-  } while (0)
 
 std::vector<float> normal(size_t n, uint32_t seed, float sd = 1.f) {
   std::mt19937 rng(seed);
@@ -64,7 +59,7 @@ struct Bf16Weight {
 // Rows of 5 experts (0, 3, 1, 0 and 5 rows) through grouped_matmul: each row within the CPU's rounding of
 // ops::matmul, and bit-identical to the same row run with every expert holding one row.
 TEST(CudaNn, GroupedMatmulMatchesTheCpuAndNoRowDependsOnItsNeighbours) {
-  SKIP_WITHOUT_CUDA();
+  NEXTN_SKIP_WITHOUT_CUDA();
   const int64_t E = 5, out = 96, in = 256;
   std::vector<Bf16Weight> host;
   std::vector<cuda::DeviceLinear> dev;
@@ -102,7 +97,7 @@ TEST(CudaNn, GroupedMatmulMatchesTheCpuAndNoRowDependsOnItsNeighbours) {
 // The DSA top-k: the CPU's indices for every row (scores with many exact ties, as ReLU scores have), for k
 // below, at and above the row's length.
 TEST(CudaNn, TopkRowsPicksTheCpusIndicesTiesIncluded) {
-  SKIP_WITHOUT_CUDA();
+  NEXTN_SKIP_WITHOUT_CUDA();
   const int64_t rows = 40, stride = 700;
   std::mt19937 rng(5);
   std::vector<float> scores(size_t(rows * stride), 0.f);
@@ -134,7 +129,7 @@ TEST(CudaNn, TopkRowsPicksTheCpusIndicesTiesIncluded) {
 }
 
 TEST(CudaNn, NormsAndGatesMatchTheCpu) {
-  SKIP_WITHOUT_CUDA();
+  NEXTN_SKIP_WITHOUT_CUDA();
   const int64_t rows = 5, d = 300;
   const auto x = normal(size_t(rows * d), 1), w = normal(size_t(d), 2), b = normal(size_t(d), 3), g = normal(size_t(rows * d), 4);
   const auto dx = to_device(x), dw = to_device(w), db = to_device(b), dg = to_device(g);

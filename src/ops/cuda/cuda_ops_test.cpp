@@ -14,16 +14,11 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
+#include "ops/cuda/cuda_test_util.h"
 #include "ops/ops.h"
 
 namespace nextn {
 namespace {
-
-#define SKIP_WITHOUT_CUDA()                                              \
-  do {                                                                   \
-    std::string why;                                                     \
-    if (!cuda::available(&why)) GTEST_SKIP() << "CUDA: " << why;         \
-  } while (0)
 
 // A random weight as a checkpoint stores it, with the bytes it points into.
 struct HostWeight {
@@ -140,7 +135,7 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 }
 
 TEST(CudaOps, MatmulMatchesTheCpuOverManyShapes) {
-  SKIP_WITHOUT_CUDA();
+  NEXTN_SKIP_WITHOUT_CUDA();
   uint32_t seed = 1;
   for (const Shape& s : shapes()) {
     const HostWeight h = make_weight(s.dtype, s.scale_dtype, s.out, s.in, s.in + s.pad, s.bias, seed++);
@@ -172,7 +167,7 @@ TEST(CudaOps, MatmulMatchesTheCpuOverManyShapes) {
 // The launch shape follows M (columns per warp, rows per pass): every shape must give each row the bits of
 // the one-row call.
 TEST(CudaOps, MatmulRowsDoNotDependOnTheBatch) {
-  SKIP_WITHOUT_CUDA();
+  NEXTN_SKIP_WITHOUT_CUDA();
   uint32_t seed = 100;
   for (const Shape& s : shapes()) {
     const HostWeight h = make_weight(s.dtype, s.scale_dtype, s.out, s.in, s.in + s.pad, s.bias, seed++);
@@ -204,7 +199,7 @@ TEST(CudaOps, MatmulRowsDoNotDependOnTheBatch) {
 // itself (the other products are zeros), at one row (each weight decoded as it is consumed) and at 256 rows
 // (each decoded vector shared by the rows of a pass).
 TEST(CudaOps, Fp8DecodesEveryCodeExactlyAtEveryScale) {
-  SKIP_WITHOUT_CUDA();
+  NEXTN_SKIP_WITHOUT_CUDA();
   const int64_t in = 256, out = 256;  // row n holds the codes n, n + 1, ... (mod 256); scale blocks of 128
   HostWeight h = make_weight(DType::F8_E4M3, DType::F32, out, in, in, false, 5);
   for (int64_t n = 0; n < out; ++n)
@@ -237,7 +232,7 @@ TEST(CudaOps, Fp8DecodesEveryCodeExactlyAtEveryScale) {
 }
 
 TEST(CudaOps, RmsNormMatchesTheCpu) {
-  SKIP_WITHOUT_CUDA();
+  NEXTN_SKIP_WITHOUT_CUDA();
   for (int64_t d : {1, 7, 256, 1000, 7168}) {
     const int64_t rows = 5;
     const std::vector<float> x = random_rows(rows, d, uint32_t(d)), wt = random_rows(1, d, uint32_t(d + 1));
@@ -255,7 +250,7 @@ TEST(CudaOps, RmsNormMatchesTheCpu) {
 }
 
 TEST(CudaOps, RefusesWhatTheKernelsDoNotTake) {
-  SKIP_WITHOUT_CUDA();
+  NEXTN_SKIP_WITHOUT_CUDA();
   HostWeight h = make_weight(DType::BF16, DType::F32, 4, 4, 4, false, 7);
   h.w.dtype = DType::F16;
   EXPECT_THROW(cuda::upload(h.w), Error);
