@@ -444,7 +444,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
     cuda::scale(w.iw.f32(), S * nih, 1.0f / std::sqrt(float(nih)), 1.0f / std::sqrt(float(ihd)));
     cuda::indexer_scores(w.iq.f32(), w.iw.f32(), S, nih, ihd, rc_, index_plane, w.positions, w.scores.f32(),
                          w.positions);
-    cuda::topk_rows(w.scores.f32(), S, w.positions, rc_, K, topk, count, nullptr);
+    cuda::topk_rows(w.scores.f32(), S, w.positions, rc_, K, topk, count);
   }
   if (any_forced_)
     cuda::override_selection(topk, count, S, K, as<int32_t>(w.forced), as<int32_t>(w.meta_i32) + 4 * S);

@@ -279,9 +279,8 @@ constexpr int kTopkThreads = kThreads;
 // The CPU's selection (ops::topk_ascending): the k-th largest key found bit by bit, then the keys above it
 // and the lowest-slot keys equal to it, in ascending slot order.
 __global__ void topk_rows_kernel(const float* scores, int64_t ss, RowCaches rc, int64_t k, int32_t* topk,
-                                 int32_t* count, const int32_t* mask) {
+                                 int32_t* count) {
   const int64_t r = blockIdx.x;
-  if (mask && !mask[r]) return;
   const float* x = scores + r * ss;
   const int64_t n = int64_t(rc.slot[r]) + 1;
   int32_t* out = topk + r * k;
@@ -550,12 +549,6 @@ void copy_to_device(void* dst, const void* host_src, size_t bytes) {
 void copy_to_host(void* host_dst, const void* src, size_t bytes) {
   if (bytes) check(cudaMemcpy(host_dst, src, bytes, cudaMemcpyDeviceToHost), "copy to host");
 }
-void copy_on_device(void* dst, const void* src, size_t bytes) {
-  if (bytes) check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, 0), "copy on device");
-}
-void fill_zero(void* dst, size_t bytes) {
-  if (bytes) check(cudaMemsetAsync(dst, 0, bytes, 0), "fill");
-}
 void copy_cols(const float* src, int64_t rows, int64_t cols, int64_t src_stride, float* dst, int64_t dst_stride) {
   if (rows <= 0 || cols <= 0) return;
   copy_cols_kernel<<<unsigned(rows), 128>>>(src, cols, src_stride, dst, dst_stride);
@@ -676,9 +669,9 @@ void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads,
 }
 
 void topk_rows(const float* scores, int64_t rows, int64_t score_stride, const RowCaches& rc, int64_t k,
-               int32_t* topk, int32_t* count, const int32_t* rows_mask) {
+               int32_t* topk, int32_t* count) {
   if (rows <= 0) return;
-  topk_rows_kernel<<<unsigned(rows), kTopkThreads>>>(scores, score_stride, rc, k, topk, count, rows_mask);
+  topk_rows_kernel<<<unsigned(rows), kTopkThreads>>>(scores, score_stride, rc, k, topk, count);
   launched("topk_rows");
 }
 

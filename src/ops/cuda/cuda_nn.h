@@ -17,8 +17,6 @@ namespace nextn::cuda {
 // ---- memory
 void copy_to_device(void* dst, const void* host_src, size_t bytes);
 void copy_to_host(void* host_dst, const void* src, size_t bytes);  // waits for the kernels queued before it
-void copy_on_device(void* dst, const void* src, size_t bytes);
-void fill_zero(void* dst, size_t bytes);
 // dst[r, 0..cols) = src[r, 0..cols) for r < rows (rows src_stride / dst_stride floats apart).
 void copy_cols(const float* src, int64_t rows, int64_t cols, int64_t src_stride, float* dst, int64_t dst_stride);
 // dst[i] = src[idx[i]] rows of `width` floats, i < n.
@@ -85,9 +83,9 @@ void write_cache_rows(const float* src, int64_t rows, int64_t width, int64_t src
 void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads, int64_t dim, const RowCaches& rc,
                     int plane, int64_t max_keys, float* out, int64_t out_stride);
 // The k largest of scores[r, 0..slot[r]] (ties: the lower slot), ascending, into topk[r, 0..count[r]) (all
-// the slots when there are at most k); scores are never NaN. rows_mask: rows whose flag is 0 are left alone.
+// the slots when there are at most k); scores are never NaN.
 void topk_rows(const float* scores, int64_t rows, int64_t score_stride, const RowCaches& rc, int64_t k,
-               int32_t* topk, int32_t* count, const int32_t* rows_mask);
+               int32_t* topk, int32_t* count);
 // Rows whose forced_count >= 0 take forced[r, 0..forced_count[r]) as their selection.
 void override_selection(int32_t* topk, int32_t* count, int64_t rows, int64_t k, const int32_t* forced,
                         const int32_t* forced_count);

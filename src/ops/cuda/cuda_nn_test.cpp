@@ -114,7 +114,7 @@ TEST(CudaNn, TopkRowsPicksTheCpusIndicesTiesIncluded) {
   for (int64_t k : {1, 7, 64, 300, 700}) {
     cuda::DeviceBuffer dtopk(size_t(rows * k) * 4), dcount(size_t(rows) * 4);
     cuda::topk_rows(ds.f32(), rows, stride, rc, k, static_cast<int32_t*>(dtopk.get()),
-                    static_cast<int32_t*>(dcount.get()), nullptr);
+                    static_cast<int32_t*>(dcount.get()));
     const auto topk = to_host<int32_t>(dtopk, size_t(rows * k));
     const auto count = to_host<int32_t>(dcount, size_t(rows));
     std::vector<float> scratch(static_cast<size_t>(stride));

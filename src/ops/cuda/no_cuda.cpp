@@ -40,8 +40,6 @@ double copy_bandwidth_gbps(size_t, int) { unavailable(); }
 
 void copy_to_device(void*, const void*, size_t) { unavailable(); }
 void copy_to_host(void*, const void*, size_t) { unavailable(); }
-void copy_on_device(void*, const void*, size_t) { unavailable(); }
-void fill_zero(void*, size_t) { unavailable(); }
 void copy_cols(const float*, int64_t, int64_t, int64_t, float*, int64_t) { unavailable(); }
 void gather_rows(const float*, int64_t, const int32_t*, int64_t, float*) { unavailable(); }
 void add(float*, const float*, int64_t) { unavailable(); }
@@ -68,7 +66,7 @@ void indexer_scores(const float*, const float*, int64_t, int64_t, int64_t, const
                     int64_t) {
   unavailable();
 }
-void topk_rows(const float*, int64_t, int64_t, const RowCaches&, int64_t, int32_t*, int32_t*, const int32_t*) {
+void topk_rows(const float*, int64_t, int64_t, const RowCaches&, int64_t, int32_t*, int32_t*) {
   unavailable();
 }
 void override_selection(int32_t*, int32_t*, int64_t, int64_t, const int32_t*, const int32_t*) { unavailable(); }
