@@ -3,6 +3,7 @@
 // (128x128 block scales), as a fraction of what a device-to-device copy reaches.
 //
 //   ./build/bin/nextn_bench_cuda [--gib 4] [--out 8192] [--in 8192]
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <algorithm>
@@ -47,7 +48,7 @@ int main(int argc, char** argv) {
   std::printf("device: %s\n", cuda::device_name().c_str());
   const double copy = cuda::copy_bandwidth_gbps(size_t(2) << 30, 20);
   std::printf("device copy bandwidth (read + write): %.0f GB/s\n", copy);
-  std::printf("| weights | M | GB/s read | of copy bandwidth |\n|---|---:|---:|---:|\n");
+  std::printf("| weights | M | GB/s read | of copy bandwidth | output hash |\n|---|---:|---:|---:|---|\n");
   for (DType t : {DType::BF16, DType::F8_E4M3}) {
     const size_t es = dtype_size(t);
     const int64_t per = out * in * int64_t(es);
@@ -69,15 +70,25 @@ int main(int argc, char** argv) {
     }
     std::vector<cuda::DeviceLinear> ws;
     for (int i = 0; i < n_mats; ++i) ws.push_back(cuda::upload(w));
-    cuda::DeviceBuffer x(size_t(8 * in) * 4), y(size_t(8 * out) * 4);
-    std::vector<float> hx(size_t(8 * in), 0.01f);
+    cuda::DeviceBuffer x(size_t(16 * in) * 4), y(size_t(16 * out) * 4);
+    std::vector<float> hx(size_t(16 * in));
+    for (size_t i = 0; i < hx.size(); ++i) hx[i] = float(int((i * 2654435761u >> 7) % 2001) - 1000) * 1e-3f;
     x.upload(hx.data(), hx.size() * 4);
-    for (int64_t M : {1, 2, 4, 8}) {
+    for (int64_t M : {1, 2, 4, 8, 13}) {
       Run r{&ws, x.f32(), y.f32(), M};
       const double s = cuda::time_device(10, run_all, &r);
       const double gbps = double(per) * n_mats / s / 1e9;
-      std::printf("| %s %d x %lldx%lld | %lld | %.0f | %.2f |\n", dtype_name(t), n_mats, (long long)out, (long long)in,
-                  (long long)M, gbps, gbps / copy);
+      // (a hash of the last matrix's output, so that kernel variants can be checked for the same bits)
+      std::vector<float> hy(size_t(M * out));
+      y.download(hy.data(), hy.size() * 4);
+      uint64_t h = 1469598103934665603ull;
+      for (float v : hy) {
+        uint32_t b;
+        std::memcpy(&b, &v, 4);
+        h = (h ^ b) * 1099511628211ull;
+      }
+      std::printf("| %s %d x %lldx%lld | %lld | %.0f | %.2f | %016llx |\n", dtype_name(t), n_mats, (long long)out,
+                  (long long)in, (long long)M, gbps, gbps / copy, (unsigned long long)h);
     }
   }
   return 0;
