@@ -96,13 +96,16 @@ constexpr int kShortRowsOne = 8;
 constexpr int kShortRowsOne = kFusedRows<1>;
 #endif
 
-// Decode two weight vectors per step in the fused tiles (FP8: one double-width integer stage; needs the
-// registers of AVX-512).
+// Decode two weight vectors per step in the fused tiles (FP8: one double-width integer stage). On AVX-512
+// for every weight type; on AVX2 (16 registers) for FP8 only, whose decode is most of the work there: one
+// widen + shift + mask per 16 weights instead of per 8 gave 9-17% more FP8 weights per second at M = 1..8
+// on an AMD EPYC (docs/performance.md, "Seventeenth session").
 #if HWY_TARGET != HWY_SCALAR && HWY_TARGET <= HWY_AVX3
-constexpr bool kPairDecode = true;
+constexpr bool kPairDecodeAll = true;
 #else
-constexpr bool kPairDecode = false;
+constexpr bool kPairDecodeAll = false;
 #endif
+constexpr bool kPairDecodeFp8 = HWY_TARGET != HWY_SCALAR;
 
 constexpr int64_t kPanelRows = 16;        // weight rows decoded per panel (at most)
 constexpr int64_t kPanelBytes = 512 << 10;  // fp32 scratch budget of a panel (L2)
@@ -191,10 +194,16 @@ struct DecFP8 {
 #endif
 };
 
+// Whether the loops over k of decoder Dec's weights take two vectors per step (see kPairDecodeAll).
+template <class Dec>
+constexpr bool kIsFp8 = std::is_same_v<Dec, DecFP8> || std::is_same_v<Dec, DecFP8Raw>;
+template <class Dec>
+constexpr bool kPairDecode = kPairDecodeAll || (kPairDecodeFp8 && kIsFp8<Dec>);
+
 // Elements [0, 2N) as two vectors: the decoder's own double-width path if it has one.
 template <class Dec>
 HWY_INLINE void Load2(DF d, const typename Dec::T* p, VF scale, VF& lo, VF& hi) {
-  if constexpr (kPairDecode && (std::is_same_v<Dec, DecFP8> || std::is_same_v<Dec, DecFP8Raw>)) {
+  if constexpr (kPairDecodeFp8 && kIsFp8<Dec>) {
     Dec::Load2(d, p, scale, lo, hi);
   } else {
     lo = Dec::Load(d, p, scale);
@@ -246,7 +255,7 @@ void DecodeRange(DF d, const Weight& w, int64_t n, int64_t k0, int64_t k1, float
     const VF s = SegmentScale<Dec>(d, w, n, s0);
     const int64_t b = std::max(s0, k0), e = std::min({s0 + seg, k1, Kfull});
     int64_t k = b;
-    if constexpr (kPairDecode) {
+    if constexpr (kPairDecode<Dec>) {
       for (; k + 2 * N <= e; k += 2 * N) {
         VF lo, hi;
         Load2<Dec>(d, row + k, s, lo, hi);
@@ -315,7 +324,7 @@ HWY_NOINLINE void FusedTile(const Weight& w, const float* const* xr, const float
       for (int r = 0; r < R; ++r) s[r] = SegmentScale<Dec>(d, w, n + r, s0);
     const int64_t e = std::min(s0 + seg, Kfull);
     int64_t k = s0;
-    if constexpr (kPairDecode) {
+    if constexpr (kPairDecode<Dec>) {
       for (; k + 2 * N <= e; k += 2 * N) {
         if constexpr (!kStore)  // (with several x tiles the loop is compute-bound: no prefetch)
           for (int r = 0; r < R; ++r)
@@ -635,7 +644,7 @@ HWY_NOINLINE void StreamTile(const Weight& w, const int64_t* row, const float* c
   VF acc[R];
   for (int r = 0; r < R; ++r) acc[r] = hn::Zero(d);
   int64_t k = 0;
-  if constexpr (kPairDecode) {
+  if constexpr (kPairDecode<DecFP8Raw>) {
     for (; k + 2 * N <= Kfull; k += 2 * N) {
       for (int r = 0; r < R; ++r) __builtin_prefetch(rows[r] + pf + k, 0, 2);
       for (int r = 0; r < R; ++r) {
