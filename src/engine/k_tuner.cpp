@@ -9,8 +9,17 @@ namespace nextn {
 
 namespace {
 constexpr double kDecay = 0.8;  // round times, per round measured at that k: the last ~5 rounds dominate
-constexpr double kAcceptDecay = 0.95;  // acceptance, per draft tried at that position: the last ~20
+// Acceptance, per draft tried at that position: the last ~50 tries. (With ~20, a run of rejections at
+// a position accepted 60% of the time made k = 1 look slower than plain decoding often enough that the
+// tuner sat at k = 0 for hundreds of rounds, drafting nothing that could correct it: 5.8% regret at 2000
+// tokens in the "hard text" scenario of k_tuner_sim.h, 2.4% with 50.)
+constexpr double kAcceptDecay = 0.98;
 constexpr double kPriorTries = 2.0;
+// Position 1 starts from this acceptance, worth KTuner::kFirstPriorTries tries: the first rounds' two or three
+// drafts alone said 0% or 100%, and an unlucky start at 0 sent the climb back to plain decoding, where no
+// draft is tried. (MTP heads' first drafts are accepted 60-90% of the time on their own model's text;
+// k_tuner_sim.h's "drafts rarely accepted" scenario, at 20%, pays 0.2% for it at 128 tokens.)
+constexpr double kFirstPrior = 0.65;
 // A round time more than this factor above k's average so far counts as that far: on a shared machine one
 // step in a few runs 2x slow (another tenant, an interrupt), and a 3-round probe must not let one such step
 // decide between k (the average still follows a real slow-down, by this factor per round). A faster round
@@ -38,10 +47,14 @@ constexpr double kArrivalDecay = 0.98;
 constexpr double kStaleWeight = 0.05;
 }
 
-KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval)
-    : k_max_(k_max), probe_rounds_(probe_rounds), reprobe_interval_(reprobe_interval), interval_(reprobe_interval) {
-  if (k_max < 0 || probe_rounds < 1 || reprobe_interval < 1)
-    throw Error("KTuner: needs k_max >= 0, probe_rounds >= 1, reprobe_interval >= 1");
+KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval, double first_prior_tries)
+    : k_max_(k_max),
+      probe_rounds_(probe_rounds),
+      reprobe_interval_(reprobe_interval),
+      first_prior_tries_(first_prior_tries),
+      interval_(reprobe_interval) {
+  if (k_max < 0 || probe_rounds < 1 || reprobe_interval < 1 || !(first_prior_tries >= 0))
+    throw Error("KTuner: needs k_max >= 0, probe_rounds >= 1, reprobe_interval >= 1, first_prior_tries >= 0");
   seconds_.assign(k_max + 1, 0.0);
   weight_.assign(k_max + 1, 0.0);
   accepted_.assign(k_max, 0.0);
@@ -50,12 +63,13 @@ KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval)
 }
 
 double KTuner::expected_tokens(int k) const {
-  double tokens = 1.0, reach = 1.0, rate = 1.0;
+  // (without a prior, an untried position counts as accepted: the climb then measures it)
+  double tokens = 1.0, reach = 1.0, rate = first_prior_tries_ > 0 ? kFirstPrior : 1.0;
   for (int i = 1; i <= k; ++i) {
     // Position i > 1 is tried only when every draft before it was accepted, so early on a rate rests on
     // a try or two: it starts from the rate before it (rates fall with the position), worth kPriorTries
     // tries, instead of being taken as 0 or 1 from one draw (and then never measured again).
-    const double prior = i == 1 ? 0.0 : kPriorTries;
+    const double prior = i == 1 ? first_prior_tries_ : kPriorTries;
     if (tried_[i - 1] + prior > 0) rate = (accepted_[i - 1] + prior * rate) / (tried_[i - 1] + prior);
     reach *= rate;
     tokens += reach;
@@ -241,8 +255,11 @@ void KTuner::end_probe() {
     }
   }
   if (best_before_probe_ >= 0) {
-    // A re-measure that changed nothing: wait twice as long for the next (up to 8x); else back to 1x.
-    interval_ = best() == best_before_probe_ ? std::min(2 * interval_, 8 * reprobe_interval_) : reprobe_interval_;
+    // A re-measure that changed nothing: wait twice as long for the next (up to 8x); else back to 1x. Not
+    // while plain decoding is best: its rounds try no draft, so only these probes can show that drafting
+    // pays again (the probe budget, not the interval, keeps them cheap where it does not).
+    interval_ = best() == best_before_probe_ && best_before_probe_ != 0 ? std::min(2 * interval_, 8 * reprobe_interval_)
+                                                                       : reprobe_interval_;
     best_before_probe_ = -1;
   }
 }
