@@ -15,10 +15,11 @@ constexpr double kDecay = 0.8;  // round times, per round measured at that k: th
 // tokens in the "hard text" scenario of k_tuner_sim.h, 2.4% with 50.)
 constexpr double kAcceptDecay = 0.98;
 constexpr double kPriorTries = 2.0;
-// Position 1 starts from this acceptance, worth KTuner::kFirstPriorTries tries: the first rounds' two or three
-// drafts alone said 0% or 100%, and an unlucky start at 0 sent the climb back to plain decoding, where no
-// draft is tried. (MTP heads' first drafts are accepted 60-90% of the time on their own model's text;
-// k_tuner_sim.h's "drafts rarely accepted" scenario, at 20%, pays 0.2% for it at 128 tokens.)
+// Position 1 starts from this acceptance, as KTuner::kFirstPriorTries tries that age like the rounds' own
+// (after ~50 real tries it has faded to a few percent): the first rounds' two or three drafts alone said 0% or
+// 100%, and an unlucky start at 0 sent the climb back to plain decoding, where no draft is tried. (MTP heads'
+// first drafts are accepted 60-90% of the time on their own model's text; k_tuner_sim.h's "drafts rarely
+// accepted" scenario, at 20%, pays 0.2% for it at 128 tokens.)
 constexpr double kFirstPrior = 0.65;
 // A round time more than this factor above k's average so far counts as that far: on a shared machine one
 // step in a few runs 2x slow (another tenant, an interrupt), and a 3-round probe must not let one such step
@@ -51,7 +52,6 @@ KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval, double first_p
     : k_max_(k_max),
       probe_rounds_(probe_rounds),
       reprobe_interval_(reprobe_interval),
-      first_prior_tries_(first_prior_tries),
       interval_(reprobe_interval) {
   if (k_max < 0 || probe_rounds < 1 || reprobe_interval < 1 || !(first_prior_tries >= 0))
     throw Error("KTuner: needs k_max >= 0, probe_rounds >= 1, reprobe_interval >= 1, first_prior_tries >= 0");
@@ -60,16 +60,19 @@ KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval, double first_p
   accepted_.assign(k_max, 0.0);
   tried_.assign(k_max, 0.0);
   rounds_.assign(k_max + 1, 0);
+  if (k_max > 0) {  // the prior of position 1: tries that age like the rounds' own
+    accepted_[0] = kFirstPrior * first_prior_tries;
+    tried_[0] = first_prior_tries;
+  }
 }
 
 double KTuner::expected_tokens(int k) const {
-  // (without a prior, an untried position counts as accepted: the climb then measures it)
-  double tokens = 1.0, reach = 1.0, rate = first_prior_tries_ > 0 ? kFirstPrior : 1.0;
+  double tokens = 1.0, reach = 1.0, rate = 1.0;  // (an untried position counts as accepted)
   for (int i = 1; i <= k; ++i) {
     // Position i > 1 is tried only when every draft before it was accepted, so early on a rate rests on
     // a try or two: it starts from the rate before it (rates fall with the position), worth kPriorTries
     // tries, instead of being taken as 0 or 1 from one draw (and then never measured again).
-    const double prior = i == 1 ? first_prior_tries_ : kPriorTries;
+    const double prior = i == 1 ? 0.0 : kPriorTries;
     if (tried_[i - 1] + prior > 0) rate = (accepted_[i - 1] + prior * rate) / (tried_[i - 1] + prior);
     reach *= rate;
     tokens += reach;

@@ -71,7 +71,6 @@ class KTuner {
 
  private:
   int k_max_, probe_rounds_, reprobe_interval_;
-  double first_prior_tries_;
   double expected_tokens(int k) const;  // 1 + Σ_j Π_{i<=j} accept rate of position i, j <= k
   double plain_seconds_per_token() const;  // k = 0's, scaled as a pending rescale will (0: not measured)
   bool may_probe(int k) const;            // the budget allows starting a probe of k
