@@ -76,6 +76,7 @@ void Engine::step() {
   // sequence drafts later). While k > 0 runs, the arrivals' MTP prefill is charged to k > 0.
   plain_now_ = tuner && k_batch == 0 && !tuner->probing();
   arrival_draft_seconds_ = 0;
+  const uint64_t one_offs = model_.one_off_forwards();
 
   draft_all(k_batch);
   // Gather every sequence's rows: decoding rounds first, then prompts.
@@ -110,18 +111,25 @@ void Engine::step() {
   const bool timed = tuner && rounds > 0 && decoded_ &&
                      (!prompts || tuner->probing() || unmeasured_steps_ >= kMaxUnmeasured);
   decoded_ = decoded_ || rounds > 0;
+  // And a step whose drafts or rounds' forward did one-off work (on the GPU: a shape's first run and its
+  // graph recording, several times a replay) is none either: charged to a probe, it ended k = 1's probes
+  // at 8-64 sequences in debt after two steps, and plain decoding kept the batch though k = 1 was faster.
   double prefill_seconds = 0;
+  bool one_off = false;
   if (timed && prompts) {
     run_forward(0, rounds);
+    one_off = model_.one_off_forwards() != one_offs;
     const auto t_prefill = Clock::now();
     run_forward(rounds, members_.size());
     prefill_seconds = seconds_since(t_prefill);
   } else {
     run_forward(0, members_.size());
+    one_off = model_.one_off_forwards() != one_offs;
   }
   if (tuner) {
-    unmeasured_steps_ = timed ? 0 : unmeasured_steps_ + 1;
-    record_tuner(*tuner, timed ? seconds_since(t0) - prefill_seconds : -1.0);
+    const bool measured = timed && !one_off;
+    unmeasured_steps_ = measured ? 0 : unmeasured_steps_ + 1;
+    record_tuner(*tuner, timed ? seconds_since(t0) - prefill_seconds : -1.0, one_off);
     // (the arrivals' MTP prefill is a cost of the k > 0 this step ran; deferred under plain decoding)
     if (k_batch > 0) tuner->record_arrival_overhead(arrival_draft_seconds_, double(rounds));
   }
@@ -219,7 +227,7 @@ KTuner& Engine::tuner_for(int64_t tuned_sequences) {
 // The batch's k is judged by the step's time per decoding sequence (prompts' time excluded: a step with
 // prompts is timed only when step() ran them apart) and by each tuned sequence's tokens: the tuner then
 // minimizes the batch's time per token.
-void Engine::record_tuner(KTuner& tuner, double step_seconds) {
+void Engine::record_tuner(KTuner& tuner, double step_seconds, bool one_off) {
   int64_t rounds = 0, tuned_rounds = 0;
   for (size_t i = 0; i < members_.size(); ++i) {
     const bool round = was_round_[i] && !members_[i]->failed();
@@ -238,6 +246,10 @@ void Engine::record_tuner(KTuner& tuner, double step_seconds) {
     // resuming speculation cost: the probe budget pays it)
     const double seconds = step_seconds / double(rounds) - r.backlog_seconds;
     const auto& seam = s.spec().round_seconds_for_tests;
+    if (one_off && !seam) {
+      tuner.record_one_off(r.k_chosen, seconds + r.backlog_seconds, r.emitted, weight);
+      continue;
+    }
     tuner.record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : seconds, r.emitted, r.drafts_judged, weight,
                  seam ? 0.0 : r.backlog_seconds);
   }

@@ -63,8 +63,9 @@ class Engine {
   void run_forward(size_t begin, size_t end);
   void draft_all(int k_batch);
   KTuner& tuner_for(int64_t tuned_sequences);
-  // step_seconds < 0: the step is not a measurement (its rounds only count in the sequences' stats).
-  void record_tuner(KTuner& tuner, double step_seconds);
+  // step_seconds < 0: the step is not a measurement (its rounds only count in the sequences' stats);
+  // one_off: it did one-off work (Model::one_off_forwards), and its time only pays from the probe budget.
+  void record_tuner(KTuner& tuner, double step_seconds, bool one_off);
 
   Model& model_;
   EngineOptions options_;

@@ -232,6 +232,14 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
   if (probe_left_ <= 1e-6 || in_debt) end_probe();
 }
 
+void KTuner::record_one_off(int k, double seconds, int emitted, double weight) {
+  if (k < 0 || k > k_max_ || emitted <= 0 || !(seconds >= 0) || !(weight > 0 && weight <= 1)) return;
+  ++rounds_[k];
+  const double before = budget_;
+  charge(k, seconds, emitted, weight);
+  if (probe_left_ > 0 && k == probe_k_) probe_overhead_ += before - budget_;
+}
+
 void KTuner::start_probe(int k) {
   probe_k_ = k;
   probe_left_ = probe_rounds_;

@@ -62,6 +62,10 @@ class KTuner {
   // `rounds` sequence-rounds (as record's times are per sequence); a decaying average per round is added
   // to every k > 0's time (no round's time shows that cost, which only speculation pays).
   void record_arrival_overhead(double seconds, double rounds);
+  // A round of a step that did one-off work (a GPU backend's first run of a shape, its graph recording):
+  // no measure of k, but what it cost is paid from the probe budget (it does not stop a probe, as a
+  // catch-up does not).
+  void record_one_off(int k, double seconds, int emitted, double weight = 1.0);
   int best() const;  // the k with the lowest time per token so far (k = 0 keeps near-ties)
   int k_max() const { return k_max_; }
   double seconds_per_token(int k) const;        // 0 when k was never measured

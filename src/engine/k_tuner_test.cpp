@@ -209,6 +209,24 @@ TEST(KTuner, AProbeInDebtStopsAndWaitsForTheBudget) {
   EXPECT_GE(t.budget_tokens(), 0.0);
 }
 
+// A step that did one-off work (a GPU shape's first run or graph recording) says nothing about its k: its
+// time leaves the averages alone and the probe going, but the budget pays for it.
+TEST(KTuner, AOneOffStepPaysFromTheBudgetButMeasuresNothing) {
+  KTuner t(1, 3, 1000, kExactRates);
+  for (int r = 0; r < 3; ++r) t.record(t.next(), 1.0, 1);
+  ASSERT_EQ(t.next(), 1);
+  ASSERT_TRUE(t.probing());
+  const double budget = t.budget_tokens();
+  t.record_one_off(1, 10.0, 2);  // ten plain steps' time for two tokens
+  EXPECT_EQ(t.seconds_per_token(1), 0.0);  // still unmeasured
+  EXPECT_NEAR(t.budget_tokens(), budget + 0.005 * 10.0 + 2.0 - 10.0, 1e-9);
+  EXPECT_TRUE(t.probing());  // (8 tokens in debt, but a one-off does not stop the probe)
+  EXPECT_EQ(t.rounds()[1], 1);
+  t.record(1, 1.2, 2);
+  EXPECT_DOUBLE_EQ(t.seconds_per_token(1), 1.2 / 2.0);
+  EXPECT_TRUE(t.probing());
+}
+
 // Rounds that beat plain decoding bank their gain, up to 32 plain tokens' time.
 TEST(KTuner, GainsBankUpToThirtyTwoPlainTokens) {
   KTuner t(1, 3, 1000, kExactRates);

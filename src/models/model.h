@@ -144,6 +144,9 @@ class Model {
   virtual size_t checkpoint_bytes() const = 0;
   virtual size_t weight_bytes_total() const = 0;
   virtual size_t last_forward_weight_bytes() const = 0;
+  // Forwards (target or MTP) so far that did one-off work a later forward of the same shape will not (a GPU
+  // backend's first run of a shape and its graph recording): a step with one is no measure of speed.
+  virtual uint64_t one_off_forwards() const { return 0; }
   // Bytes of KV memory one position of a sequence takes in the target's layers (what a decode step reads per
   // cached position when it reads the whole cache), plus those of all its MTP layers when `drafting`.
   virtual int64_t kv_bytes_per_position(bool drafting) const = 0;

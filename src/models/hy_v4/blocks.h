@@ -75,6 +75,9 @@ class HYV4Blocks {
   // Every block of the forward has been called; what follows reads its results (a backend that records
   // forwards, the CUDA one, closes or replays the recording here).
   virtual void finish() {}
+  // Forwards so far that did one-off work a later forward of the same shape will not (CUDA: a shape's first,
+  // eager run and its graph's recording): their time is no measure of speed.
+  virtual uint64_t one_off_forwards() const { return 0; }
 
   // hidden rows [first, first + rows) -> out [rows, H] (host memory).
   virtual void read_hidden(int64_t first, int64_t rows, float* out) = 0;

@@ -321,7 +321,9 @@ bool HYV4CudaBlocks::replay_or_record(uintptr_t which) {
     mode_ = Mode::kReplaying;
     return true;
   }
-  if (++seen_[key_] >= 2 && graphs_.size() < kMaxGraphs) {
+  if (graphs_.size() >= kMaxGraphs) return false;  // (eager from here on: the steady state, not a one-off)
+  ++one_offs_;
+  if (++seen_[key_] >= 2) {
     cuda::begin_capture();
     mode_ = Mode::kRecording;
   }

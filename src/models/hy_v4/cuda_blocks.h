@@ -75,11 +75,13 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   // At a forward's first block: replay its shape's graph (true: queue nothing), or record or run it.
   bool replay_or_record(uintptr_t which);
   void read_selections();  // the spans' last_topk, from the device
+  uint64_t one_off_forwards() const override { return one_offs_; }
   void forget_graphs();
   Mode mode_ = Mode::kEager;
   GraphKey key_{};
   std::map<GraphKey, cuda::Graph> graphs_;
   std::map<GraphKey, int> seen_;
+  uint64_t one_offs_ = 0;  // forwards that ran eagerly or recorded while their shape could still be recorded
 
   // The current forward (begin()): its spans, rows, and the device view of its rows' caches.
   std::vector<HYV4RowSpan> spans_;

@@ -161,6 +161,7 @@ class HYV4Model : public Model {
   // rows actually used (each used expert counts once, however many rows chose it). With MoE, k+1
   // independently routed rows touch up to k+1 times the experts of one: the floor under a verify step.
   size_t last_forward_weight_bytes() const override;
+  uint64_t one_off_forwards() const override { return blocks_->one_off_forwards(); }
   // Target: per layer its key plane (kv_lora + rope) and, with its own indexer, its index plane; drafting adds
   // one key and one index plane per MTP layer (fp32).
   int64_t kv_bytes_per_position(bool drafting) const override;
