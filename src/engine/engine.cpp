@@ -114,17 +114,14 @@ void Engine::step() {
   // And a step whose drafts or rounds' forward did one-off work (on the GPU: a shape's first run and its
   // graph recording, several times a replay) is none either: charged to a probe, it ended k = 1's probes
   // at 8-64 sequences in debt after two steps, and plain decoding kept the batch though k = 1 was faster.
+  const bool split = timed && prompts;
+  run_forward(0, split ? rounds : members_.size());
+  const bool one_off = model_.one_off_forwards() != one_offs;
   double prefill_seconds = 0;
-  bool one_off = false;
-  if (timed && prompts) {
-    run_forward(0, rounds);
-    one_off = model_.one_off_forwards() != one_offs;
+  if (split) {
     const auto t_prefill = Clock::now();
     run_forward(rounds, members_.size());
     prefill_seconds = seconds_since(t_prefill);
-  } else {
-    run_forward(0, members_.size());
-    one_off = model_.one_off_forwards() != one_offs;
   }
   if (tuner) {
     const bool measured = timed && !one_off;
@@ -244,10 +241,10 @@ void Engine::record_tuner(KTuner& tuner, double step_seconds, bool one_off) {
     if (step_seconds < 0) continue;
     // (a catch-up of positions deferred by plain rounds is no measure of this round's k, but it is what
     // resuming speculation cost: the probe budget pays it)
-    const double seconds = step_seconds / double(rounds) - r.backlog_seconds;
+    const double share = step_seconds / double(rounds), seconds = share - r.backlog_seconds;
     const auto& seam = s.spec().round_seconds_for_tests;
     if (one_off && !seam) {
-      tuner.record_one_off(r.k_chosen, seconds + r.backlog_seconds, r.emitted, weight);
+      tuner.record_one_off(r.k_chosen, share, r.emitted, weight);
       continue;
     }
     tuner.record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : seconds, r.emitted, r.drafts_judged, weight,

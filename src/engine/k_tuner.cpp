@@ -202,8 +202,12 @@ int KTuner::next() {
   return b;
 }
 
+bool KTuner::valid_round(int k, double seconds, int emitted, double weight) const {
+  return k >= 0 && k <= k_max_ && emitted > 0 && seconds >= 0 && weight > 0 && weight <= 1;
+}
+
 void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, double weight, double overhead) {
-  if (k < 0 || k > k_max_ || emitted <= 0 || !(seconds >= 0) || !(weight > 0 && weight <= 1)) return;
+  if (!valid_round(k, seconds, emitted, weight)) return;
   overhead = std::max(0.0, overhead);
   const double spent = seconds + overhead;
   const double decay = std::pow(kDecay, weight), accept_decay = std::pow(kAcceptDecay, weight);
@@ -233,7 +237,7 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
 }
 
 void KTuner::record_one_off(int k, double seconds, int emitted, double weight) {
-  if (k < 0 || k > k_max_ || emitted <= 0 || !(seconds >= 0) || !(weight > 0 && weight <= 1)) return;
+  if (!valid_round(k, seconds, emitted, weight)) return;
   ++rounds_[k];
   const double before = budget_;
   charge(k, seconds, emitted, weight);
