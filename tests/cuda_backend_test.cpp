@@ -219,7 +219,7 @@ INSTANTIATE_TEST_SUITE_P(Models, CudaHYV4,
                          [](const auto& param_info) { return testing::fixture_test_name(param_info.param); });
 
 // The router's decisions on the device are the host's (routing.h): the same experts, the same weights.
-TEST(CudaDevice, MoeRoutingOnTheDeviceMatchesTheHost) {
+TEST(CudaDevice, MoeRoutingAndDispatchOnTheDeviceMatchTheHost) {
   NEXTN_SKIP_WITHOUT_CUDA();
   HYV4Config c;
   c.n_routed_experts = 16;
@@ -250,6 +250,30 @@ TEST(CudaDevice, MoeRoutingOnTheDeviceMatchesTheHost) {
   dw.download(gw.data(), dw.bytes());
   EXPECT_EQ(gids, ids);
   for (size_t i = 0; i < w.size(); ++i) EXPECT_NEAR(gw[i], w[i], 1e-6 * (1 + std::fabs(w[i]))) << i;
+
+  // and the grouping of those choices by expert (S·k = 148 choices: several 32-choice reads per expert),
+  // experts ascending and each expert's choices in (token, slot) order
+  std::vector<int32_t> first(size_t(E + 1), 0), token_of, row_of(ids.size(), -1);
+  for (int64_t e = 0; e < E; ++e) {
+    first[size_t(e)] = int32_t(token_of.size());
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] == e) {
+        row_of[i] = int32_t(token_of.size());
+        token_of.push_back(int32_t(int64_t(i) / k));
+      }
+  }
+  first[size_t(E)] = int32_t(token_of.size());
+  cuda::DeviceBuffer dfirst(first.size() * 4), dtoken(token_of.size() * 4), drow(row_of.size() * 4);
+  cuda::moe_dispatch(static_cast<const int32_t*>(di.get()), S, k, E, static_cast<int32_t*>(dfirst.get()),
+                     static_cast<int32_t*>(dtoken.get()), static_cast<int32_t*>(drow.get()));
+  cuda::synchronize();
+  std::vector<int32_t> gfirst(first.size()), gtoken(token_of.size()), grow(row_of.size());
+  dfirst.download(gfirst.data(), dfirst.bytes());
+  dtoken.download(gtoken.data(), dtoken.bytes());
+  drow.download(grow.data(), drow.bytes());
+  EXPECT_EQ(gfirst, first);
+  EXPECT_EQ(gtoken, token_of);
+  EXPECT_EQ(grow, row_of);
 }
 
 TEST(CudaDevice, AFamilyTheBackendDoesNotRunIsAClearError) {

@@ -77,6 +77,8 @@ concurrency.
                      (N x read bandwidth / bytes per plain step). JSON: "concurrency": [{"sequences",
                      "plain_tokens_per_s", "speculative_tokens_per_s", "plain_vs_single",
                      "speculative_vs_plain", "mean_acceptance_length", ...}]
+  --concurrency-k K  the --concurrency runs' speculation at a fixed k (1..8) instead of the tuned k: what
+                     the tuner could reach at each N
   --json             print one JSON object
 )";
 
@@ -250,6 +252,7 @@ struct BenchOptions {
   bool oracle = false;
   std::vector<double> oracle_p;  // per draft position (the last for those past it)
   std::vector<int> concurrency;  // --concurrency: the numbers of concurrent sequences (empty: not measured)
+  int concurrency_k = -1;        // --concurrency-k: the speculative runs' fixed k (-1: tuned)
   std::string device = "cpu";    // --device: cpu, or cuda (bandwidths are then the device's copy bandwidth)
 };
 
@@ -319,6 +322,9 @@ BenchOptions parse_bench_options(const Args& a) {
     o.concurrency = parse_concurrency(a.get("concurrency"));
     if (o.n_tokens < 2)
       throw UsageError("--concurrency measures the tokens after each request's first: it needs --tokens >= 2");
+    o.concurrency_k = a.get_int("concurrency-k", -1, 1, 8);  // (SpecOptions' range)
+  } else if (a.has("concurrency-k")) {
+    throw UsageError("--concurrency-k applies to --concurrency runs only");
   }
   if (o.synthetic) {
     const char* home = std::getenv("HOME");
@@ -394,6 +400,7 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
   const double kv_per_position = double(m.kv_bytes_per_position(false));
   const int64_t tokens0 = total;
   double bytes = 0;
+  if (profile::enabled()) profile::clear();  // (NEXTN_PROFILE: the decode steps only)
   const double t0 = now_s();
   while (!engine.idle()) {
     // The cache each unfinished sequence's attention reads in this step: its positions so far.
@@ -406,6 +413,11 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
   }
   r.decode_seconds = now_s() - t0;
   r.decode_tokens = total - tokens0;
+  if (profile::enabled()) {
+    std::fprintf(stderr, "  (%zu sequences, %s: %.3f ms per decode step)\n", n, spec.enabled ? "speculative" : "plain",
+                 r.decode_steps ? r.decode_seconds * 1e3 / double(r.decode_steps) : 0.0);
+    profile::report(stderr, "step", double(r.decode_steps));
+  }
   r.tokens_per_s = r.decode_seconds > 0 ? double(r.decode_tokens) / r.decode_seconds : 0.0;
   r.bytes_per_step = r.decode_steps ? bytes / double(r.decode_steps) : 0.0;
   int64_t drafts = 0, accepted = 0;
@@ -438,7 +450,7 @@ std::string rounds_at_k_text(const std::vector<int64_t>& at_k) {
 int run_bench(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "synthetic"},
          {"model", "dtype", "mlp", "layers", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats", "oracle-acceptance",
-          "concurrency", "device"});
+          "concurrency", "concurrency-k", "device"});
   if (a.has("help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
@@ -716,8 +728,8 @@ int run_bench(int argc, char** argv) {
     SpecOptions plain;
     plain.enabled = false;
     SpecOptions spec;
-    spec.num_speculative_tokens = k_default;
-    spec.tune_k = true;
+    spec.num_speculative_tokens = o.concurrency_k > 0 ? o.concurrency_k : k_default;
+    spec.tune_k = o.concurrency_k < 0;
     const auto prompts = concurrent_prompts(prompt, max_concurrency, facts.vocab_size);
     auto first = [&](int n) { return std::vector<std::vector<int32_t>>(prompts.begin(), prompts.begin() + n); };
     const size_t C = o.concurrency.size();
@@ -751,16 +763,18 @@ int run_bench(int argc, char** argv) {
     const double bw_c = median(pass_bw_c);
     out["concurrency_read_bandwidth_gbps"] = bw_c;
     out["concurrency_single_tokens_per_s"] = median(single_tps);
-    out["concurrency_k_max"] = drafting ? k_default : 0;
+    out["concurrency_k_max"] = drafting ? spec.num_speculative_tokens : 0;
+    out["concurrency_k_fixed"] = o.concurrency_k > 0;
     log("concurrency: N greedy requests of %d tokens through one engine (prompts: the bench prompt rotated per "
-        "request); speculative = tuned k, k_max %d (the checkpoint's default k)\n"
+        "request); speculative = %s k, k_max %d\n"
         "  decode tokens/s = tokens generated after each request's first token / wall time from the end of the step "
         "that gave the last request its first token to the end of the last step\n"
         "  medians of %d passes, each after its own bandwidth reading (median %.2f GB/s) and with its own single-"
         "sequence plain run: %.2f tokens/s\n"
         "  ceiling = N x read bandwidth / bytes a plain step reads (target weights with the experts its rows used, "
         "plus each sequence's KV cache): the bandwidth-bound limit of plain decoding at N\n",
-        n_tokens, drafting ? k_default : 0, repeats, bw_c, median(single_tps));
+        n_tokens, o.concurrency_k > 0 ? "fixed" : "tuned", drafting ? spec.num_speculative_tokens : 0, repeats, bw_c,
+        median(single_tps));
     log("  %5s %12s %8s %9s %13s %7s | %12s %7s %10s %9s %7s %7s\n", "N", "plain tok/s", "x single", "MB/step",
         "ceiling tok/s", "of ceil", "spec tok/s", "x plain", "accept len", "MB/step", "of BW", "drafts");
     nlohmann::json conc = nlohmann::json::array();
@@ -802,8 +816,9 @@ int run_bench(int argc, char** argv) {
       conc.push_back(e);
     }
     if (drafting)
-      log("  drafts = the MTP layers' time (draft steps and catch-up, summed over the requests) / decode time\n"
-          "  speculative rounds at each k, summed over the requests (last pass; MB/step and of BW count the target's "
+      log("  drafts = the MTP layers' time (draft steps and catch-up, summed over the requests) / decode time\n");
+    if (drafting && o.concurrency_k < 0)
+      log("  speculative rounds at each k, summed over the requests (last pass; MB/step and of BW count the target's "
           "forwards only, not the MTP layers'):\n%s", k_lines.c_str());
     if (fits_in_llc)
       log("  (the checkpoint fits in the last-level cache: the ceiling above, from DRAM bandwidth, is no bound)\n");

@@ -45,7 +45,7 @@ void report(std::FILE* f, const char* unit, double per) {
   double total = 0.0;
   for (double v : g_seconds) total += v;
   if (total <= 0.0) return;
-  std::fprintf(f, "profile (NEXTN_PROFILE): %.1f ms in forward sections", total * 1e3);
+  std::fprintf(f, "profile (NEXTN_PROFILE): %.1f ms in profiled sections", total * 1e3);
   if (per > 0) std::fprintf(f, ", %.3f ms per %s", total * 1e3 / per, unit);
   std::fprintf(f, "\n");
   for (int i = 0; i < g_count; ++i) {

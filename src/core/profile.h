@@ -31,13 +31,20 @@ class Sections {
   void next(Section s) {
     if (on_) {
       const auto t = std::chrono::steady_clock::now();
-      add(s_, std::chrono::duration<double>(t - t0_).count());
+      if (!paused_) add(s_, std::chrono::duration<double>(t - t0_).count());
       t0_ = t;
     }
     s_ = s;
+    paused_ = false;
+  }
+  // Closes the current section without opening another (time until the next next() goes nowhere: e.g. a
+  // forward whose blocks time themselves).
+  void pause() {
+    next(s_);
+    paused_ = true;
   }
   ~Sections() {
-    if (on_) add(s_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
+    if (on_ && !paused_) add(s_, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count());
   }
   Sections(const Sections&) = delete;
   Sections& operator=(const Sections&) = delete;
@@ -45,6 +52,7 @@ class Sections {
  private:
   Section s_;
   bool on_;
+  bool paused_ = false;
   std::chrono::steady_clock::time_point t0_;
 };
 

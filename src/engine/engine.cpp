@@ -4,12 +4,18 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/profile.h"
 
 namespace nextn {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The engine's own host work between forwards (NEXTN_PROFILE=1): starting and ending draft rounds, and each
+// sequence's use of its rows (sampling, acceptance, streaming), which grows with the sequences of a step.
+const profile::Section kDraftBookkeeping = profile::section("engine: draft rounds");
+const profile::Section kRowsBookkeeping = profile::section("engine: rows' results");
 
 }  // namespace
 
@@ -138,6 +144,7 @@ void Engine::step() {
 void Engine::draft_all(int k_batch) {
   rounds_.clear();
   drafting_.clear();
+  profile::Sections prof(kDraftBookkeeping);
   for (Entry& e : active_) {
     Sequence& s = *e.seq;
     if (s.phase() != Sequence::Phase::kDecoding) continue;
@@ -150,7 +157,9 @@ void Engine::draft_all(int k_batch) {
       s.fail(err.what());
     }
   }
+  prof.pause();
   model_.run_draft_rounds(rounds_.data(), rounds_.size());
+  prof.next(kDraftBookkeeping);
   for (Sequence* s : drafting_) {
     try {
       s->finish_draft();
@@ -179,6 +188,7 @@ void Engine::run_forward(size_t begin, size_t end) {
     return;
   }
   const double forward_seconds = seconds_since(t_forward);
+  const profile::Sections prof(kRowsBookkeeping);
   const float* logits = logits_.data();
   const float* hidden = hidden_.data();
   for (size_t i = begin; i < end; ++i) {

@@ -50,9 +50,14 @@ Sampler::Sampler(int64_t vocab, const SamplingParams& params)
   params_.validate();
 }
 
+bool Sampler::has_penalties() const {
+  const SamplingParams& p = params_;
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
 void Sampler::apply_penalties(float* logits, const TokenHistory& h) const {
   const SamplingParams& p = params_;
-  if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return;
+  if (!has_penalties()) return;
   for (int32_t t : h.touched()) {
     float& l = logits[t];
     if (p.repetition_penalty != 1.0f && h.seen(t)) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;

@@ -83,6 +83,7 @@ class Sequence final : private DraftPicker {
   void require_finite_target(const float* raw, int64_t pos) const;
   void target_dist(const float* raw, float* probs);
   int32_t draw(const float* probs);
+  int32_t target_token(const float* raw);
   int32_t pick(int s, float* raw) override;
   int accept(const float* logits);  // returns the drafts accepted
   void update_adaptive_k(int drafted, int accepted);

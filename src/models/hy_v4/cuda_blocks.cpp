@@ -5,12 +5,55 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
+#include "core/profile.h"
 #include "models/hy_v4/model.h"
 
 namespace nextn {
+namespace {
+// Where a GPU forward's host time goes (NEXTN_PROFILE=1): the per-forward uploads, and the waits for the
+// device at the copies back (the kernels' time shows there; queueing them is the rest of a step).
+const profile::Section kUpload = profile::section("cuda: uploads");
+const profile::Section kWait = profile::section("cuda: wait + copy back");
+// With NEXTN_PROFILE the blocks run eagerly (no graphs) and each is timed between device synchronizations:
+// where the device time goes, by block, at the price of a wait per block.
+const profile::Section kHyper = profile::section("cuda: hyper-connections");
+const profile::Section kNorms = profile::section("cuda: norms, adds, MTP input");
+const profile::Section kProjections = profile::section("cuda: attention projections");
+const profile::Section kIndexer = profile::section("cuda: indexer + top-k");
+const profile::Section kSparseMla = profile::section("cuda: sparse MLA + o_proj");
+const profile::Section kMoe = profile::section("cuda: MoE");
+const profile::Section kMlp = profile::section("cuda: dense MLP");
+const profile::Section kLmHead = profile::section("cuda: lm_head");
+
+class BlockTimer {
+ public:
+  explicit BlockTimer(profile::Section s) : on_(profile::enabled()) {
+    if (!on_) return;
+    cuda::synchronize();
+    sections_.emplace(s);
+  }
+  void next(profile::Section s) {
+    if (!on_) return;
+    cuda::synchronize();
+    sections_->next(s);
+  }
+  ~BlockTimer() {
+    if (!on_) return;
+    try {
+      cuda::synchronize();
+    } catch (...) {  // (a failed kernel: the forward's next synchronization reports it)
+    }
+  }
+
+ private:
+  bool on_;
+  std::optional<profile::Sections> sections_;
+};
+}  // namespace
 
 namespace {
 
@@ -196,6 +239,8 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   meta_i64_.reserve(size_t(2 * S));
   host_f32_.reserve(size_t(S * H));
   host_i32_.reserve(size_t(S));
+  host_sel_count_.reserve(size_t(S));
+  host_sel_.reserve(size_t(S * K));
 }
 
 void HYV4CudaBlocks::reserve(int64_t rows, int64_t positions) {
@@ -224,6 +269,7 @@ HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::mirror(const KVCache& cache) {
 // One upload of the rows' facts: tokens, span, slot, position, pages and forced selections (int32), and per
 // span its page table's offset and its pool's plane table (int64).
 void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
+  const profile::Sections prof(kUpload);
   if (mode_ == Mode::kRecording) cuda::abandon_capture();  // (a forward that threw mid-way)
   mode_ = Mode::kEager;
   spans_.assign(spans, spans + count);
@@ -316,6 +362,7 @@ float* HYV4CudaBlocks::act(HYV4Act a) {
 
 bool HYV4CudaBlocks::replay_or_record(uintptr_t which) {
   constexpr size_t kMaxGraphs = 256;
+  if (profile::enabled()) return false;  // (BlockTimer times each block as it runs)
   key_ = GraphKey{S_, int64_t(spans_.size()), logit_rows_, which, int(any_forced_) + 2 * int(all_forced_)};
   if (graphs_.count(key_)) {
     mode_ = Mode::kReplaying;
@@ -332,12 +379,14 @@ bool HYV4CudaBlocks::replay_or_record(uintptr_t which) {
 
 void HYV4CudaBlocks::embed_streams(const Linear& embed) {
   if (replay_or_record(0)) return;  // (a target forward starts here)
+  const BlockTimer timer(kNorms);
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
   cuda::embed_rows(dev(embed), as<int32_t>(ws_->meta_i32), S_, int(C), ws_->streams.f32(), C * H);  // [S, C, H]
 }
 
 void HYV4CudaBlocks::hyper_pre(const HyperConnectionWeights& hc) {
   if (skipping()) return;
+  const BlockTimer timer(kHyper);
   const HYV4Config& c = cfg_;
   const int64_t C = c.hc_mult;
   cuda::matmul(ws_->streams.f32(), S_, dev(hc.fn), ws_->mixes.f32());  // [S, 2C]
@@ -348,11 +397,13 @@ void HYV4CudaBlocks::hyper_pre(const HyperConnectionWeights& hc) {
 
 void HYV4CudaBlocks::hyper_post() {
   if (skipping()) return;
+  const BlockTimer timer(kHyper);
   cuda::hc_post(ws_->streams.f32(), ws_->post.f32(), ws_->y.f32(), S_, cfg_.hc_mult, cfg_.hidden_size);
 }
 
 void HYV4CudaBlocks::hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale) {
   if (skipping()) return;
+  const BlockTimer timer(kHyper);
   const HYV4Config& c = cfg_;
   cuda::matmul(ws_->streams.f32(), S_, dev(fn), ws_->mixes.f32());  // [S, C]
   cuda::hc_pre(ws_->streams.f32(), ws_->mixes.f32(), c.hc_mult, S_, c.hc_mult, c.hidden_size, dev(base), scale[0],
@@ -379,6 +430,7 @@ void HYV4CudaBlocks::mtp_input(const MtpLayerWeights& m, const Linear& embed, Dr
   cuda::copy_to_device(ids_d, ids.data(), ids.size() * sizeof(int32_t));
   cuda::copy_to_device(ws_->h_prev.f32(), h.data(), h.size() * sizeof(float));
   if (replay_or_record(reinterpret_cast<uintptr_t>(&m))) return;  // (after the uploads: an MTP forward starts here)
+  const BlockTimer timer(kNorms);
   float* in = ws_->mtp_in.f32();  // [S, 2H]: enorm(embed) | hnorm(h_prev)
   cuda::embed_rows(dev(embed), ids_d, S, 1, in, 2 * H);
   cuda::copy_cols(ws_->h_prev.f32(), S, H, H, in + H, 2 * H);
@@ -389,12 +441,15 @@ void HYV4CudaBlocks::mtp_input(const MtpLayerWeights& m, const Linear& embed, Dr
 
 void HYV4CudaBlocks::rms_norm(HYV4Act in, const std::vector<float>& weight, HYV4Act out) {
   if (skipping()) return;
+  const BlockTimer timer(kNorms);
   const int64_t H = cfg_.hidden_size;
   cuda::rms_norm_rows(act(in), S_, H, H, dev(weight), float(cfg_.rms_norm_eps), act(out), H);
 }
 
 void HYV4CudaBlocks::add(HYV4Act into, HYV4Act other) {
-  if (!skipping()) cuda::add(act(into), act(other), S_ * cfg_.hidden_size);
+  if (skipping()) return;
+  const BlockTimer timer(kNorms);
+  cuda::add(act(into), act(other), S_ * cfg_.hidden_size);
 }
 
 // ---- attention -----------------------------------------------------------------------------------------------
@@ -402,6 +457,7 @@ void HYV4CudaBlocks::add(HYV4Act into, HYV4Act other) {
 // xn [S, H] -> y [S, H]: the CPU backend's sparse MLA (cpu_blocks.cpp says what each step is), on the device.
 void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
   if (skipping()) return;
+  BlockTimer timer(kProjections);
   const HYV4Config& c = cfg_;
   const AttentionWeights& a = L.attn;
   Workspace& w = *ws_;
@@ -432,6 +488,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
   const int64_t K = topk_stride();
   int32_t* topk = as<int32_t>(w.topk);  // [S, K] slots, ascending (kept for the layers that share it)
   int32_t* count = as<int32_t>(w.topk_count);
+  timer.next(kIndexer);
   if (run_indexer) {
     const IndexerWeights& ix = a.indexer;
     const int64_t nih = c.index_n_heads, ihd = c.index_head_dim;
@@ -453,6 +510,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
 
   // Absorbed: q_cat [S, nh, kr] = [W_kb[h]ᵀ q_nope, q_rope]; o_lat [S, nh, kvl] over the selected keys;
   // out [S, nh, v] = o_lat · W_vb[h]ᵀ, times the sigmoid gate.
+  timer.next(kSparseMla);
   const Linear& kvb = dev(a.kv_b_proj);
   float* qcat = w.qcat.f32();
   cuda::matmul_transposed_heads(w.q.f32(), S, nh * qkd, qkd, kvb, 0, nope + vd, nope, nh, qcat, nh * kr, kr);
@@ -468,15 +526,28 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
 // The spans' last rows' selections (MTP forwards: the draft steps after step 0 reuse them), read after the
 // forward has run: the top-k buffer then holds the last attention's, which is the MTP layer's only one.
 void HYV4CudaBlocks::read_selections() {
-  const int64_t K = topk_stride();
+  // The rows from the first span's last to the last span's last in two copies (one per buffer), not two per
+  // span: each copy waits for the device, and at 64 sequences 128 waits cost more than the MTP forward.
+  int64_t lo = S_, hi = -1;
   for (const HYV4RowSpan& sp : spans_)
     if (sp.last_topk) {
-      const int64_t last = sp.first_row + sp.rows - 1;
-      int32_t n = 0;
-      cuda::copy_to_host(&n, as<int32_t>(ws_->topk_count) + last, sizeof(n));
-      sp.last_topk->resize(size_t(n));
-      cuda::copy_to_host(sp.last_topk->data(), as<int32_t>(ws_->topk) + last * K, size_t(n) * sizeof(int32_t));
-      for (int32_t& p : *sp.last_topk) p += static_cast<int32_t>(sp.cache->base_position());
+      lo = std::min(lo, sp.first_row + sp.rows - 1);
+      hi = std::max(hi, sp.first_row + sp.rows - 1);
+    }
+  if (hi < lo) return;
+  const profile::Sections prof(kWait);
+  const int64_t K = topk_stride(), n = hi - lo + 1;
+  host_sel_count_.resize(size_t(n));
+  host_sel_.resize(size_t(n * K));
+  cuda::copy_to_host(host_sel_count_.data(), as<int32_t>(ws_->topk_count) + lo, size_t(n) * sizeof(int32_t));
+  cuda::copy_to_host(host_sel_.data(), as<int32_t>(ws_->topk) + lo * K, size_t(n * K) * sizeof(int32_t));
+  for (const HYV4RowSpan& sp : spans_)
+    if (sp.last_topk) {
+      const int64_t at = sp.first_row + sp.rows - 1 - lo;
+      const int32_t* sel = host_sel_.data() + at * K;
+      const int32_t base = static_cast<int32_t>(sp.cache->base_position());
+      sp.last_topk->resize(size_t(host_sel_count_[size_t(at)]));
+      for (size_t j = 0; j < sp.last_topk->size(); ++j) (*sp.last_topk)[j] = sel[j] + base;
     }
 }
 
@@ -494,6 +565,7 @@ void HYV4CudaBlocks::swiglu_mlp(const Linear& g, const Linear& u, const Linear& 
 // xn [S, H] -> y [S, H]
 size_t HYV4CudaBlocks::ffn(const FfnWeights& F) {
   if (skipping()) return 0;
+  const BlockTimer timer(F.sparse ? kMoe : kMlp);
   const HYV4Config& c = cfg_;
   Workspace& w = *ws_;
   const int64_t S = S_, H = c.hidden_size;
@@ -514,10 +586,10 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F) {
   cuda::moe_route(w.router.f32(), dev(F.e_bias), S, r, ids, w.moe_f32.f32());
   cuda::moe_dispatch(ids, S, k, E, first, token_of, row_of);
   cuda::gather_rows(x, H, token_of, SK, w.gathered.f32());  // [S·k, H]
-  cuda::grouped_matmul(w.gathered.f32(), t.gate, first, w.expert_a.f32());  // [S·k, I]
-  cuda::grouped_matmul(w.gathered.f32(), t.up, first, w.expert_b.f32());
+  cuda::grouped_matmul(w.gathered.f32(), t.gate, first, SK, w.expert_a.f32());  // [S·k, I]
+  cuda::grouped_matmul(w.gathered.f32(), t.up, first, SK, w.expert_b.f32());
   cuda::swiglu(w.expert_a.f32(), w.expert_b.f32(), SK * I, float(c.swiglu_limit), w.expert_a.f32());
-  cuda::grouped_matmul(w.expert_a.f32(), t.down, first, w.expert_out.f32());  // [S·k, H]
+  cuda::grouped_matmul(w.expert_a.f32(), t.down, first, SK, w.expert_out.f32());  // [S·k, H]
   if (F.has_shared)
     swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), w.shared_out.f32());
   cuda::moe_combine(w.expert_out.f32(), row_of, w.moe_f32.f32(), S, k, H, F.has_shared ? w.shared_out.f32() : nullptr,
@@ -546,6 +618,7 @@ void HYV4CudaBlocks::forget_graphs() {
 
 void HYV4CudaBlocks::read_hidden(int64_t first, int64_t rows, float* out) {
   const int64_t H = cfg_.hidden_size;
+  const profile::Sections prof(kWait);
   cuda::copy_to_host(out, ws_->hidden.f32() + first * H, size_t(rows * H) * sizeof(float));
 }
 
@@ -556,7 +629,11 @@ void HYV4CudaBlocks::logits(const Linear& lm_head, float* out) {
     cuda::gather_rows(ws_->hidden.f32(), H, as<int32_t>(ws_->meta_i32) + 5 * S_, n, ws_->x.f32());
     rows = ws_->x.f32();
   }
-  cuda::matmul(rows, n, dev(lm_head), ws_->logits.f32());  // [n, V]
+  {
+    const BlockTimer timer(kLmHead);
+    cuda::matmul(rows, n, dev(lm_head), ws_->logits.f32());  // [n, V]
+  }
+  const profile::Sections prof(kWait);
   cuda::copy_to_host(out, ws_->logits.f32(), size_t(n * V) * sizeof(float));
 }
 
@@ -567,6 +644,7 @@ void HYV4CudaBlocks::lm_head_rows(const Linear& lm_head, const float* hidden, in
   float* y = grow<float>(ws_->lm_out, rows * V);
   cuda::copy_to_device(in, hidden, size_t(rows * H) * sizeof(float));
   cuda::matmul(in, rows, dev(lm_head), y);
+  const profile::Sections prof(kWait);
   cuda::copy_to_host(out, y, size_t(rows * V) * sizeof(float));
 }
 

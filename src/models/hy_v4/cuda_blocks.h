@@ -93,6 +93,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   std::vector<int64_t> meta_i64_;
   std::vector<float> host_f32_;   // h_prev rows of an MTP forward [S, H]
   std::vector<int32_t> host_i32_;  // MTP token ids
+  std::vector<int32_t> host_sel_count_, host_sel_;  // read_selections' rows [n] and [n, K]
   struct ExpertTables {  // a MoE layer's experts, each matrix as one table for grouped launches
     cuda::WeightTable gate, up, down;
   };

@@ -56,7 +56,7 @@ struct Bf16Weight {
   }
 };
 
-// Rows of 5 experts (0, 3, 1, 0 and 5 rows) through grouped_matmul: each row within the CPU's rounding of
+// Rows of 5 experts (0, 3, 1, 0 and 37 rows: several row chunks) through grouped_matmul: each row within the CPU's rounding of
 // ops::matmul, and bit-identical to the same row run with every expert holding one row.
 TEST(CudaNn, GroupedMatmulMatchesTheCpuAndNoRowDependsOnItsNeighbours) {
   NEXTN_SKIP_WITHOUT_CUDA();
@@ -68,12 +68,12 @@ TEST(CudaNn, GroupedMatmulMatchesTheCpuAndNoRowDependsOnItsNeighbours) {
   for (int64_t e = 0; e < E; ++e) dev.push_back(cuda::upload(host[size_t(e)].w));
   for (const auto& d : dev) table_of.push_back(&d.w);
   const cuda::WeightTable table = cuda::weight_table(table_of.data(), E);
-  const std::vector<int32_t> first = {0, 0, 3, 4, 4, 9};
+  const std::vector<int32_t> first = {0, 0, 3, 4, 4, 41};
   const int64_t rows = first.back();
   const auto x = normal(size_t(rows * in), 3);
   const auto dx = to_device(x), dfirst = to_device(first);
   cuda::DeviceBuffer dy(size_t(rows * out) * 4);
-  cuda::grouped_matmul(dx.f32(), table, static_cast<const int32_t*>(dfirst.get()), dy.f32());
+  cuda::grouped_matmul(dx.f32(), table, static_cast<const int32_t*>(dfirst.get()), rows, dy.f32());
   const auto got = to_host<float>(dy, size_t(rows * out));
   for (int64_t e = 0; e < E; ++e)
     for (int64_t r = first[size_t(e)]; r < first[size_t(e) + 1]; ++r) {
@@ -88,7 +88,7 @@ TEST(CudaNn, GroupedMatmulMatchesTheCpuAndNoRowDependsOnItsNeighbours) {
       const std::vector<float> xr(x.begin() + r * in, x.begin() + (r + 1) * in);
       const auto dxr = to_device(xr), daf = to_device(alone_first);
       cuda::DeviceBuffer dyr(size_t(out) * 4);
-      cuda::grouped_matmul(dxr.f32(), table, static_cast<const int32_t*>(daf.get()), dyr.f32());
+      cuda::grouped_matmul(dxr.f32(), table, static_cast<const int32_t*>(daf.get()), 1, dyr.f32());
       const auto alone = to_host<float>(dyr, size_t(out));
       EXPECT_EQ(0, std::memcmp(alone.data(), got.data() + r * out, size_t(out) * 4)) << "expert " << e << " row " << r;
     }

@@ -182,30 +182,58 @@ __device__ __forceinline__ void matmul_tile(const float* __restrict__ x, int64_t
 }
 
 
+// Block (column block, row chunk): the chunk's rows [blockIdx.y · rows_per_y, +rows_per_y) (row_chunks below).
 template <WeightKind K, int C, int R, int U>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     matmul_kernel(const float* __restrict__ x, int64_t M, int64_t xs, DeviceWeight w, float* __restrict__ y,
-                  int64_t ys, bool vectors, bool x_vectors) {
-  matmul_tile<K, C, R, U>(x, M, xs, w, y, ys, vectors, x_vectors, int64_t(blockIdx.x) * C);
+                  int64_t ys, bool vectors, bool x_vectors, int64_t rows_per_y) {
+  const int64_t r0 = int64_t(blockIdx.y) * rows_per_y;
+  matmul_tile<K, C, R, U>(x + r0 * xs, M - r0 < rows_per_y ? M - r0 : rows_per_y, xs, w, y + r0 * ys, ys, vectors,
+                          x_vectors, int64_t(blockIdx.x) * C);
 }
 
-// Block (column block, expert e): the rows [first[e], first[e + 1]) against table[e], as matmul_kernel does.
+// Block (column block, expert e, row chunk z): the rows [first[e] + z · rows_per_z, +rows_per_z) of expert
+// e's [first[e], first[e + 1]) against table[e], as matmul_kernel does (chunks past the expert's rows return).
 template <WeightKind K, int C, int R, int U>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     grouped_matmul_kernel(const float* __restrict__ x, int64_t xs, const DeviceWeight* __restrict__ table,
                           const int32_t* __restrict__ first, float* __restrict__ y, int64_t ys, bool vectors,
-                          bool x_vectors) {
-  const int64_t r0 = first[blockIdx.y], M = first[blockIdx.y + 1] - r0;
+                          bool x_vectors, int64_t rows_per_z) {
+  const int64_t z0 = int64_t(blockIdx.z) * rows_per_z;
+  const int64_t r0 = first[blockIdx.y] + z0, M = first[blockIdx.y + 1] - r0;
   if (M <= 0) return;
-  matmul_tile<K, C, R, U>(x + r0 * xs, M, xs, table[blockIdx.y], y + r0 * ys, ys, vectors, x_vectors,
-                          int64_t(blockIdx.x) * C);
+  matmul_tile<K, C, R, U>(x + r0 * xs, M < rows_per_z ? M : rows_per_z, xs, table[blockIdx.y], y + r0 * ys, ys,
+                          vectors, x_vectors, int64_t(blockIdx.x) * C);
+}
+
+// The rows of an M-row call split into chunks of whole passes (multiples of `pass` rows), one per grid.y, so
+// that col_blocks x chunks blocks fill the device twice over: a block runs its passes one after another, and
+// on a narrow matrix (few column blocks) 64 rows in one block took 8-16 passes in series. A row's value does
+// not depend on its chunk (each row is summed alone), so the split may follow M.
+struct RowChunks {
+  unsigned chunks;
+  int64_t rows_per_chunk;
+};
+RowChunks row_chunks(int64_t col_blocks, int64_t M, int64_t pass) {
+  static const int64_t target = [] {
+    int device = 0, sms = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    return 2 * int64_t(std::max(sms, 1));
+  }();
+  const int64_t passes = (M + pass - 1) / pass;
+  const int64_t chunks = std::clamp<int64_t>((target + col_blocks - 1) / col_blocks, 1, std::min<int64_t>(passes, 65535));
+  const int64_t per = (passes + chunks - 1) / chunks * pass;
+  return {unsigned((M + per - 1) / per), per};
 }
 
 template <WeightKind K, int C, int R, int U>
 void launch_shape(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys, bool vectors,
                   bool x_vectors) {
-  const dim3 grid(unsigned((w.out + C - 1) / C)), block(kWarpsPerBlock * 32);
-  matmul_kernel<K, C, R, U><<<grid, block>>>(x, M, xs, w, y, ys, vectors, x_vectors);
+  const int64_t col_blocks = (w.out + C - 1) / C;
+  const RowChunks rc = row_chunks(col_blocks, M, R);
+  const dim3 grid(unsigned(col_blocks), rc.chunks), block(kWarpsPerBlock * 32);
+  matmul_kernel<K, C, R, U><<<grid, block>>>(x, M, xs, w, y, ys, vectors, x_vectors, rc.rows_per_chunk);
 }
 
 template <WeightKind K>
@@ -274,7 +302,13 @@ __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_gr
 template <int TILES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     fp8_mma_kernel(const float* __restrict__ x, int64_t M, int64_t xs, DeviceWeight w, float* __restrict__ y,
-                   int64_t ys, bool x_vectors) {
+                   int64_t ys, bool x_vectors, int64_t rows_per_y) {
+  {  // the block's row chunk (row_chunks)
+    const int64_t r0 = int64_t(blockIdx.y) * rows_per_y;
+    x += r0 * xs;
+    y += r0 * ys;
+    M = M - r0 < rows_per_y ? M - r0 : rows_per_y;
+  }
   __shared__ float part[kWarpsPerBlock][TILES][kMmaTileRows][kMmaCols];
   extern __shared__ uint4 dynamic_smem[];  // [warp][stage][tile][row g, g + 8][lane]: fp8_mma_staged_bytes<TILES>
   auto staged = reinterpret_cast<uint4(*)[kMmaStages][TILES][2][32]>(dynamic_smem);
@@ -395,7 +429,7 @@ constexpr size_t fp8_mma_staged_bytes = size_t(kWarpsPerBlock) * kMmaStages * TI
 
 template <int TILES>
 void launch_fp8_mma_tiles(dim3 grid, const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y,
-                          int64_t ys, bool x_vectors) {
+                          int64_t ys, bool x_vectors, int64_t rows_per_y) {
   constexpr size_t bytes = fp8_mma_staged_bytes<TILES>;
   static const bool configured = [] {  // (over the 48 KB a launch may take without asking)
     check(cudaFuncSetAttribute(fp8_mma_kernel<TILES>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)),
@@ -403,7 +437,7 @@ void launch_fp8_mma_tiles(dim3 grid, const float* x, int64_t M, int64_t xs, cons
     return true;
   }();
   (void)configured;
-  fp8_mma_kernel<TILES><<<grid, dim3(kWarpsPerBlock * 32), bytes>>>(x, M, xs, w, y, ys, x_vectors);
+  fp8_mma_kernel<TILES><<<grid, dim3(kWarpsPerBlock * 32), bytes>>>(x, M, xs, w, y, ys, x_vectors, rows_per_y);
 }
 
 bool fp8_mma_takes(const DeviceWeight& w) {
@@ -420,8 +454,10 @@ void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight& w
   // 2 weight tiles per block (1 and 4 measured slower: docs/performance.md, "Fourteenth session")
   constexpr int kTiles = 2;
   constexpr int64_t rows_per_block = kMmaTileRows * kTiles;
-  const dim3 grid(unsigned((w.out + rows_per_block - 1) / rows_per_block));
-  launch_fp8_mma_tiles<kTiles>(grid, x, M, xs, w, y, ys, x_vectors);
+  const int64_t col_blocks = (w.out + rows_per_block - 1) / rows_per_block;
+  const RowChunks rc = row_chunks(col_blocks, M, kMmaCols);
+  const dim3 grid(unsigned(col_blocks), rc.chunks);
+  launch_fp8_mma_tiles<kTiles>(grid, x, M, xs, w, y, ys, x_vectors, rc.rows_per_chunk);
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------------
@@ -589,23 +625,36 @@ WeightTable weight_table(const Linear* const* weights, int64_t n) {
   return t;
 }
 
-void grouped_matmul(const float* x, const WeightTable& t, const int32_t* first, float* y, int64_t x_stride,
-                    int64_t y_stride) {
+void grouped_matmul(const float* x, const WeightTable& t, const int32_t* first, int64_t rows, float* y,
+                    int64_t x_stride, int64_t y_stride) {
+  if (rows <= 0) return;
   const Linear& w = t.shape;
   const int64_t xs = x_stride < 0 ? w.in : x_stride, ys = y_stride < 0 ? w.out : y_stride;
   const bool x_vectors = reinterpret_cast<uintptr_t>(x) % 16 == 0 && xs % 4 == 0;
   constexpr int C = 4, R = 4;
-  const dim3 grid(unsigned((w.out + C - 1) / C), unsigned(t.count)), block(kWarpsPerBlock * 32);
+  // Row chunks sized for an even spread (rows / experts each), at most 8 passes: the split is decided on the
+  // host, which does not know how the rows fall, so grid.z covers all rows falling to one expert (rows_per_z x
+  // gridDim.z >= rows) and the chunks past an expert's rows return at once.
+  constexpr int64_t kMaxChunkRows = 8 * R;
+  const int64_t col_blocks = (w.out + C - 1) / C;
+  const RowChunks even = row_chunks(col_blocks * t.count, (rows + t.count - 1) / t.count, R);
+  const int64_t per = std::min(even.rows_per_chunk, kMaxChunkRows);
+  const dim3 grid(unsigned(col_blocks), unsigned(t.count), unsigned(std::min<int64_t>((rows + per - 1) / per, 65535)));
+  const dim3 block(kWarpsPerBlock * 32);
+  if (int64_t(grid.z) * per < rows) throw Error("cuda::grouped_matmul: too many rows for one launch");
   const auto* table = static_cast<const DeviceWeight*>(t.descriptors.get());
   switch (w.dtype) {
     case DType::F32:
-      grouped_matmul_kernel<WeightKind::kF32, C, R, 1><<<grid, block>>>(x, xs, table, first, y, ys, t.vectors, x_vectors);
+      grouped_matmul_kernel<WeightKind::kF32, C, R, 1><<<grid, block>>>(x, xs, table, first, y, ys, t.vectors,
+                                                                       x_vectors, per);
       break;
     case DType::BF16:
-      grouped_matmul_kernel<WeightKind::kBF16, C, R, 1><<<grid, block>>>(x, xs, table, first, y, ys, t.vectors, x_vectors);
+      grouped_matmul_kernel<WeightKind::kBF16, C, R, 1><<<grid, block>>>(x, xs, table, first, y, ys, t.vectors,
+                                                                       x_vectors, per);
       break;
     case DType::F8_E4M3:
-      grouped_matmul_kernel<WeightKind::kFP8, C, R, 1><<<grid, block>>>(x, xs, table, first, y, ys, t.vectors, x_vectors);
+      grouped_matmul_kernel<WeightKind::kFP8, C, R, 1><<<grid, block>>>(x, xs, table, first, y, ys, t.vectors,
+                                                                       x_vectors, per);
       break;
     default: throw Error(std::string("cuda::grouped_matmul: weights of dtype ") + dtype_name(w.dtype) + " are not supported");
   }

@@ -71,8 +71,9 @@ WeightTable weight_table(const Linear* const* weights, int64_t n);
 // For each e < table.count: y[r] = x[r] · table[e]ᵀ for rows r in [first[e], first[e + 1]) (first: n + 1
 // offsets on the device, so the launch needs no host round trip). Each row gets the bits matmul()'s CUDA-core
 // kernel gives it, whichever rows share its weight.
-void grouped_matmul(const float* x, const WeightTable& table, const int32_t* first, float* y, int64_t x_stride = -1,
-                    int64_t y_stride = -1);
+// rows: first[n], the total (known on the host, which splits the rows into chunks for the grid).
+void grouped_matmul(const float* x, const WeightTable& table, const int32_t* first, int64_t rows, float* y,
+                    int64_t x_stride = -1, int64_t y_stride = -1);
 // out[r] = x[r] * rsqrt(mean(x[r]²) + eps) * weight (weight may be null), rows of width d on the device.
 void rms_norm(const float* x, int64_t rows, int64_t d, const float* weight, float eps, float* out);
 void synchronize();  // waits for the device; throws with CUDA's message if a kernel failed

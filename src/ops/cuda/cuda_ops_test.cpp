@@ -172,7 +172,7 @@ TEST(CudaOps, MatmulRowsDoNotDependOnTheBatch) {
   for (const Shape& s : shapes()) {
     const HostWeight h = make_weight(s.dtype, s.scale_dtype, s.out, s.in, s.in + s.pad, s.bias, seed++);
     const cuda::DeviceLinear d = cuda::upload(h.w);
-    const int64_t max_m = 13;  // (a full pass of 8 rows and a partial one)
+    const int64_t max_m = 77;  // (full and partial passes of 8 rows, over several row chunks of the grid)
     const std::vector<float> x = random_rows(max_m, s.in, seed++);
     cuda::DeviceBuffer dx(x.size() * 4), dy(size_t(max_m * s.out) * 4), d1(size_t(s.out) * 4);
     dx.upload(x.data(), x.size() * 4);
@@ -183,7 +183,7 @@ TEST(CudaOps, MatmulRowsDoNotDependOnTheBatch) {
       d1.download(single[size_t(m)].data(), size_t(s.out) * 4);
     }
     std::vector<float> all(size_t(max_m * s.out));
-    for (int64_t M : {2, 3, 4, 5, 8, 13}) {
+    for (int64_t M : {2, 3, 4, 5, 8, 13, 40, 77}) {
       cuda::matmul(dx.f32(), M, d.w, dy.f32());
       cuda::synchronize();
       dy.download(all.data(), size_t(M * s.out) * 4);

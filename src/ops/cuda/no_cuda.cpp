@@ -25,7 +25,7 @@ void DeviceBuffer::download(void*, size_t, size_t) const { unavailable(); }
 DeviceLinear upload(const Linear&) { unavailable(); }
 void matmul(const float*, int64_t, const Linear&, float*, int64_t, int64_t) { unavailable(); }
 WeightTable weight_table(const Linear* const*, int64_t) { unavailable(); }
-void grouped_matmul(const float*, const WeightTable&, const int32_t*, float*, int64_t, int64_t) { unavailable(); }
+void grouped_matmul(const float*, const WeightTable&, const int32_t*, int64_t, float*, int64_t, int64_t) { unavailable(); }
 void rms_norm(const float*, int64_t, int64_t, const float*, float, float*) { unavailable(); }
 void synchronize() { unavailable(); }
 Graph::~Graph() = default;
