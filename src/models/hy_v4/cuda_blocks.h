@@ -79,9 +79,16 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   void forget_graphs();
   Mode mode_ = Mode::kEager;
   GraphKey key_{};
-  std::map<GraphKey, cuda::Graph> graphs_;
+  static constexpr size_t kMaxGraphs = 256;
+  void keep_graph(cuda::Graph graph);  // under key_, evicting the least recently replayed when full
+  struct Recorded {
+    cuda::Graph graph;
+    uint64_t used = 0;  // uses_ at its last replay (or recording)
+  };
+  std::map<GraphKey, Recorded> graphs_;
   std::map<GraphKey, int> seen_;
-  uint64_t one_offs_ = 0;  // forwards that ran eagerly or recorded while their shape could still be recorded
+  uint64_t uses_ = 0;
+  uint64_t one_offs_ = 0;  // forwards that ran eagerly or recorded (a shape's first two)
 
   // The current forward (begin()): its spans, rows, and the device view of its rows' caches.
   std::vector<HYV4RowSpan> spans_;
