@@ -78,7 +78,8 @@ concurrency.
                      "plain_tokens_per_s", "speculative_tokens_per_s", "plain_vs_single",
                      "speculative_vs_plain", "mean_acceptance_length", ...}]
   --concurrency-k K  the --concurrency runs' speculation at a fixed k (1..8) instead of the tuned k: what
-                     the tuner could reach at each N
+                     the tuner could reach at each N; 0: speculative requests that never draft (the upkeep
+                     of speculation alone: hidden states kept for the drafter, the engine's bookkeeping)
   --json             print one JSON object
 )";
 
@@ -322,7 +323,7 @@ BenchOptions parse_bench_options(const Args& a) {
     o.concurrency = parse_concurrency(a.get("concurrency"));
     if (o.n_tokens < 2)
       throw UsageError("--concurrency measures the tokens after each request's first: it needs --tokens >= 2");
-    o.concurrency_k = a.get_int("concurrency-k", -1, 1, 8);  // (SpecOptions' range)
+    o.concurrency_k = a.get_int("concurrency-k", -1, 0, 8);  // (SpecOptions' range, and 0)
   } else if (a.has("concurrency-k")) {
     throw UsageError("--concurrency-k applies to --concurrency runs only");
   }
@@ -730,6 +731,7 @@ int run_bench(int argc, char** argv) {
     SpecOptions spec;
     spec.num_speculative_tokens = o.concurrency_k > 0 ? o.concurrency_k : k_default;
     spec.tune_k = o.concurrency_k < 0;
+    if (o.concurrency_k == 0) spec.k_schedule_for_tests = [](int64_t) { return 0; };  // (what drafting's upkeep costs)
     const auto prompts = concurrent_prompts(prompt, max_concurrency, facts.vocab_size);
     auto first = [&](int n) { return std::vector<std::vector<int32_t>>(prompts.begin(), prompts.begin() + n); };
     const size_t C = o.concurrency.size();
@@ -764,7 +766,7 @@ int run_bench(int argc, char** argv) {
     out["concurrency_read_bandwidth_gbps"] = bw_c;
     out["concurrency_single_tokens_per_s"] = median(single_tps);
     out["concurrency_k_max"] = drafting ? spec.num_speculative_tokens : 0;
-    out["concurrency_k_fixed"] = o.concurrency_k > 0;
+    out["concurrency_k_fixed"] = o.concurrency_k >= 0;
     log("concurrency: N greedy requests of %d tokens through one engine (prompts: the bench prompt rotated per "
         "request); speculative = %s k, k_max %d\n"
         "  decode tokens/s = tokens generated after each request's first token / wall time from the end of the step "
@@ -773,7 +775,8 @@ int run_bench(int argc, char** argv) {
         "sequence plain run: %.2f tokens/s\n"
         "  ceiling = N x read bandwidth / bytes a plain step reads (target weights with the experts its rows used, "
         "plus each sequence's KV cache): the bandwidth-bound limit of plain decoding at N\n",
-        n_tokens, o.concurrency_k > 0 ? "fixed" : "tuned", drafting ? spec.num_speculative_tokens : 0, repeats, bw_c,
+        n_tokens, o.concurrency_k >= 0 ? "fixed" : "tuned", drafting && o.concurrency_k != 0 ? spec.num_speculative_tokens : 0,
+        repeats, bw_c,
         median(single_tps));
     log("  %5s %12s %8s %9s %13s %7s | %12s %7s %10s %9s %7s %7s\n", "N", "plain tok/s", "x single", "MB/step",
         "ceiling tok/s", "of ceil", "spec tok/s", "x plain", "accept len", "MB/step", "of BW", "drafts");
