@@ -280,5 +280,43 @@ TEST(EngineCancel, CancelledRequestsFreeTheirPagesAndLeaveTheOthersExact) {
   EXPECT_TRUE(model->can_admit(capacity, true));
 }
 
+// A step's forward takes prompts up to max_prompt_rows_per_step rows, in arrival order (the first whatever
+// its length); the rest prefill in later steps, and every request still comes out as it would alone.
+TEST(EngineBatching, PromptsPastTheStepsRowBudgetWaitForTheNextStep) {
+  ThreadPool pool(2);
+  auto model = load_model(fixture_dir("a_fp32"), &pool);
+  const ModelFacts& f = model->facts();
+  const int64_t lengths[4] = {6, 6, 12, 3};
+  std::vector<int64_t> first_token_step(4, -1);
+  int64_t step = 0;
+  auto request = [&](int i, bool watched) {
+    Request r;
+    r.prompt = random_prompt(lengths[i], f.vocab_size, 90 + i);
+    r.params.max_tokens = 6;
+    r.params.logprobs = 1;
+    r.spec.num_speculative_tokens = 2;
+    if (watched)
+      r.on_token = [&first_token_step, &step, i](int32_t, const TokenLogprob*) {
+        if (first_token_step[size_t(i)] < 0) first_token_step[size_t(i)] = step;
+        return true;
+      };
+    return r;
+  };
+  std::vector<GenerationResult> alone;
+  for (int i = 0; i < 4; ++i) alone.push_back(run_alone(*model, request(i, false)));
+  EngineOptions options;
+  options.max_prompt_rows_per_step = 10;
+  Engine engine(*model, options);
+  for (int i = 0; i < 4; ++i) engine.submit(request(i, true));
+  for (; !engine.idle(); ++step) engine.step();
+  // step 0: prompt 0 (6 rows; 6 + 6 > 10); step 1: prompt 1 (12 more would pass 10); step 2: prompt 2
+  // alone though longer than the budget, and prompt 3 waits behind it (arrival order); step 3: prompt 3
+  EXPECT_EQ(first_token_step, (std::vector<int64_t>{0, 1, 2, 3}));
+  auto done = engine.take_finished();
+  ASSERT_EQ(done.size(), 4u);
+  for (auto& [id, res] : done) expect_same(res, alone[size_t(id)], "request " + std::to_string(id));
+  EXPECT_THROW(Engine(*model, EngineOptions{4, 0}), Error);
+}
+
 }  // namespace
 }  // namespace nextn

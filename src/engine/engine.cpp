@@ -21,6 +21,7 @@ const profile::Section kRowsBookkeeping = profile::section("engine: rows' result
 
 Engine::Engine(Model& model, EngineOptions options) : model_(model), options_(options) {
   if (options_.max_sequences < 1) throw Error("engine: max_sequences must be >= 1");
+  if (options_.max_prompt_rows_per_step < 1) throw Error("engine: max_prompt_rows_per_step must be >= 1");
 }
 
 Engine::~Engine() = default;
@@ -85,15 +86,21 @@ void Engine::step() {
   const uint64_t one_offs = model_.one_off_forwards();
 
   draft_all(k_batch);
-  // Gather every sequence's rows: decoding rounds first, then prompts.
+  // Gather every sequence's rows: decoding rounds first, then prompts (up to the step's prompt rows).
   segments_.clear();
   members_.clear();
   was_round_.clear();
+  int64_t prompt_rows = 0;
   for (int pass = 0; pass < 2; ++pass) {
     for (Entry& e : active_) {
       Sequence& s = *e.seq;
       const bool decoding = s.phase() == Sequence::Phase::kDecoding;
       if (decoding != (pass == 0) || s.finished()) continue;
+      if (!decoding) {
+        const int64_t rows = s.prompt_tokens();
+        if (prompt_rows > 0 && prompt_rows + rows > options_.max_prompt_rows_per_step) break;  // (the next step's)
+        prompt_rows += rows;
+      }
       try {
         segments_.push_back(decoding ? s.verify_segment() : s.prefill_segment());
         members_.push_back(&s);

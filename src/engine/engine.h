@@ -29,6 +29,10 @@ namespace nextn {
 
 struct EngineOptions {
   int max_sequences = 256;  // sequences decoding at once (admission waits beyond it)
+  // Prompt rows one step's forward takes: the prompts after that wait for the next step, in arrival order
+  // (the first always runs, whatever its length). A forward's workspace and the GPU's launches grow with its
+  // rows; 64 long prompts arriving at once must not make one forward of 100k rows.
+  int64_t max_prompt_rows_per_step = 8192;
 };
 
 class Engine {

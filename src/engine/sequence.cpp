@@ -251,6 +251,14 @@ void Sequence::finish_draft() {
 int32_t Sequence::pick(int s, float* raw) {
   const auto t0 = Clock::now();
   const SpecOptions& spec = request_.spec;
+  if (request_.params.greedy() && !sampler_.has_penalties() && !spec.draft_dist_hook && !spec.draft_hook) {
+    // Greedy acceptance reads the draft token only (never q): the raw row's argmax, no distribution.
+    drafts_[s] = Sampler::argmax(raw, V_);
+    history_.push(drafts_[s]);  // (popped when the round ends)
+    ++drafted_;
+    pick_seconds_ += seconds_between(t0, Clock::now());
+    return drafts_[s];
+  }
   float* qs = q_.data() + int64_t(s) * V_;
   sampler_.apply_penalties(raw, history_);
   sampler_.distribution(raw, qs);

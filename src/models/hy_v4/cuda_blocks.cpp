@@ -286,6 +286,10 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
     all_forced_ = all_forced_ && sp.forced && sp.forced->first_row <= 0;
   }
   if (S_ == 0) return;
+  constexpr int64_t kMaxRows = 65535;  // (the attention kernels take a row per grid.y or grid.z)
+  if (S_ > kMaxRows)
+    throw Error("cuda: a forward of " + std::to_string(S_) + " rows (prompts and rounds together) is more than the " +
+                std::to_string(kMaxRows) + " the GPU's attention kernels take in one launch; send a shorter prompt");
   ensure_workspace(S_, max_seq);
   const int64_t S = S_, n = int64_t(spans_.size()), K = topk_stride();
   std::vector<int32_t>& m = meta_i32_;
