@@ -77,8 +77,8 @@ class KTuner {
   int k_max_, probe_rounds_, reprobe_interval_;
   double expected_tokens(int k) const;  // 1 + Σ_j Π_{i<=j} accept rate of position i, j <= k
   double plain_seconds_per_token() const;  // k = 0's, scaled as a pending rescale will (0: not measured)
-  bool may_probe(int k) const;
-  bool valid_round(int k, double seconds, int emitted, double weight) const;  // (NaN seconds: not valid)            // the budget allows starting a probe of k
+  bool may_probe(int k) const;  // the budget allows starting a probe of k
+  bool valid_round(int k, double seconds, int emitted, double weight) const;  // (NaN seconds: not valid)
   void start_probe(int k);  // (re)measure k next: its old time average kept at a fraction of a round
   void end_probe();
   void charge(int k, double seconds, int emitted, double weight);  // the round's part of the budget

@@ -53,6 +53,8 @@ class Sampler {
   // Applies the penalties in place (no-op when none is set).
   void apply_penalties(float* logits, const TokenHistory& history) const;
   bool has_penalties() const;
+  // Greedy without penalties: the token is the raw logits' argmax (no copy, no distribution needed).
+  bool raw_argmax_decides() const { return params_.greedy() && !has_penalties(); }
   // Penalized logits -> processed distribution probs[V] (temperature, top-k, top-p, min-p), sums to 1.
   // Greedy params give a one-hot distribution at the argmax.
   void distribution(const float* logits, float* probs);

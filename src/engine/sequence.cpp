@@ -164,7 +164,7 @@ int32_t Sequence::draw(const float* probs) {
 // the raw row's argmax (no copy, no one-hot distribution: at 64 sequences those passes over the vocabulary
 // were a tenth of a GPU step).
 int32_t Sequence::target_token(const float* raw) {
-  if (request_.params.greedy() && !sampler_.has_penalties()) return Sampler::argmax(raw, V_);
+  if (sampler_.raw_argmax_decides()) return Sampler::argmax(raw, V_);
   target_dist(raw, p_.data());
   return draw(p_.data());
 }
@@ -251,14 +251,20 @@ void Sequence::finish_draft() {
 int32_t Sequence::pick(int s, float* raw) {
   const auto t0 = Clock::now();
   const SpecOptions& spec = request_.spec;
-  if (request_.params.greedy() && !sampler_.has_penalties() && !spec.draft_dist_hook && !spec.draft_hook) {
-    // Greedy acceptance reads the draft token only (never q): the raw row's argmax, no distribution.
-    drafts_[s] = Sampler::argmax(raw, V_);
-    history_.push(drafts_[s]);  // (popped when the round ends)
-    ++drafted_;
-    pick_seconds_ += seconds_between(t0, Clock::now());
-    return drafts_[s];
-  }
+  // Greedy acceptance reads the draft token only (never q): without penalties or test hooks, the raw row's
+  // argmax decides, and q is not built.
+  const bool argmax_only = sampler_.raw_argmax_decides() && !spec.draft_dist_hook && !spec.draft_hook;
+  const int32_t d = argmax_only ? Sampler::argmax(raw, V_) : draft_from_distribution(s, raw);
+  drafts_[s] = d;
+  history_.push(d);  // (popped when the round ends)
+  ++drafted_;
+  pick_seconds_ += seconds_between(t0, Clock::now());
+  return d;
+}
+
+// Draft step s's distribution q (kept for acceptance) from its raw logits, and the token drawn from it.
+int32_t Sequence::draft_from_distribution(int s, float* raw) {
+  const SpecOptions& spec = request_.spec;
   float* qs = q_.data() + int64_t(s) * V_;
   sampler_.apply_penalties(raw, history_);
   sampler_.distribution(raw, qs);
@@ -277,10 +283,6 @@ int32_t Sequence::pick(int s, float* raw) {
     std::fill(qs, qs + V_, 0.0f);
     qs[d] = 1.0f;
   }
-  drafts_[s] = d;
-  history_.push(d);  // (popped when the round ends)
-  ++drafted_;
-  pick_seconds_ += seconds_between(t0, Clock::now());
   return d;
 }
 

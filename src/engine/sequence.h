@@ -85,6 +85,7 @@ class Sequence final : private DraftPicker {
   int32_t draw(const float* probs);
   int32_t target_token(const float* raw);
   int32_t pick(int s, float* raw) override;
+  int32_t draft_from_distribution(int s, float* raw);
   int accept(const float* logits);  // returns the drafts accepted
   void update_adaptive_k(int drafted, int accepted);
   void finish(const char* reason);

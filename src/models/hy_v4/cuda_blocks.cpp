@@ -53,9 +53,7 @@ class BlockTimer {
   bool on_;
   std::optional<profile::Sections> sections_;
 };
-}  // namespace
 
-namespace {
 
 // A device buffer of n elements of T, grown (never shrunk) to at least n.
 template <typename T>
