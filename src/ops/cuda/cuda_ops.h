@@ -94,7 +94,7 @@ class Graph {
 
  private:
   friend Graph end_capture();
-  void* exec_ = nullptr;
+  [[maybe_unused]] void* exec_ = nullptr;  // (a build without CUDA, no_cuda.cpp, never reads it)
 };
 void begin_capture();
 Graph end_capture();
