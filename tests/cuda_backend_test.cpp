@@ -134,7 +134,8 @@ TEST_P(CudaHYV4, DecodeStepsEqualAFullRecomputeBitForBit) {
         << "decode step " << i;
 }
 
-// Greedy speculation on the GPU: the target's tokens exactly, for k = 1..7.
+// Greedy speculation on the GPU: the target's tokens exactly, for k = 1..7 (and the device's argmax ids are
+// the host's argmax of the whole rows).
 TEST_P(CudaHYV4, GreedySpeculationEqualsPlainGreedyForKOneToSeven) {
   NEXTN_SKIP_WITHOUT_CUDA();
   const auto model = load_on_gpu(GetParam(), &pool_);
@@ -148,8 +149,11 @@ TEST_P(CudaHYV4, GreedySpeculationEqualsPlainGreedyForKOneToSeven) {
     sp.max_tokens = N;
     SpecOptions plain;
     plain.enabled = false;
-    const auto ref = Generator(*model).generate(prompt, sp, plain);
+    const auto ref = Generator(*model).generate(prompt, sp, plain);  // (argmax ids from the device)
     ASSERT_EQ(int(ref.ids.size()), N);
+    SamplingParams whole_rows = sp;  // logprobs: the rows come back whole, the host takes their argmax
+    whole_rows.logprobs = 0;
+    ASSERT_EQ(Generator(*model).generate(prompt, whole_rows, plain).ids, ref.ids) << "prompt length " << prompt.size();
     for (int k = 1; k <= 7; ++k) {
       SpecOptions so;
       so.num_speculative_tokens = k;
@@ -167,7 +171,8 @@ TEST_P(CudaHYV4, GreedySpeculationEqualsPlainGreedyForKOneToSeven) {
 }
 
 // n sequences decoding together (greedy and sampled, speculating with k 0..4) give each one's tokens and
-// logprobs bit for bit as it alone, for n up to 64.
+// logprobs bit for bit as it alone, for n up to 64; greedy ones without logprobs (argmax ids from the device)
+// share the forwards with ones that read whole rows.
 TEST_P(CudaHYV4, SequencesDecodedTogetherMatchEachAloneUpToSixtyFour) {
   NEXTN_SKIP_WITHOUT_CUDA();
   const auto model = load_on_gpu(GetParam(), &pool_);
@@ -176,7 +181,7 @@ TEST_P(CudaHYV4, SequencesDecodedTogetherMatchEachAloneUpToSixtyFour) {
     Request r;
     r.prompt = random_prompt(1 + (i * 7) % (2 * f.sparse_budget + 9), f.vocab_size, 500 + i);
     r.params.max_tokens = 12;
-    r.params.logprobs = 1;
+    r.params.logprobs = i % 4 == 2 ? -1 : 1;  // greedy without logprobs: its rows come back as argmax ids
     if (i % 3 == 1) {
       r.params.temperature = 0.8f;
       r.params.seed = 900 + i;

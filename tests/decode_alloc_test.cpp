@@ -169,7 +169,7 @@ TEST(DecodeHotPath, Qwen4ExpStepsDoNotAllocate) {
       m.forward(&seg, 1, logits.data(), hidden.data());
       seq->rollback(n);
       m.draft_forward(0, toks, hidden.data(), 1, n - 1, dcache, nullptr, dh.data(), nullptr, &selection);
-      m.draft_logits_rows(dh.data(), 1, logits.data());
+      m.draft_logits_rows(dh.data(), 1, logits.data(), nullptr, 0);
       dcache.truncate(n - 1);
     };
     for (int rows : {1, 2, 4, 8}) round(rows);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 #include <random>
 
 #include "core/error.h"
@@ -107,6 +108,33 @@ TEST_P(CrossSequence, EachSequenceIsExactlyAsAlone) {
     }
   }
   EXPECT_GT(drafted, 0) << "speculation ran";
+}
+
+// Greedy requests without logprobs get their target rows' argmax from the model instead of the rows
+// (BatchSegment::argmax). Sharing forwards with twins that read whole rows (the same requests asking for
+// logprobs), each gives its twin's tokens and drafts.
+TEST_P(CrossSequence, GreedyRowsReadAsArgmaxGiveTheTokensOfWholeRows) {
+  const ModelFacts& f = model_->facts();
+  Engine engine(*model_);
+  std::map<int64_t, int64_t> twin_of;  // argmax-only request id -> its twin's
+  for (int i : {0, 2, 3, 5, 6, 8}) {  // make_request's greedy ones: plain, fixed k and tuned k
+    Request argmax_only = make_request(i, f, 16), twin = argmax_only;
+    argmax_only.params.logprobs = -1;
+    const int64_t a = engine.submit(std::move(argmax_only));
+    twin_of[a] = engine.submit(std::move(twin));
+  }
+  engine.run();
+  std::map<int64_t, GenerationResult> done;
+  for (auto& [id, res] : engine.take_finished()) done[id] = std::move(res);
+  ASSERT_EQ(done.size(), 2 * twin_of.size());
+  for (const auto& [a, t] : twin_of) {
+    const GenerationResult &got = done.at(a), &want = done.at(t);
+    EXPECT_EQ(got.finish_reason, want.finish_reason) << "request " << a << ": " << got.error;
+    EXPECT_TRUE(got.logprobs.empty());
+    EXPECT_EQ(got.ids, want.ids) << "request " << a;
+    EXPECT_EQ(got.stats.num_draft_tokens, want.stats.num_draft_tokens) << "request " << a;
+    EXPECT_EQ(got.stats.num_accepted_tokens, want.stats.num_accepted_tokens) << "request " << a;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CrossSequence,

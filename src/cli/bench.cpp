@@ -195,6 +195,7 @@ double time_draft_step(Model& m, const std::vector<int32_t>& prompt, int reps) {
     int64_t V;
     explicit Argmax(int64_t v) : V(v) {}
     int32_t pick(int, float* logits) override { return Sampler::argmax(logits, V); }
+    bool picks_argmax() const override { return true; }
   } argmax(V);
   drafter->push_verified(hid.data(), T);
   drafter->catch_up_prompt(toks, 1);

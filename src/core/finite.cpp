@@ -29,6 +29,18 @@ bool all_finite(const float* x, int64_t n) {
   return worst < 0x7f800000u;
 }
 
+int32_t finite_argmax(const float* x, int64_t n) {
+  if (n <= 0 || !all_finite(x, n)) return -1;
+  int64_t best = 0;
+  for (int64_t i = 1; i < n; ++i)
+    if (x[i] > x[best]) best = i;
+  return static_cast<int32_t>(best);
+}
+
+void finite_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out) {
+  for (int64_t r = 0; r < rows; ++r) out[r] = finite_argmax(x + r * n, n);
+}
+
 void require_finite(const float* x, int64_t rows, int64_t cols, const std::string& what) {
   if (all_finite(x, rows * cols)) return;
   const NonFiniteCount bad = count_non_finite(x, rows * cols);

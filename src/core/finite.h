@@ -14,6 +14,11 @@ struct NonFiniteCount {
 NonFiniteCount count_non_finite(const float* x, int64_t n);
 // Whether all n floats are finite: one pass the compiler vectorizes (cheap next to the matmul that made them).
 bool all_finite(const float* x, int64_t n);
+// The lowest index of the largest of x[0, n), or -1 when x holds a NaN or inf: what a model writes for a row
+// whose argmax is all the engine reads (BatchSegment::argmax), here and on the GPU alike.
+int32_t finite_argmax(const float* x, int64_t n);
+// out[r] = finite_argmax(row r) for the rows [rows, n] of x.
+void finite_argmax_rows(const float* x, int64_t rows, int64_t n, int32_t* out);
 // Throws nextn::Error "<what> hold N non-finite value(s) (NaN or inf), the first at row r, column c" when
 // the [rows, cols] matrix x has any.
 void require_finite(const float* x, int64_t rows, int64_t cols, const std::string& what);

@@ -49,6 +49,8 @@ Sequence::Sequence(Model& model, Request request)
   speculate_ = spec.enabled && model.facts().num_mtp_layers > 0;
   k_max_ = speculate_ ? spec.num_speculative_tokens : 0;
   tuned_ = speculate_ && spec.tune_k && params.greedy();
+  // Greedy without penalties, logprobs or relaxed acceptance reads nothing of a target row but its argmax.
+  argmax_only_ = sampler_.raw_argmax_decides() && params.logprobs < 0 && !spec.relaxed;
   k_cur_ = k_max_;
   const int64_t n = int64_t(prompt.size());
   // Prompt and output share the model's context (as OpenAI-style servers count it): a longer prompt is an
@@ -85,6 +87,7 @@ void Sequence::admit(std::unique_ptr<SequenceState> state) {
   resid_.resize(V_);
   drafts_.resize(k_max_ + 1);
   verify_tokens_.resize(k_max_ + 1);
+  argmax_.resize(k_max_ + 1);
   if (tuned_) rounds_at_k_.assign(k_max_ + 1, 0);
   t_admit_ = Clock::now();
   phase_ = Phase::kPrefill;
@@ -143,10 +146,13 @@ void Sequence::emit(int32_t t, const float* raw_logits) {
 
 // NaN or inf in a row of logits (a non-finite weight, or one that overflows) would be sampled as token 0 or as
 // garbage: generation stops at the first such row the sampler is about to read, naming the forward.
+Error Sequence::non_finite_target(int64_t pos) {
+  return Error("generate: the target forward at position " + std::to_string(pos) +
+               " produced non-finite logits (NaN or inf); check the checkpoint with `nextn inspect --scan`");
+}
+
 void Sequence::require_finite_target(const float* raw, int64_t pos) const {
-  if (!all_finite(raw, V_))
-    throw Error("generate: the target forward at position " + std::to_string(pos) +
-                " produced non-finite logits (NaN or inf); check the checkpoint with `nextn inspect --scan`");
+  if (!all_finite(raw, V_)) throw non_finite_target(pos);
 }
 
 // Target choice for one row of raw logits (penalties from the current history).
@@ -169,8 +175,21 @@ int32_t Sequence::target_token(const float* raw) {
   return draw(p_.data());
 }
 
+// The target's token for logit row i of this sequence's rows in the last forward (at position pos), after
+// checking the row is finite: from the model's argmax when that is all the row was asked for.
+int32_t Sequence::target_token_at(const float* logits, int i, int64_t pos) {
+  if (argmax_only_) {
+    if (argmax_[i] < 0) throw non_finite_target(pos);
+    return argmax_[i];
+  }
+  const float* raw = logits + int64_t(i) * V_;
+  require_finite_target(raw, pos);
+  return target_token(raw);
+}
+
 BatchSegment Sequence::prefill_segment() {
-  return BatchSegment{state_.get(), request_.prompt.data(), int64_t(request_.prompt.size()), /*all_logits=*/false};
+  return BatchSegment{state_.get(), request_.prompt.data(), int64_t(request_.prompt.size()), /*all_logits=*/false,
+                      argmax_only_ ? argmax_.data() : nullptr};
 }
 
 // The first token, then (speculation) the MTP layers over the prompt, so that decoding starts with every
@@ -181,8 +200,7 @@ void Sequence::finish_prefill(const float* last_logits, const float* hidden, dou
   SpecStats& st = res_.stats;
   ++st.target_forwards;
   const int64_t n = int64_t(request_.prompt.size());
-  require_finite_target(last_logits, n - 1);
-  emit(target_token(last_logits), last_logits);
+  emit(target_token_at(last_logits, 0, n - 1), last_logits);
   if (speculate_ && !stop_) {
     drafter_->push_verified(hidden, n);
     if (!(defer_draft_prefill && tuned_)) {
@@ -250,11 +268,20 @@ void Sequence::finish_draft() {
 // draft token.
 int32_t Sequence::pick(int s, float* raw) {
   const auto t0 = Clock::now();
+  const int32_t d = picks_argmax() ? Sampler::argmax(raw, V_) : draft_from_distribution(s, raw);
+  return take_draft(s, d, t0);
+}
+
+// Greedy acceptance reads the draft token only (never q): without penalties or test hooks, the raw row's
+// argmax decides, q is not built, and the model may hand over the id alone.
+bool Sequence::picks_argmax() const {
   const SpecOptions& spec = request_.spec;
-  // Greedy acceptance reads the draft token only (never q): without penalties or test hooks, the raw row's
-  // argmax decides, and q is not built.
-  const bool argmax_only = sampler_.raw_argmax_decides() && !spec.draft_dist_hook && !spec.draft_hook;
-  const int32_t d = argmax_only ? Sampler::argmax(raw, V_) : draft_from_distribution(s, raw);
+  return sampler_.raw_argmax_decides() && !spec.draft_dist_hook && !spec.draft_hook;
+}
+
+int32_t Sequence::pick_id(int s, int32_t argmax) { return take_draft(s, argmax, Clock::now()); }
+
+int32_t Sequence::take_draft(int s, int32_t d, Clock::time_point t0) {
   drafts_[s] = d;
   history_.push(d);  // (popped when the round ends)
   ++drafted_;
@@ -289,7 +316,8 @@ int32_t Sequence::draft_from_distribution(int s, float* raw) {
 BatchSegment Sequence::verify_segment() {
   verify_tokens_[0] = seq_[m_];
   for (int s = 0; s < drafted_; ++s) verify_tokens_[s + 1] = drafts_[s];
-  return BatchSegment{state_.get(), verify_tokens_.data(), drafted_ + 1, /*all_logits=*/true};
+  return BatchSegment{state_.get(), verify_tokens_.data(), drafted_ + 1, /*all_logits=*/true,
+                      argmax_only_ ? argmax_.data() : nullptr};
 }
 
 // Acceptance over the verify rows' logits [drafted + 1, V]: the accepted drafts, then the correction at the
@@ -299,15 +327,15 @@ int Sequence::accept(const float* logits) {
   const SpecOptions& spec = request_.spec;
   int accepted = 0;
   for (int i = 0; i < drafted_ && !stop_; ++i) {
-    const float* raw = logits + int64_t(i) * V_;
-    require_finite_target(raw, m_ + i);
+    const float* raw = logits + int64_t(i) * V_;  // (not written when argmax_only_)
     const int32_t d = drafts_[i];
     bool ok;
     int32_t greedy = -1;  // (greedy: the target's token)
     if (params.greedy()) {
-      greedy = target_token(raw);
+      greedy = target_token_at(logits, i, m_ + i);
       ok = greedy == d;
     } else {
+      require_finite_target(raw, m_ + i);
       target_dist(raw, p_.data());
       const float qd = q_[int64_t(i) * V_ + d];
       ok = qd > 0 && sampler_.uniform() < std::min(1.0f, p_[d] / qd);
@@ -352,9 +380,7 @@ int Sequence::accept(const float* logits) {
     emit(d, raw);
   }
   if (!stop_ && accepted == drafted_) {  // bonus token from the last row
-    const float* raw = logits + int64_t(drafted_) * V_;
-    require_finite_target(raw, m_ + drafted_);
-    emit(target_token(raw), raw);
+    emit(target_token_at(logits, drafted_, m_ + drafted_), logits + int64_t(drafted_) * V_);
   }
   if (drafted_ > 0) res_.stats.add_round(drafted_, accepted);
   update_adaptive_k(drafted_, accepted);

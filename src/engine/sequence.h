@@ -80,11 +80,16 @@ class Sequence final : private DraftPicker {
  private:
   using Clock = std::chrono::steady_clock;
   void emit(int32_t t, const float* raw_logits);
+  static Error non_finite_target(int64_t pos);
   void require_finite_target(const float* raw, int64_t pos) const;
   void target_dist(const float* raw, float* probs);
   int32_t draw(const float* probs);
   int32_t target_token(const float* raw);
+  int32_t target_token_at(const float* logits, int i, int64_t pos);
   int32_t pick(int s, float* raw) override;
+  bool picks_argmax() const override;
+  int32_t pick_id(int s, int32_t argmax) override;
+  int32_t take_draft(int s, int32_t d, Clock::time_point t0);
   int32_t draft_from_distribution(int s, float* raw);
   int accept(const float* logits);  // returns the drafts accepted
   void update_adaptive_k(int drafted, int accepted);
@@ -95,6 +100,7 @@ class Sequence final : private DraftPicker {
   const int64_t V_, H_;
   Phase phase_ = Phase::kWaiting;
   bool speculate_ = false, tuned_ = false, stop_ = false;
+  bool argmax_only_ = false;  // its forwards' segments ask for the target rows' argmax only (BatchSegment)
   int k_max_ = 0;
   int64_t max_tokens_ = 0, capacity_ = 0;
   Sampler sampler_;
@@ -110,6 +116,7 @@ class Sequence final : private DraftPicker {
   // One round's buffers, sized at admission (the decode loop does not allocate beyond the result vectors).
   std::vector<float> q_, p_, resid_;  // [(k_max + 1) · V] draft distributions, [V], [V]
   std::vector<int32_t> drafts_, verify_tokens_;
+  std::vector<int32_t> argmax_;  // [k_max + 1] the model's argmax of this sequence's logit rows
   int64_t m_ = 0;  // this round's newest position: seq_[m_] is not yet run through the target
   int drafted_ = 0;
   int64_t rounds_ = 0;

@@ -59,6 +59,11 @@ struct BatchSegment {
   const int32_t* tokens = nullptr;
   int64_t rows = 0;
   bool all_logits = true;  // false: logits of the last row only (prefill)
+  // Not null: the engine reads only each of the segment's logit rows' argmax (greedy without penalties or
+  // logprobs). The model writes argmax[i] for logit row i (the lowest index of the row's largest value, or -1
+  // when the row holds a NaN or inf) and may leave those rows of `logits` unwritten: a GPU backend then sends
+  // back ids instead of the vocabulary-wide rows.
+  int32_t* argmax = nullptr;
 };
 
 // Drafting for one sequence with the checkpoint's MTP layers. The engine drives it once per round:

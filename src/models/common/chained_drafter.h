@@ -19,7 +19,8 @@
 //   void reserve_batch(int64_t rows, int64_t positions);  // (Model's)
 //   void check_draft_request(const DraftRequest& r) const;  // throws nextn::Error naming what is wrong
 //   void draft_forward_batch(int layer, DraftRequest* const* requests, size_t n);  // many sequences' rows
-//   void draft_logits_rows(const float* hidden, int64_t rows, float* logits);    // [rows, width] -> [rows, V]
+//   void draft_logits_rows(const float* hidden, int64_t rows, float* logits, int32_t* argmax, int64_t argmax_rows);
+//       [rows, width] -> logits [rows, V]; the first argmax_rows rows' finite_argmax into argmax instead
 #pragma once
 #include <algorithm>
 #include <chrono>
@@ -94,6 +95,7 @@ class ChainedDraftSession : public DraftSession {
   std::vector<float> stage_;                   // [rows + 1, H] chained inputs of a catch-up
   std::vector<int32_t> tokens_buf_, topk0_, forced_slots_;
   std::vector<float> step_h_, draft_logits_;   // [H], [V]
+  int32_t draft_argmax_ = 0;                   // a draft step's argmax, when the picker takes ids
   DraftRequest req_;                           // the forward the round waits on
   TopkOverride ov_{nullptr, 0};                // its forced selection
   FrameArena arena_;
@@ -119,6 +121,8 @@ class ChainedDraftDriver {
   std::vector<DraftRound*> live_;
   std::vector<DraftRequest*> group_;
   std::vector<float> hidden_, logits_;  // gathered logits rows [n, width] -> [n, V]
+  std::vector<DraftRequest*> order_;    // a logits group's requests, those that take only the argmax first
+  std::vector<int32_t> argmax_;         // [n]: those requests' argmax
 };
 
 template <class Stack>
@@ -364,17 +368,19 @@ DraftRound ChainedDraftSession<Stack>::round(const std::vector<int32_t>& tokens,
         draft_seconds_ += req_.seconds;
         ++forwards_;
       }
+      const bool by_id = picker.picks_argmax();
       req_ = DraftRequest{};
       req_.hidden = step_h_.data();
       req_.logits = draft_logits_.data();
+      req_.argmax = by_id ? &draft_argmax_ : nullptr;
       co_await DraftRound::Ask{req_};
       draft_seconds_ += req_.seconds;
       // NaN or inf would be drafted as token 0 or as garbage: stop, naming the layer.
-      if (!all_finite(draft_logits_.data(), V_))
+      if (by_id ? draft_argmax_ < 0 : !all_finite(draft_logits_.data(), V_))
         throw Error("generate: MTP draft step " + std::to_string(s) + " (MTP layer " + std::to_string(s % layers_) +
                     ", position " + std::to_string(m_ - 1 + s) +
                     ") produced non-finite logits (NaN or inf); check the checkpoint with `nextn inspect --scan`");
-      prev_draft_ = picker.pick(s, draft_logits_.data());
+      prev_draft_ = by_id ? picker.pick_id(s, draft_argmax_) : picker.pick(s, draft_logits_.data());
     }
     for (int j = 0; j < layers_; ++j) dcache_[j].truncate(canon_[j]);  // drop speculative draft rows
   }
@@ -439,12 +445,24 @@ void ChainedDraftDriver<Stack>::run_group(Stack& model, int layer) {
       if (layer >= 0) {
         model.draft_forward_batch(layer, group_.data() + b, e - b);
       } else {
+        // One lm_head for all: the requests that take only the argmax first, then those that read whole rows.
+        order_.clear();
+        for (size_t i = b; i < e; ++i)
+          if (group_[i]->argmax) order_.push_back(group_[i]);
+        const int64_t by_id = int64_t(order_.size());
+        for (size_t i = b; i < e; ++i)
+          if (!group_[i]->argmax) order_.push_back(group_[i]);
         if (int64_t(hidden_.size()) < rows * W) hidden_.resize(rows * W);
         if (int64_t(logits_.size()) < rows * V) logits_.resize(rows * V);
-        for (size_t i = b; i < e; ++i) std::copy(group_[i]->hidden, group_[i]->hidden + W, hidden_.begin() + (i - b) * W);
-        model.draft_logits_rows(hidden_.data(), rows, logits_.data());
-        for (size_t i = b; i < e; ++i)
-          std::copy(logits_.begin() + (i - b) * V, logits_.begin() + (i - b + 1) * V, group_[i]->logits);
+        if (int64_t(argmax_.size()) < rows) argmax_.resize(rows);
+        for (int64_t r = 0; r < rows; ++r) std::copy(order_[r]->hidden, order_[r]->hidden + W, hidden_.begin() + r * W);
+        model.draft_logits_rows(hidden_.data(), rows, logits_.data(), argmax_.data(), by_id);
+        for (int64_t r = 0; r < rows; ++r) {
+          if (r < by_id)
+            *order_[r]->argmax = argmax_[r];
+          else
+            std::copy(logits_.begin() + r * V, logits_.begin() + (r + 1) * V, order_[r]->logits);
+        }
       }
     } catch (...) {
       for (size_t i = b; i < e; ++i) group_[i]->error = std::current_exception();

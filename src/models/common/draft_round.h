@@ -47,9 +47,11 @@ struct DraftRequest {
   float* hidden_out = nullptr;
   const TopkOverride* forced = nullptr;
   std::vector<int32_t>* topk_out = nullptr;
-  // layer < 0: logits [V] of hidden [width]
+  // layer < 0: logits [V] of hidden [width], or with `argmax` only their argmax (finite_argmax: -1 for a row
+  // with a NaN or inf; logits then unused)
   const float* hidden = nullptr;
   float* logits = nullptr;
+  int32_t* argmax = nullptr;
   // Set by the driver: this request's share of its batched forward's time, and a failure of its own.
   double seconds = 0;
   std::exception_ptr error;
@@ -155,6 +157,13 @@ class DraftRound {
 class DraftPicker {
  public:
   virtual int32_t pick(int s, float* logits) = 0;
+  // Pickers whose draft is the logits' argmax and nothing else (greedy): the round then asks the model for
+  // that id alone (a GPU backend sends back 4 bytes instead of the vocabulary-wide row) and calls pick_id.
+  virtual bool picks_argmax() const { return false; }
+  virtual int32_t pick_id(int s, int32_t argmax) {
+    (void)s;
+    return argmax;
+  }
 
  protected:
   ~DraftPicker() = default;

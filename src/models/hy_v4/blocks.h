@@ -36,6 +36,7 @@ struct HYV4RowSpan {
   bool all_logits;
   const TopkOverride* forced;
   std::vector<int32_t>* last_topk;
+  int32_t* argmax;  // not null: the span's logit rows' argmax go here instead of their logits (BatchSegment)
 };
 
 // The [S, H] activations a forward names (x: a block's input before its norm, and the residual of MTP
@@ -82,10 +83,13 @@ class HYV4Blocks {
   // hidden rows [first, first + rows) -> out [rows, H] (host memory).
   virtual void read_hidden(int64_t first, int64_t rows, float* out) = 0;
   // logits of the rows that want them (every row of an all_logits span, else its last), in row order:
-  // out [n, V] (host memory), lm_head's weights read once for all.
+  // out [n, V] (host memory), lm_head's weights read once for all. A span with `argmax` gets its rows' argmax
+  // there (finite_argmax: -1 for a row with a NaN or inf), and its rows of out may be left unwritten.
   virtual void logits(const Linear& lm_head, float* out) = 0;
-  // logits [rows, V] = lm_head(hidden [rows, H]) for rows given in host memory (the drafter's).
-  virtual void lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out) = 0;
+  // logits [rows, V] = lm_head(hidden [rows, H]) for rows given in host memory (the drafter's); the first
+  // argmax_rows rows' finite_argmax go to argmax [argmax_rows] instead (their rows of out may stay unwritten).
+  virtual void lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out, int32_t* argmax,
+                            int64_t argmax_rows) = 0;
 };
 
 }  // namespace nextn

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/profile.h"
 #include "core/sizes.h"
 #include "core/threadpool.h"
@@ -130,28 +131,36 @@ void HYV4CpuBlocks::read_hidden(int64_t first, int64_t rows, float* out) {
 }
 
 void HYV4CpuBlocks::logits(const Linear& lm_head, float* out) {
-  const int64_t H = cfg_.hidden_size;
+  const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
   int64_t logit_rows = 0;
   for (const HYV4RowSpan& sp : spans_) logit_rows += sp.all_logits ? sp.rows : 1;
   if (logit_rows == S_) {
-    lm_head_rows(lm_head, ws_.hidden.data(), S_, out);
-    return;
+    lm_head_rows(lm_head, ws_.hidden.data(), S_, out, nullptr, 0);
+  } else {
+    // Only some rows need logits (prefill segments: their last): gather them, then one lm_head over all, so
+    // that its weights are read once per forward (rows are independent in the matmul).
+    int64_t n = 0;
+    for (const HYV4RowSpan& sp : spans_) {
+      const bool all = sp.all_logits;
+      const int64_t first = all ? sp.first_row : sp.first_row + sp.rows - 1, rows = all ? sp.rows : 1;
+      std::copy(ws_.hidden.begin() + first * H, ws_.hidden.begin() + (first + rows) * H, ws_.x.begin() + n * H);
+      n += rows;
+    }
+    lm_head_rows(lm_head, ws_.x.data(), n, out, nullptr, 0);
   }
-  // Only some rows need logits (prefill segments: their last): gather them, then one lm_head over all, so
-  // that its weights are read once per forward (rows are independent in the matmul).
-  int64_t n = 0;
+  int64_t row = 0;  // the spans that want only their rows' argmax
   for (const HYV4RowSpan& sp : spans_) {
-    const bool all = sp.all_logits;
-    const int64_t first = all ? sp.first_row : sp.first_row + sp.rows - 1, rows = all ? sp.rows : 1;
-    std::copy(ws_.hidden.begin() + first * H, ws_.hidden.begin() + (first + rows) * H, ws_.x.begin() + n * H);
-    n += rows;
+    const int64_t rows = sp.all_logits ? sp.rows : 1;
+    if (sp.argmax) finite_argmax_rows(out + row * V, rows, V, sp.argmax);
+    row += rows;
   }
-  lm_head_rows(lm_head, ws_.x.data(), n, out);
 }
 
-void HYV4CpuBlocks::lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out) {
+void HYV4CpuBlocks::lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out,
+                                 int32_t* argmax, int64_t argmax_rows) {
   const profile::Sections prof(sections::kLmHead);
   ops::matmul(pool_, hidden, rows, lm_head, out);
+  if (argmax_rows > 0) finite_argmax_rows(out, argmax_rows, cfg_.vocab_size, argmax);
 }
 
 int64_t HYV4CpuBlocks::min_parallel_work() const {

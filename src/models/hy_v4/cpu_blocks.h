@@ -92,7 +92,8 @@ class HYV4CpuBlocks final : public HYV4Blocks {
   size_t ffn(const FfnWeights& F) override;
   void read_hidden(int64_t first, int64_t rows, float* out) override;
   void logits(const Linear& lm_head, float* out) override;
-  void lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out) override;
+  void lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out, int32_t* argmax,
+                    int64_t argmax_rows) override;
 
  private:
   void ensure_workspace(int64_t S, int64_t max_seq);

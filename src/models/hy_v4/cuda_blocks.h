@@ -40,7 +40,8 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   void finish() override;
   void read_hidden(int64_t first, int64_t rows, float* out) override;
   void logits(const Linear& lm_head, float* out) override;
-  void lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out) override;
+  void lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out, int32_t* argmax,
+                    int64_t argmax_rows) override;
 
   size_t weight_bytes_on_device() const { return weight_bytes_; }
 
@@ -101,6 +102,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   std::vector<float> host_f32_;   // h_prev rows of an MTP forward [S, H]
   std::vector<int32_t> host_i32_;  // MTP token ids
   std::vector<int32_t> host_sel_count_, host_sel_;  // read_selections' rows [n] and [n, K]
+  std::vector<int32_t> host_argmax_;                // logits()' greedy rows' ids [n]
   struct ExpertTables {  // a MoE layer's experts, each matrix as one table for grouped launches
     cuda::WeightTable gate, up, down;
   };

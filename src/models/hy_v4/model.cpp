@@ -274,7 +274,7 @@ void HYV4Model::reserve_batch(int64_t rows, int64_t positions) {
 // Forward
 
 void HYV4Model::lm_head(const float* hidden, int64_t rows, float* logits) {
-  blocks_->lm_head_rows(w_.lm_head, hidden, rows, logits);
+  blocks_->lm_head_rows(w_.lm_head, hidden, rows, logits, nullptr, 0);
 }
 
 void HYV4Model::forward(const int32_t* tokens, int64_t S, KVCache& cache, float* logits_out, float* hidden_out,
@@ -289,7 +289,7 @@ void HYV4Model::forward(const BatchSegment* segments, size_t count, float* logit
   for (size_t i = 0; i < count; ++i) {
     auto* seq = dynamic_cast<HYV4Sequence*>(segments[i].state);
     if (!seq || seq->owner() != this) throw Error("forward: a sequence does not belong to this model");
-    segs.push_back({&seq->cache(), segments[i].tokens, segments[i].rows, segments[i].all_logits});
+    segs.push_back({&seq->cache(), segments[i].tokens, segments[i].rows, segments[i].all_logits, segments[i].argmax});
   }
   forward(segs.data(), segs.size(), logits, hidden);
 }
@@ -308,7 +308,8 @@ void HYV4Model::forward(const CacheSegment* segments, size_t count, float* logit
     for (int64_t s = 0; s < g.rows; ++s)
       if (g.tokens[s] < 0 || g.tokens[s] >= V)
         throw Error("token id " + std::to_string(g.tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
-    spans_.push_back({g.cache, S, g.rows, g.cache->length(), g.cache->length(), g.tokens, g.all_logits, nullptr, nullptr});
+    spans_.push_back({g.cache, S, g.rows, g.cache->length(), g.cache->length(), g.tokens, g.all_logits, nullptr, nullptr,
+                      g.argmax});
     S += g.rows;
   }
   if (S == 0) return;
@@ -380,7 +381,7 @@ void HYV4Model::draft_forward_batch(int layer, DraftRequest* const* requests, si
   int64_t row = 0;
   for (size_t i = 0; i < count; ++i) {
     DraftRequest& r = *requests[i];
-    spans_.push_back({r.cache, row, r.rows, r.cache->length(), r.pos0, r.tokens, true, r.forced, r.topk_out});
+    spans_.push_back({r.cache, row, r.rows, r.cache->length(), r.pos0, r.tokens, true, r.forced, r.topk_out, nullptr});
     row += r.rows;
   }
   for (size_t i = 0; i < count; ++i) requests[i]->cache->prepare(requests[i]->rows);

@@ -118,6 +118,7 @@ struct CacheSegment {
   const int32_t* tokens = nullptr;
   int64_t rows = 0;
   bool all_logits = true;
+  int32_t* argmax = nullptr;  // as BatchSegment::argmax
 };
 
 class HYV4Model : public Model {
@@ -203,7 +204,9 @@ class HYV4Model : public Model {
   void check_draft_request(const DraftRequest& r) const;
   // draft_forward for the requests of many sequences (one MTP layer), in one forward.
   void draft_forward_batch(int layer, DraftRequest* const* requests, size_t count);
-  void draft_logits_rows(const float* hidden, int64_t rows, float* logits) { lm_head(hidden, rows, logits); }
+  void draft_logits_rows(const float* hidden, int64_t rows, float* logits, int32_t* argmax, int64_t argmax_rows) {
+    blocks_->lm_head_rows(w_.lm_head, hidden, rows, logits, argmax, argmax_rows);
+  }
   void run_draft_rounds(DraftRound* const* rounds, size_t n) override { draft_driver_.run(*this, rounds, n); }
 
  private:

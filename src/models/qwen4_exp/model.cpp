@@ -348,7 +348,16 @@ void Qwen4ExpModel::forward(const BatchSegment* segments, size_t count, float* l
     if (sp.cache) sp.cache->advance(sp.rows);
   last_routed_bytes_ = routed;
   if (hidden) blocks_->read_streams(0, S, hidden);
-  if (logits) blocks_->logits(w_.mixer, w_.lm_head, logits);
+  if (!logits) return;
+  blocks_->logits(w_.mixer, w_.lm_head, logits);
+  int64_t row = 0;  // the segments that want only their rows' argmax (a CPU backend has the logits at hand)
+  for (size_t i = 0; i < count; ++i) {
+    const BatchSegment& g = segments[i];
+    if (g.rows <= 0) continue;
+    const int64_t rows = g.all_logits ? g.rows : 1;
+    if (g.argmax) finite_argmax_rows(logits + row * V, rows, V, g.argmax);
+    row += rows;
+  }
 }
 
 void Qwen4ExpModel::check_draft_request(const DraftRequest& r) const {
@@ -403,8 +412,10 @@ void Qwen4ExpModel::draft_forward_batch(int layer, DraftRequest* const* requests
   }
 }
 
-void Qwen4ExpModel::draft_logits_rows(const float* hidden, int64_t rows, float* logits) {
+void Qwen4ExpModel::draft_logits_rows(const float* hidden, int64_t rows, float* logits, int32_t* argmax,
+                                      int64_t argmax_rows) {
   blocks_->logits_of(w_.mtp.mixer, w_.lm_head, hidden, rows, logits);
+  if (argmax_rows > 0) finite_argmax_rows(logits, argmax_rows, cfg_.vocab_size, argmax);
 }
 
 }  // namespace nextn

@@ -544,6 +544,34 @@ __global__ void moe_combine_kernel(const float* eo, const int32_t* rows, const f
   }
 }
 
+// ---- argmax ------------------------------------------------------------------------------------------------
+
+struct Best {
+  float value;
+  int32_t index;  // INT32_MAX: none yet
+};
+struct BestOp {  // the larger value; of equal ones, the lower index (the host's first maximum)
+  __device__ __forceinline__ Best operator()(const Best& a, const Best& b) const {
+    if (a.value > b.value) return a;
+    if (b.value > a.value) return b;
+    return a.index <= b.index ? a : b;
+  }
+};
+
+__global__ void row_argmax_kernel(const float* x, int64_t n, int32_t* out) {
+  const float* row = x + int64_t(blockIdx.x) * n;
+  Best best{-INFINITY, INT32_MAX};
+  int finite = 1;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) {  // indices ascend: a later equal value never wins
+    const float v = row[i];
+    finite &= isfinite(v) ? 1 : 0;
+    if (v > best.value || best.index == INT32_MAX) best = Best{v, int32_t(i)};
+  }
+  const int all_finite = block_all(finite, MinOp{});
+  const Best b = block_all(best, BestOp{});
+  if (threadIdx.x == 0) out[blockIdx.x] = all_finite ? b.index : -1;
+}
+
 // Dynamic shared memory above the 48 KB a launch may take unasked: raised once per kernel, to what it needs.
 template <typename Kernel>
 void allow_smem(Kernel k, size_t bytes, const char* what) {
@@ -743,6 +771,15 @@ void moe_combine(const float* expert_out, const int32_t* rows, const float* weig
   if (tokens <= 0) return;
   moe_combine_kernel<<<unsigned(tokens), kThreads>>>(expert_out, rows, weights, k, H, shared, out);
   launched("moe_combine");
+}
+
+// ---- argmax ------------------------------------------------------------------------------------------------
+
+void row_argmax(const float* x, int64_t rows, int64_t n, int32_t* out) {
+  if (rows <= 0) return;
+  if (n <= 0 || n > INT32_MAX) throw Error("row_argmax: rows of " + std::to_string(n) + " values");
+  row_argmax_kernel<<<unsigned(rows), kThreads>>>(x, n, out);
+  launched("row_argmax");
 }
 
 }  // namespace nextn::cuda

@@ -121,4 +121,8 @@ void moe_dispatch(const int32_t* ids, int64_t S, int64_t k, int64_t E, int32_t* 
 void moe_combine(const float* expert_out, const int32_t* rows, const float* weights, int64_t tokens, int64_t k,
                  int64_t H, const float* shared, float* out);
 
+// ---- out[r] = the lowest index of the largest value of x's row r ([rows, n]), or -1 when the row holds a NaN or
+// inf (core/finite.h's finite_argmax): greedy tokens come back as ids instead of vocabulary-wide rows.
+void row_argmax(const float* x, int64_t rows, int64_t n, int32_t* out);
+
 }  // namespace nextn::cuda

@@ -5,12 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/finite.h"
 #include "ops/cuda/cuda_test_util.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
@@ -124,6 +126,40 @@ TEST(CudaNn, TopkRowsPicksTheCpusIndicesTiesIncluded) {
                                             scratch.data());
       ASSERT_EQ(count[size_t(r)], n) << "row " << r << " k " << k;
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(topk[size_t(r * k + i)], want[size_t(i)]) << "row " << r << " k " << k;
+    }
+  }
+}
+
+// Greedy ids on the device: the host's choice (the lowest index of the largest value) for rows with many
+// exact ties, signed zeros, the maximum in the first or last place, and -1 for rows holding a NaN or an inf;
+// widths below, at and past the block's threads, and a vocabulary as large as HY V4's.
+TEST(CudaNn, RowArgmaxIsTheHostsFirstMaximumAndFlagsNonFiniteRows) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(11);
+  for (int64_t n : {1, 7, 256, 1000, 129280}) {
+    const int64_t rows = 12;
+    std::vector<float> x(size_t(rows * n));
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = x.data() + r * n;
+      for (int64_t i = 0; i < n; ++i) row[i] = r % 2 ? float(int(rng() % 4)) : std::ldexp(float(rng() % 100000), -9);
+      if (r == 2) std::fill(row, row + n, -0.0f), row[n - 1] = 0.0f;  // signed zeros are equal: index 0
+      if (r == 3) row[n - 1] = 1e30f;
+      if (r == 4) row[0] = 1e30f;
+      if (r == 5) row[n / 2] = NAN;
+      if (r == 6) row[n - 1] = INFINITY;
+      if (r == 7) row[0] = -INFINITY;
+      if (r == 8) std::fill(row, row + n, -3.0e38f);
+    }
+    const auto dx = to_device(x);
+    cuda::DeviceBuffer dout(size_t(rows) * 4);
+    cuda::row_argmax(dx.f32(), rows, n, static_cast<int32_t*>(dout.get()));
+    const auto got = to_host<int32_t>(dout, size_t(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t want = finite_argmax(x.data() + r * n, n);
+      EXPECT_EQ(got[size_t(r)], want) << "n " << n << " row " << r;
+      if (r >= 5 && r <= 7) {
+        EXPECT_EQ(want, -1) << "n " << n << " row " << r;
+      }
     }
   }
 }
