@@ -264,9 +264,49 @@ HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::mirror(const KVCache& cache) {
   return *m;
 }
 
+namespace {
+
+// The rows an MTP forward of S rows runs as: S up to 8, else S rounded up to a quarter of its power of two
+// (at least 8): 64..128 rows (64 sequences at k = 1) take 5 sizes instead of 65. Padding costs a few rows
+// of work; a forward whose shape has no graph costs its launches (on the bundled model at 32-64 sequences,
+// most MTP forwards ran eagerly, and a k = 1 step cost twice a plain one). Forwards past kPadUpTo rows (a
+// long prompt's catch-up) are not padded.
+constexpr int64_t kPadUpTo = 2048;
+int64_t padded_rows(int64_t S) {
+  if (S <= 8 || S > kPadUpTo) return S;
+  int64_t pow2 = 8;
+  while (pow2 * 2 <= S) pow2 *= 2;
+  const int64_t step = std::max<int64_t>(8, pow2 / 4);
+  return (S + step - 1) / step * step;
+}
+constexpr int64_t kPadRowsMax = kPadUpTo / 4;  // (the most padded_rows adds)
+
+}  // namespace
+
+HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::pad_mirror(const KVCache& like) {
+  const KVPool& pool = *like.shared_pool();
+  std::vector<int64_t> widths;
+  for (size_t p = 0; p < pool.num_planes(); ++p) widths.push_back(pool.plane_width(p));
+  if (pad_mirror_ && pad_mirror_->widths == widths) return *pad_mirror_;
+  auto m = std::make_unique<PoolMirror>();
+  m->rows = kPadRowsMax;
+  m->widths = widths;
+  std::vector<float*> addresses;
+  for (int64_t w : widths) {
+    m->planes.emplace_back(size_t(kPadRowsMax * w) * sizeof(float));
+    addresses.push_back(m->planes.back().f32());
+  }
+  m->table = cuda::DeviceBuffer(addresses.size() * sizeof(float*));
+  m->table.upload(addresses.data(), m->table.bytes());
+  forget_graphs();  // (graphs with padding rows read the old planes' addresses)
+  pad_mirror_ = std::move(m);
+  return *pad_mirror_;
+}
+
 // One upload of the rows' facts: tokens, span, slot, position, pages and forced selections (int32), and per
-// span its page table's offset and its pool's plane table (int64).
-void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
+// span its page table's offset and its pool's plane table (int64). An MTP forward's padding rows come last,
+// as one more span.
+void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count, bool draft) {
   const profile::Sections prof(kUpload);
   if (mode_ == Mode::kRecording) cuda::abandon_capture();  // (a forward that threw mid-way)
   mode_ = Mode::kEager;
@@ -274,6 +314,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   for (auto it = pools_.begin(); it != pools_.end();)  // mirrors of pools that are gone
     it = it->second->pool.expired() ? pools_.erase(it) : std::next(it);
   S_ = 0;
+  pad_ = 0;
   int64_t max_seq = 1;
   any_forced_ = false;
   all_forced_ = true;  // every row attends to forced selections: no indexer runs
@@ -288,8 +329,10 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   if (S_ > kMaxRows)
     throw Error("cuda: a forward of " + std::to_string(S_) + " rows (prompts and rounds together) is more than the " +
                 std::to_string(kMaxRows) + " the GPU's attention kernels take in one launch; send a shorter prompt");
-  ensure_workspace(S_, max_seq);
-  const int64_t S = S_, n = int64_t(spans_.size()), K = topk_stride();
+  if (draft) pad_ = padded_rows(S_) - S_;
+  S_ += pad_;
+  ensure_workspace(S_, std::max(max_seq, pad_));
+  const int64_t S = S_, n_real = int64_t(spans_.size()), n = n_real + (pad_ > 0), K = topk_stride();
   std::vector<int32_t>& m = meta_i32_;
   m.assign(size_t(6 * S + n), 0);
   int32_t *tokens = m.data(), *span = tokens + S, *slot = span + S, *pos = slot + S, *forced_count = pos + S;
@@ -298,7 +341,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   std::vector<int64_t>& m64 = meta_i64_;
   m64.assign(size_t(2 * n), 0);
   logit_rows_ = 0;
-  for (int64_t i = 0; i < n; ++i) {
+  for (int64_t i = 0; i < n_real; ++i) {
     const HYV4RowSpan& sp = spans_[i];
     for (int64_t r = 0; r < sp.rows; ++r) {
       const int64_t row = sp.first_row + r;
@@ -311,12 +354,24 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
     }
     page_tokens[i] = int32_t(sp.cache->page_tokens());
   }
-  for (int64_t i = 0; i < n; ++i) {  // the page tables, after the fixed part
+  for (int64_t r = 0; r < pad_; ++r) {  // the padding span: one page of kPadRowsMax slots
+    const int64_t row = S - pad_ + r;
+    span[row] = int32_t(n - 1);
+    slot[row] = pos[row] = int32_t(r);
+    forced_count[row] = -1;
+  }
+  if (pad_ > 0) page_tokens[n - 1] = int32_t(kPadRowsMax);
+  for (int64_t i = 0; i < n_real; ++i) {  // the page tables, after the fixed part
     const HYV4RowSpan& sp = spans_[i];
     const int64_t pt = sp.cache->page_tokens(), pages = (sp.slot0 + sp.rows + pt - 1) / pt;
     m64[size_t(i)] = int64_t(m.size());
     m.insert(m.end(), sp.cache->page_table(), sp.cache->page_table() + pages);
     m64[size_t(n + i)] = reinterpret_cast<int64_t>(mirror(*sp.cache).table.get());
+  }
+  if (pad_ > 0) {
+    m64[size_t(n - 1)] = int64_t(m.size());
+    m.push_back(0);
+    m64[size_t(2 * n - 1)] = reinterpret_cast<int64_t>(pad_mirror(*spans_[0].cache).table.get());
   }
   if (any_forced_) {  // forced rows' selections [S, K] after the page tables
     const size_t at = m.size();
@@ -330,6 +385,8 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
         std::copy(sp.forced->slots, sp.forced->slots + take, m.data() + at + row * K);
       }
     }
+    if (all_forced_)  // (no indexer runs: the padding rows attend to their first slot)
+      for (int64_t row = S - pad_; row < S; ++row) m[size_t(4 * S + row)] = 1;
     cuda::copy_to_device(ws_->forced.get(), m.data() + at, size_t(S * K) * sizeof(int32_t));
   }
   const void* before[2] = {ws_->meta_i32.get(), ws_->meta_i64.get()};
@@ -364,7 +421,9 @@ float* HYV4CudaBlocks::act(HYV4Act a) {
 
 bool HYV4CudaBlocks::replay_or_record(uintptr_t which) {
   if (profile::enabled()) return false;  // (BlockTimer times each block as it runs)
-  key_ = GraphKey{S_, int64_t(spans_.size()), logit_rows_, which, int(any_forced_) + 2 * int(all_forced_)};
+  // (an MTP forward's logit rows, all of its real ones, change nothing inside it: logits() runs after the graph)
+  const int64_t logit_rows = which ? 0 : logit_rows_;
+  key_ = GraphKey{S_, int64_t(spans_.size()) + (pad_ > 0), logit_rows, which, int(any_forced_) + 2 * int(all_forced_)};
   if (auto it = graphs_.find(key_); it != graphs_.end()) {
     it->second.used = ++uses_;
     mode_ = Mode::kReplaying;
@@ -447,6 +506,8 @@ void HYV4CudaBlocks::mtp_input(const MtpLayerWeights& m, const Linear& embed, Dr
     std::copy(r.h_prev, r.h_prev + r.rows * H, h.data() + row * H);
     row += r.rows;
   }
+  ids.resize(size_t(S), -1);  // padding rows: no embedding, no previous hidden state
+  std::fill(h.begin() + row * H, h.end(), 0.0f);
   int32_t* ids_d = as<int32_t>(ws_->moe_i32);
   cuda::copy_to_device(ids_d, ids.data(), ids.size() * sizeof(int32_t));
   cuda::copy_to_device(ws_->h_prev.f32(), h.data(), h.size() * sizeof(float));

@@ -27,7 +27,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   ~HYV4CudaBlocks() override;
 
   void reserve(int64_t rows, int64_t positions) override;
-  void begin(const HYV4RowSpan* spans, size_t count) override;
+  void begin(const HYV4RowSpan* spans, size_t count, bool draft) override;
   void embed_streams(const Linear& embed) override;
   void hyper_pre(const HyperConnectionWeights& hc) override;
   void hyper_post() override;
@@ -53,6 +53,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   void upload_weights(const HYV4Weights& w);
   float* act(HYV4Act a);
   PoolMirror& mirror(const KVCache& cache);
+  PoolMirror& pad_mirror(const KVCache& like);  // planes shaped as like's pool's, for padding rows
   void ensure_workspace(int64_t rows, int64_t positions);
   void swiglu_mlp(const Linear& g, const Linear& u, const Linear& d, float limit, const float* in, int64_t rows,
                   float* a, float* b, float* out);
@@ -93,7 +94,12 @@ class HYV4CudaBlocks final : public HYV4Blocks {
 
   // The current forward (begin()): its spans, rows, and the device view of its rows' caches.
   std::vector<HYV4RowSpan> spans_;
-  int64_t S_ = 0;
+  int64_t S_ = 0;  // rows, padding included
+  // An MTP forward's rows are padded to a few sizes per doubling (padded_rows in cuda_blocks.cpp), so that
+  // its graph replays whatever the round's acceptance: pad_ rows of a span of their own after the real ones
+  // (token 0, positions 0.., their keys in pad_mirror_'s scratch planes; nothing reads their outputs).
+  int64_t pad_ = 0;
+  std::unique_ptr<PoolMirror> pad_mirror_;
   bool any_forced_ = false, all_forced_ = false;
   int64_t logit_rows_ = 0;
   cuda::RowCaches rc_;
