@@ -243,12 +243,19 @@ KTuner& Engine::tuner_for(int64_t tuned_sequences) {
 // minimizes the batch's time per token.
 void Engine::record_tuner(KTuner& tuner, double step_seconds, bool one_off) {
   int64_t rounds = 0, tuned_rounds = 0;
+  bool backlog = false;
   for (size_t i = 0; i < members_.size(); ++i) {
     const bool round = was_round_[i] && !members_[i]->failed();
     rounds += round;
     tuned_rounds += round && members_[i]->tuned();
+    backlog = backlog || (round && members_[i]->tuned() && members_[i]->last_round().backlog_seconds > 0);
   }
   if (rounds == 0) return;
+  // A step with a catch-up of positions deferred by plain rounds (the first k > 0 step after k = 0 ones) is
+  // no measure of its k either: its MTP forwards ran many rows a sequence, and taking the catch-up's share
+  // out of the rounds' times took their ordinary catch-up with it (at 64 GPU sequences, 2 of a k = 1
+  // probe's 3 measured steps were such, and k = 1 looked 5-8% cheaper than it runs). The budget pays it.
+  const bool no_measure = one_off || backlog;
   const double weight = tuned_rounds > 0 ? 1.0 / double(tuned_rounds) : 1.0;  // the step is one observation
   for (size_t i = 0; i < members_.size(); ++i) {
     Sequence& s = *members_[i];
@@ -256,16 +263,13 @@ void Engine::record_tuner(KTuner& tuner, double step_seconds, bool one_off) {
     const Sequence::RoundReport& r = s.last_round();
     ++s.rounds_at_k()[r.k_chosen];
     if (step_seconds < 0) continue;
-    // (a catch-up of positions deferred by plain rounds is no measure of this round's k, but it is what
-    // resuming speculation cost: the probe budget pays it)
-    const double share = step_seconds / double(rounds), seconds = share - r.backlog_seconds;
+    const double share = step_seconds / double(rounds);
     const auto& seam = s.spec().round_seconds_for_tests;
-    if (one_off && !seam) {
-      tuner.record_one_off(r.k_chosen, share, r.emitted, weight);
+    if (no_measure && !seam) {
+      tuner.record_one_off(r.k_chosen, share, r.emitted, r.drafts_judged, weight);
       continue;
     }
-    tuner.record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : seconds, r.emitted, r.drafts_judged, weight,
-                 seam ? 0.0 : r.backlog_seconds);
+    tuner.record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : share, r.emitted, r.drafts_judged, weight);
   }
 }
 

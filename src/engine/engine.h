@@ -68,7 +68,8 @@ class Engine {
   void draft_all(int k_batch);
   KTuner& tuner_for(int64_t tuned_sequences);
   // step_seconds < 0: the step is not a measurement (its rounds only count in the sequences' stats);
-  // one_off: it did one-off work (Model::one_off_forwards), and its time only pays from the probe budget.
+  // one_off: it did one-off work (Model::one_off_forwards), and its time only pays from the probe budget (as
+  // does a step with a backlog catch-up).
   void record_tuner(KTuner& tuner, double step_seconds, bool one_off);
 
   Model& model_;

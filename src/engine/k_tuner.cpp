@@ -210,19 +210,14 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
   if (!valid_round(k, seconds, emitted, weight)) return;
   overhead = std::max(0.0, overhead);
   const double spent = seconds + overhead;
-  const double decay = std::pow(kDecay, weight), accept_decay = std::pow(kAcceptDecay, weight);
+  const double decay = std::pow(kDecay, weight);
   if (weight_[k] > 0) {
     const double mean = seconds_[k] / weight_[k];
     seconds = std::min(seconds, mean * kOutlierFactor);
   }
   seconds_[k] = seconds_[k] * decay + weight * seconds;
   weight_[k] = weight_[k] * decay + weight;
-  // emitted - 1 drafts were accepted: positions up to there were, the next (if drafted) was not.
-  const int accepted = std::min(k, emitted - 1);
-  for (int i = 1; drafts_judged && i <= std::min(k, accepted + 1); ++i) {
-    tried_[i - 1] = tried_[i - 1] * accept_decay + weight;
-    accepted_[i - 1] = accepted_[i - 1] * accept_decay + (i <= accepted ? weight : 0.0);
-  }
+  learn_acceptance(k, emitted, drafts_judged, weight);
   ++rounds_[k];
   charge(k, spent, emitted, weight);
   if (probe_left_ <= 0 || k != probe_k_) return;
@@ -236,8 +231,20 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
   if (probe_left_ <= 1e-6 || in_debt) end_probe();
 }
 
-void KTuner::record_one_off(int k, double seconds, int emitted, double weight) {
+// emitted - 1 drafts were accepted: positions up to there were, the next (if drafted) was not.
+void KTuner::learn_acceptance(int k, int emitted, bool drafts_judged, double weight) {
+  if (!drafts_judged) return;
+  const double accept_decay = std::pow(kAcceptDecay, weight);
+  const int accepted = std::min(k, emitted - 1);
+  for (int i = 1; i <= std::min(k, accepted + 1); ++i) {
+    tried_[i - 1] = tried_[i - 1] * accept_decay + weight;
+    accepted_[i - 1] = accepted_[i - 1] * accept_decay + (i <= accepted ? weight : 0.0);
+  }
+}
+
+void KTuner::record_one_off(int k, double seconds, int emitted, bool drafts_judged, double weight) {
   if (!valid_round(k, seconds, emitted, weight)) return;
+  learn_acceptance(k, emitted, drafts_judged, weight);  // (its time is no measure, its drafts are)
   ++rounds_[k];
   const double before = budget_;
   charge(k, seconds, emitted, weight);

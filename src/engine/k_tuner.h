@@ -62,10 +62,10 @@ class KTuner {
   // `rounds` sequence-rounds (as record's times are per sequence); a decaying average per round is added
   // to every k > 0's time (no round's time shows that cost, which only speculation pays).
   void record_arrival_overhead(double seconds, double rounds);
-  // A round of a step that did one-off work (a GPU backend's first run of a shape, its graph recording):
-  // no measure of k, but what it cost is paid from the probe budget (it does not stop a probe, as a
-  // catch-up does not).
-  void record_one_off(int k, double seconds, int emitted, double weight = 1.0);
+  // A round of a step that did one-off work (a GPU backend's first run of a shape, its graph recording, a
+  // catch-up of positions deferred by plain rounds): its time is no measure of k, but what it cost is paid
+  // from the probe budget (it does not stop a probe, as a catch-up does not); its drafts count as any.
+  void record_one_off(int k, double seconds, int emitted, bool drafts_judged = true, double weight = 1.0);
   int best() const;  // the k with the lowest time per token so far (k = 0 keeps near-ties)
   int k_max() const { return k_max_; }
   double seconds_per_token(int k) const;        // 0 when k was never measured
@@ -82,6 +82,7 @@ class KTuner {
   void start_probe(int k);  // (re)measure k next: its old time average kept at a fraction of a round
   void end_probe();
   void charge(int k, double seconds, int emitted, double weight);  // the round's part of the budget
+  void learn_acceptance(int k, int emitted, bool drafts_judged, double weight);
   std::vector<double> seconds_, weight_;  // decaying sums per k: round seconds, rounds
   std::vector<double> accepted_, tried_;  // decaying sums per draft position i (index i - 1)
   std::vector<int64_t> rounds_;

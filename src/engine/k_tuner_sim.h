@@ -2,8 +2,8 @@
 // costs 1 + (verify_per_row + draft_per_step) · k plain steps, times a uniform jitter, and accepts its
 // drafts in order, position i with probability accept[i - 1], until the first rejection. A round at k > 0
 // after plain rounds first catches up the positions they deferred (the prompt's at the start; at most
-// kDeferWindow, as the engine keeps), at catch_up_per_row plain steps each, reported to the tuner as
-// overhead. Regret is the tuner's time per token over that of the best fixed k, minus 1; speed_vs_plain
+// kDeferWindow, as the engine keeps), at catch_up_per_row plain steps each: a round with more of them than
+// k_max + 1 is reported as a one-off (as the engine does), the others with its time. Regret is the tuner's time per token over that of the best fixed k, minus 1; speed_vs_plain
 // is plain decoding's time per token over the tuner's.
 #pragma once
 #include <algorithm>
@@ -77,8 +77,12 @@ inline double tuned_cost(const Scenario& s, int k_max, int tokens, uint32_t seed
     while (accepted < k && u(rng) < s.accept[accepted]) ++accepted;
     const double t = round_cost(s, k) * jit(rng);
     const double catch_up = k > 0 ? s.catch_up_per_row * deferred : 0.0;
+    // (as the engine: a round with more deferred positions than a round's own is no measure of k)
+    if (k > 0 && deferred > k_max + 1)
+      tuner.record_one_off(k, t + catch_up, accepted + 1);
+    else
+      tuner.record(k, t + catch_up, accepted + 1);
     deferred = k > 0 ? 0 : std::min(kDeferWindow, deferred + 1);
-    tuner.record(k, t, accepted + 1, true, 1.0, catch_up);
     seconds += t + catch_up;
     emitted += accepted + 1;
   }
