@@ -209,7 +209,8 @@ TEST_P(CudaHYV4, SequencesDecodedTogetherMatchEachAloneUpToSixtyFour) {
       ASSERT_EQ(res.ids, alone[id].ids) << n << " sequences, request " << id << ": " << res.error;
       // The drafts too (a fixed k): an MTP forward's padding rows (cuda_blocks.cpp) change no real row.
       EXPECT_EQ(res.stats.num_draft_tokens, alone[id].stats.num_draft_tokens) << n << " sequences, request " << id;
-      EXPECT_EQ(res.stats.num_accepted_tokens, alone[id].stats.num_accepted_tokens) << n << " sequences, request " << id;
+      EXPECT_EQ(res.stats.num_accepted_tokens, alone[id].stats.num_accepted_tokens)
+          << n << " sequences, request " << id;
       ASSERT_EQ(res.logprobs.size(), alone[id].logprobs.size());
       for (size_t t = 0; t < res.logprobs.size(); ++t)
         ASSERT_EQ(0, std::memcmp(&res.logprobs[t].logprob, &alone[id].logprobs[t].logprob, sizeof(float)))

@@ -46,6 +46,7 @@ constexpr double kArrivalDecay = 0.98;
 // a 3-round re-measure kept half of what came before, so plain decoding's cold-start rounds (its first
 // steps run while the batch fills, 1.5-2x slower) decided between k for hundreds of steps.
 constexpr double kStaleWeight = 0.05;
+constexpr double kDriftDeadband = 0.03;  // see KTuner::drift
 }
 
 KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval, double first_prior_tries)
@@ -60,6 +61,7 @@ KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval, double first_p
   accepted_.assign(k_max, 0.0);
   tried_.assign(k_max, 0.0);
   rounds_.assign(k_max + 1, 0);
+  plain_at_.assign(k_max + 1, 0.0);
   if (k_max > 0) {  // the prior of position 1: tries that age like the rounds' own
     accepted_[0] = kFirstPrior * first_prior_tries;
     tried_[0] = first_prior_tries;
@@ -83,7 +85,19 @@ double KTuner::expected_tokens(int k) const {
 double KTuner::seconds_per_token(int k) const {
   if (k < 0 || k > k_max_ || weight_[k] <= 0) return 0.0;
   const double arrivals = k > 0 && arrival_rounds_ > 0 ? arrival_seconds_ / arrival_rounds_ : 0.0;
-  return (seconds_[k] / weight_[k] + arrivals) / expected_tokens(k);
+  return (seconds_[k] / weight_[k] * drift(k) + arrivals) / expected_tokens(k);
+}
+
+// A k > 0 was last measured when plain rounds took plain_at_[k]; rounds of every k slow down together as the
+// contexts grow (the indexer reads every key), so once plain rounds are slower its time is carried forward at
+// the ratio it had to plain decoding then. (Compared as they were, a k = 1 probed early looked 6-17% cheaper
+// than it ran later in a generation at 64 GPU sequences.) Not when plain rounds got faster: that is mostly
+// their cold start ending (the first plain rounds run 1.5-2x slow), which says nothing of a k measured warm;
+// nor within kDriftDeadband, where a jittery plain average alone would tilt every k > 0 (with none, the
+// simulation's hard text, whose k = 1 wins by 15%, lost up to 1.3 more points of regret).
+double KTuner::drift(int k) const {
+  if (k == 0 || plain_at_[k] <= 0 || weight_[0] <= 0) return 1.0;
+  return std::max(1.0, seconds_[0] / weight_[0] / plain_at_[k] - kDriftDeadband);
 }
 
 void KTuner::record_arrival_overhead(double seconds, double rounds) {
@@ -210,6 +224,10 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
   if (!valid_round(k, seconds, emitted, weight)) return;
   overhead = std::max(0.0, overhead);
   const double spent = seconds + overhead;
+  if (k > 0 && weight_[0] > 0) {  // (the k's average so far, carried to today's plain time first)
+    seconds_[k] *= drift(k);
+    plain_at_[k] = seconds_[0] / weight_[0];
+  }
   const double decay = std::pow(kDecay, weight);
   if (weight_[k] > 0) {
     const double mean = seconds_[k] / weight_[k];
@@ -267,8 +285,10 @@ void KTuner::end_probe() {
   if (k == rescale_k_) {
     const double now = seconds_[k] / weight_[k];
     if (rescale_from_ > 0)
-      for (int j = 0; j <= k_max_; ++j)
+      for (int j = 0; j <= k_max_; ++j) {
         if (j != k) seconds_[j] *= now / rescale_from_;
+        plain_at_[j] *= now / rescale_from_;  // (k's own too: its rounds were compared with the old plain)
+      }
     rescale_k_ = -1;
     if (plain_after_rescale_) {  // then k = 0 itself, which every other k is judged against
       plain_after_rescale_ = false;

@@ -1,10 +1,10 @@
-// A synthetic machine and text for judging KTuner (its test and bench/k_tuner_bench.cpp): a round at k
-// costs 1 + (verify_per_row + draft_per_step) · k plain steps, times a uniform jitter, and accepts its
-// drafts in order, position i with probability accept[i - 1], until the first rejection. A round at k > 0
-// after plain rounds first catches up the positions they deferred (the prompt's at the start; at most
-// kDeferWindow, as the engine keeps), at catch_up_per_row plain steps each: a round with more of them than
-// k_max + 1 is reported as a one-off (as the engine does), the others with its time. Regret is the tuner's time per token over that of the best fixed k, minus 1; speed_vs_plain
-// is plain decoding's time per token over the tuner's.
+// A synthetic machine and text for judging KTuner (its test and bench/k_tuner_bench.cpp): a round at k costs 1 +
+// (verify_per_row + draft_per_step) · k plain steps, times a uniform jitter, and accepts its drafts in order,
+// position i with probability accept[i - 1], until the first rejection. A round at k > 0 after plain rounds first
+// catches up the positions they deferred (the prompt's at the start; at most kDeferWindow, as the engine keeps), at
+// catch_up_per_row plain steps each: a round with more of them than k_max + 1 is reported as a one-off (as the
+// engine does), the others with its time. Regret is the tuner's time per token over that of the best fixed k, minus
+// 1; speed_vs_plain is plain decoding's time per token over the tuner's.
 #pragma once
 #include <algorithm>
 #include <random>

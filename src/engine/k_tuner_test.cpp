@@ -227,6 +227,28 @@ TEST(KTuner, AOneOffStepPaysFromTheBudgetButMeasuresNothing) {
   EXPECT_TRUE(t.probing());
 }
 
+// Rounds of every k slow down together as the contexts grow: a k measured early is carried forward at the
+// ratio it had to plain decoding then, so a stale k = 1 that lost by 2% does not look 7% faster than a plain
+// time measured later, 10% slower. (Plain rounds that got faster leave it alone: a cold start ending.)
+TEST(KTuner, AnOlderMeasureKeepsItsRatioToPlainDecoding) {
+  KTuner t(1, 3, 1000, kExactRates);
+  for (int r = 0; r < 3; ++r) t.record(0, 1.0, 1);
+  for (int r = 0; r < 3; ++r) t.record(1, 2.04, 2);  // every draft accepted: 1.02 a token
+  EXPECT_DOUBLE_EQ(t.seconds_per_token(1), 1.02);
+  EXPECT_EQ(t.best(), 0);
+  for (int r = 0; r < 40; ++r) t.record(0, 1.1, 1);  // later, longer contexts
+  EXPECT_NEAR(t.seconds_per_token(0), 1.1, 1e-3);
+  EXPECT_NEAR(t.seconds_per_token(1), 1.02 * (t.seconds_per_token(0) - 0.03), 1e-9);  // (a 3% deadband)
+  EXPECT_EQ(t.best(), 0);
+  // A new k = 1 round joins its average carried to today's plain time, and the ratio is taken afresh.
+  const double plain = t.seconds_per_token(0), w = 1 + 0.8 + 0.64;  // (3 rounds at decay 0.8)
+  t.record(1, 2.2, 2);
+  EXPECT_NEAR(t.seconds_per_token(1), ((plain - 0.03) * 2.04 * w * 0.8 + 2.2) / (w * 0.8 + 1) / 2, 1e-9);
+  // Plain rounds that got faster (a cold start ending) leave a k's time as it was measured.
+  for (int r = 0; r < 40; ++r) t.record(0, 0.8, 1);
+  EXPECT_NEAR(t.seconds_per_token(1), ((plain - 0.03) * 2.04 * w * 0.8 + 2.2) / (w * 0.8 + 1) / 2, 1e-9);
+}
+
 // Rounds that beat plain decoding bank their gain, up to 32 plain tokens' time.
 TEST(KTuner, GainsBankUpToThirtyTwoPlainTokens) {
   KTuner t(1, 3, 1000, kExactRates);

@@ -728,7 +728,8 @@ void HYV4CudaBlocks::logits(const Linear& lm_head, float* out) {
   const profile::Sections prof(kWait);
   int64_t row = 0, run = 0;  // run: logit rows of the pending run, ending at row
   const auto copy_run = [&] {
-    if (run > 0) cuda::copy_to_host(out + (row - run) * V, ws_->logits.f32() + (row - run) * V, size_t(run * V) * sizeof(float));
+    if (run > 0)
+      cuda::copy_to_host(out + (row - run) * V, ws_->logits.f32() + (row - run) * V, size_t(run * V) * sizeof(float));
     run = 0;
   };
   for (const HYV4RowSpan& sp : spans_) {

@@ -308,8 +308,8 @@ void HYV4Model::forward(const CacheSegment* segments, size_t count, float* logit
     for (int64_t s = 0; s < g.rows; ++s)
       if (g.tokens[s] < 0 || g.tokens[s] >= V)
         throw Error("token id " + std::to_string(g.tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
-    spans_.push_back({g.cache, S, g.rows, g.cache->length(), g.cache->length(), g.tokens, g.all_logits, nullptr, nullptr,
-                      g.argmax});
+    spans_.push_back(
+        {g.cache, S, g.rows, g.cache->length(), g.cache->length(), g.tokens, g.all_logits, nullptr, nullptr, g.argmax});
     S += g.rows;
   }
   if (S == 0) return;

@@ -188,7 +188,8 @@ class Qwen4ExpModel : public Model {
   void check_draft_request(const DraftRequest& r) const;
   // draft_forward for the requests of many sequences (one MTP layer), in one forward.
   void draft_forward_batch(int layer, DraftRequest* const* requests, size_t count);
-  void draft_logits_rows(const float* hidden, int64_t rows, float* logits, int32_t* argmax, int64_t argmax_rows);  // mtp mixer + lm_head
+  // mtp mixer + lm_head
+  void draft_logits_rows(const float* hidden, int64_t rows, float* logits, int32_t* argmax, int64_t argmax_rows);
   void run_draft_rounds(DraftRound* const* rounds, size_t n) override { draft_driver_.run(*this, rounds, n); }
 
  private:
