@@ -83,5 +83,6 @@ void moe_dispatch(const int32_t*, int64_t, int64_t, int64_t, int32_t*, int32_t*,
 void moe_combine(const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, const float*, float*) {
   unavailable();
 }
+void row_argmax(const float*, int64_t, int64_t, int32_t*) { unavailable(); }
 
 }  // namespace nextn::cuda
