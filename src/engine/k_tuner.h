@@ -1,28 +1,31 @@
-// Picks the number of draft tokens k for each round of greedy speculative decoding from measured speed.  Greedy
-// output does not depend on k (every round emits the target's own tokens), so k is free to follow whatever is
-// fastest on this machine, model and context: speculation pays only when a (k+1)-row verify plus k draft steps costs
-// less than the tokens it yields, which varies with the hardware (bandwidth- versus compute-bound), the context
-// length and the text. Each candidate k in 0..k_max (0 = plain decoding) is tried for a few rounds, climbing from k
-// = 0 while a larger k is faster (looking one step past the first k that is not; k = 0 re-measured once after k = 1,
-// its first rounds being the coldest), then the k with the lowest time per emitted token runs, and a neighbour of it
-// (or, when the best is 2 or more, k = 0 every third time) is re-measured every `reprobe_interval` rounds (twice as
-// long after each re-measure that changed nothing, up to 8x, unless plain decoding is the best: its rounds try no
-// draft, so only re-measures can show that drafting pays again) so that the choice follows the context as it grows;
-// a re-measure all but replaces its k's old time, which is stale by then (meanwhile it is carried at the ratio it
-// had to plain decoding, once plain rounds have slowed down with the contexts). Time per token at k is estimated as
-// (seconds per round at k) / (tokens a round at k yields), two things measured apart: a round's time barely varies,
-// but its tokens swing from 1 to k+1. So the tokens come from the acceptance rate of each draft position given the
-// ones before it, pooled over every round that drafted that far (whatever its k: position i's draft does not depend
-// on how many follow it), instead of from the few rounds run at k itself (position 1 from a prior of 65%, worth 4
-// tries, so that the first rejections do not send the climb back to plain decoding). Both are decaying averages, so
-// that they follow the text; a round time far from its k's average counts as at most 1.3x off (one stalled step must
-// not decide a probe). Probes are paid from a budget measured against plain decoding, so that a short generation
-// that has not finished probing never pays more than a few percent for them: each round adds 0.5% of its time, and a
-// round at k > 0 adds what it gained on plain decoding (the time its tokens take at k = 0's measured rate, minus its
-// own time, one-off catch-ups included; negative when it lost). A probe of a k > 0 starts only while the budget is
-// not negative, and stops early once its rounds put it a plain token's time in debt (its own catch-up, spent
-// whatever follows, does not stop it). Gains bank up to kBudgetCapTokens plain tokens (k_tuner.cpp), so a long-lived
-// server's tuner cannot spend hours of old gains on probes that lose.
+// Picks the number of draft tokens k for each round of greedy speculative decoding from measured speed.
+//
+// Greedy output does not depend on k (every round emits the target's own tokens), so k is free to follow
+// whatever is fastest on this machine, model and context: speculation pays only when a (k+1)-row verify plus k
+// draft steps costs less than the tokens it yields, which varies with the hardware (bandwidth- versus
+// compute-bound), the context length and the text. Each candidate k in 0..k_max (0 = plain decoding) is tried
+// for a few rounds, climbing from k = 0 while a larger k is faster (looking one step past the first k that is
+// not; k = 0 re-measured once after k = 1, its first rounds being the coldest), then the k with the lowest
+// time per emitted token runs, and a neighbour of it (or, when the best is 2 or more, k = 0 every third time)
+// is re-measured every `reprobe_interval` rounds (twice as long after each re-measure that changed nothing, up
+// to 8x, unless plain decoding is the best: its rounds try no draft, so only re-measures can show that
+// drafting pays again) so that the choice follows the context as it grows; a re-measure all but replaces its
+// k's old time, which is stale by then (meanwhile it is carried at the ratio it had to plain decoding, once
+// plain rounds have slowed down with the contexts). Time per token at k is estimated as (seconds per round
+// at k) / (tokens a round at k yields), two things measured apart: a round's time barely varies, but its tokens swing from 1
+// to k+1. So the tokens come from the acceptance rate of each draft position given the ones before it, pooled
+// over every round that drafted that far (whatever its k: position i's draft does not depend on how many
+// follow it), instead of from the few rounds run at k itself (position 1 from a prior of 65%, worth 4 tries,
+// so that the first rejections do not send the climb back to plain decoding). Both are decaying averages, so
+// that they follow the text; a round time far from its k's average counts as at most 1.3x off (one stalled
+// step must not decide a probe). Probes are paid from a budget measured against plain decoding, so that a
+// short generation that has not finished probing never pays more than a few percent for them: each round adds
+// 0.5% of its time, and a round at k > 0 adds what it gained on plain decoding (the time its tokens take at k
+// = 0's measured rate, minus its own time, one-off catch-ups included; negative when it lost). A probe of a k
+// > 0 starts only while the budget is not negative, and stops early once its rounds put it a plain token's
+// time in debt (its own catch-up, spent whatever follows, does not stop it). Gains bank up to kBudgetCapTokens
+// plain tokens (k_tuner.cpp), so a long-lived server's tuner cannot spend hours of old gains on probes that
+// lose.
 #pragma once
 #include <cstdint>
 #include <vector>
