@@ -76,7 +76,9 @@ concurrency.
                      acceptance length, and the bytes a step reads next to the bandwidth-bound ceiling
                      (N x read bandwidth / bytes per plain step). JSON: "concurrency": [{"sequences",
                      "plain_tokens_per_s", "speculative_tokens_per_s", "plain_vs_single",
-                     "speculative_vs_plain", "mean_acceptance_length", ...}]
+                     "speculative_vs_plain", "mean_acceptance_length", ...}]; with the tuned k, also the
+                     tuner's estimate of a sequence's time per token at each k at the end of the last pass
+                     ("speculative_tuner_us_per_token"), printed beside the measured ones
   --concurrency-k K  the --concurrency runs' speculation at a fixed k (1..8) instead of the tuned k: what
                      the tuner could reach at each N; 0: speculative requests that never draft (the upkeep
                      of speculation alone: hidden states kept for the drafter, the engine's bookkeeping)
@@ -379,6 +381,7 @@ struct ConcurrentRun {
   double mean_acceptance_length = 1;  // over all requests: 1 + accepted / drafts
   std::vector<int64_t> rounds_at_k;   // tuned k: the requests' rounds at each k, summed
   double draft_share = 0;             // the MTP layers' time (drafts and catch-up, all requests) / decode_seconds
+  std::vector<double> tuner_seconds_per_token;  // tuned k: the N-sequence class's estimates per k at the end
 };
 
 ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
@@ -433,8 +436,27 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
     for (size_t k = 0; k < at_k.size(); ++k) r.rounds_at_k[k] += at_k[k];
   }
   r.mean_acceptance_length = drafts ? 1.0 + double(accepted) / double(drafts) : 1.0;
+  for (const Engine::TunerClass& c : engine.tuner_classes())
+    if (c.min_sequences <= int64_t(n) && int64_t(n) < 2 * c.min_sequences) r.tuner_seconds_per_token = c.seconds_per_token;
   r.draft_share = r.decode_seconds > 0 ? r.draft_share / r.decode_seconds : 0.0;
   return r;
+}
+
+// The tuner's estimates against what the runs measured, both as a sequence's time per token (the tuner's
+// unit: a step's time shared by its sequences, over the tokens each emits).
+std::string tuner_text(const ConcurrentRun& spec, const ConcurrentRun& plain) {
+  if (spec.tuner_seconds_per_token.empty()) return "";
+  std::string s = "; the tuner's estimates, us a token a sequence:";
+  for (size_t k = 0; k < spec.tuner_seconds_per_token.size(); ++k) {
+    char cell[48];
+    std::snprintf(cell, sizeof cell, " %zu:%.1f", k, spec.tuner_seconds_per_token[k] * 1e6);
+    s += cell;
+  }
+  // (a step of n sequences emitting t tokens a sequence in T seconds: T / n a round, T / (n t) a token each)
+  auto measured = [](const ConcurrentRun& r) { return r.tokens_per_s > 0 ? 1e6 / r.tokens_per_s : 0.0; };
+  char tail[96];
+  std::snprintf(tail, sizeof tail, " (measured: plain %.1f, speculative %.1f)", measured(plain), measured(spec));
+  return s + tail;
 }
 
 std::string rounds_at_k_text(const std::vector<int64_t>& at_k) {
@@ -813,7 +835,10 @@ int run_bench(int argc, char** argv) {
         e["speculative_draft_share"] = median(spec_draft[i]);
         log("%s | %12.2f %7.2f %10.2f %9.2f %6.1f%% %6.1f%%\n", plain_cells, median(spec_tps[i]), median(spec_x[i]),
             ls.mean_acceptance_length, ls.bytes_per_step / 1e6, 100 * median(spec_frac[i]), 100 * median(spec_draft[i]));
-        k_lines += "  N=" + std::to_string(n) + ":" + rounds_at_k_text(ls.rounds_at_k) + "\n";
+        k_lines += "  N=" + std::to_string(n) + ":" + rounds_at_k_text(ls.rounds_at_k) + tuner_text(ls, lp) + "\n";
+        std::vector<double> estimates;
+        for (double v : ls.tuner_seconds_per_token) estimates.push_back(v * 1e6);
+        if (!estimates.empty()) e["speculative_tuner_us_per_token"] = estimates;
       } else {
         log("%s | %12s %7s %10s %9s %7s %7s\n", plain_cells, "-", "-", "-", "-", "-", "-");
       }

@@ -248,7 +248,7 @@ void Engine::record_tuner(KTuner& tuner, double step_seconds, bool one_off) {
     const bool round = was_round_[i] && !members_[i]->failed();
     rounds += round;
     tuned_rounds += round && members_[i]->tuned();
-    backlog = backlog || (round && members_[i]->tuned() && members_[i]->last_round().backlog_seconds > 0);
+    backlog = backlog || (round && members_[i]->tuned() && members_[i]->last_round().backlog);
   }
   if (rounds == 0) return;
   // A step with a catch-up of positions deferred by plain rounds (the first k > 0 step after k = 0 ones) is
@@ -271,6 +271,19 @@ void Engine::record_tuner(KTuner& tuner, double step_seconds, bool one_off) {
     }
     tuner.record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : share, r.emitted, r.drafts_judged, weight);
   }
+}
+
+std::vector<Engine::TunerClass> Engine::tuner_classes() const {
+  std::vector<TunerClass> out;
+  for (size_t b = 0; b < kTunerBuckets; ++b) {
+    if (!tuners_[b]) continue;
+    TunerClass c;
+    c.min_sequences = int64_t(1) << b;
+    for (int k = 0; k <= tuners_[b]->k_max(); ++k) c.seconds_per_token.push_back(tuners_[b]->seconds_per_token(k));
+    c.rounds = tuners_[b]->rounds();
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 bool Engine::cancel(int64_t id) {

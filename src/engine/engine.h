@@ -57,6 +57,15 @@ class Engine {
   // Steps run, and how many of them ran at each batch k (tuned sequences only).
   int64_t steps() const { return steps_; }
 
+  // What the k tuner of each batch size class that ran has learned (bench and diagnostics): its estimate of a
+  // sequence-round's time per token at each k, to set against what fixed-k runs measure.
+  struct TunerClass {
+    int64_t min_sequences = 0;               // the class: min_sequences .. 2 · min_sequences - 1 sequences
+    std::vector<double> seconds_per_token;   // per k (0: never measured)
+    std::vector<int64_t> rounds;             // sequence-rounds run at each k
+  };
+  std::vector<TunerClass> tuner_classes() const;
+
  private:
   struct Entry {
     int64_t id;

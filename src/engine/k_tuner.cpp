@@ -33,6 +33,17 @@ constexpr double kOutlierFactor = 1.3;
 // k > 0 is best only when it beats k = 0 by this much (with 2%, the server kept k = 1 at 8-64 clients
 // where it was 2-7% slower).
 constexpr double kPlainMargin = 0.05;
+// And by more than the measurements can tell apart: kNoiseZ standard errors of the difference between the
+// two estimates, from the rounds' relative spread (shared by every k: it is the machine's, ~50 steps of
+// memory, starting from kPriorNoise worth kPriorNoiseWeight steps) over each estimate's weight in steps. A
+// 2-vCPU server's steps spread by 25-40% (its HTTP threads take the cores at random), and with the fixed
+// 5% alone the tuner ran k = 1 for 70% of the rounds at 32 clients where it was no faster, losing 8%; a
+// quiet machine's 2-5% spread leaves the fixed margin in charge. (The first climb's steps up take the
+// noise term alone.)
+constexpr double kNoiseZ = 1.0;
+constexpr double kNoiseDecay = 0.98;
+constexpr double kPriorNoise = 0.05;
+constexpr double kPriorNoiseWeight = 2.0;
 // The probe budget (see k_tuner.h): the share of each round's time it earns, the debt at which a probe
 // stops, and the most it banks, both in plain tokens' time.
 constexpr double kProbeAllowance = 0.005;
@@ -106,11 +117,21 @@ void KTuner::record_arrival_overhead(double seconds, double rounds) {
   arrival_rounds_ = arrival_rounds_ * kArrivalDecay + rounds;
 }
 
+double KTuner::noise() const {
+  return std::sqrt((noise_sq_ + kPriorNoise * kPriorNoise * kPriorNoiseWeight) / (noise_weight_ + kPriorNoiseWeight));
+}
+
+double KTuner::noise_margin(int k, int j) const {
+  return kNoiseZ * noise() * std::sqrt(1.0 / std::max(weight_[k], 1.0) + 1.0 / std::max(weight_[j], 1.0));
+}
+
+double KTuner::plain_margin(int k) const { return std::max(kPlainMargin, noise_margin(k, 0)); }
+
 int KTuner::best() const {
   int b = -1;
   for (int k = 1; k <= k_max_; ++k)
     if (weight_[k] > 0 && (b < 0 || seconds_per_token(k) < seconds_per_token(b))) b = k;
-  if (weight_[0] > 0 && (b < 0 || seconds_per_token(b) > (1.0 - kPlainMargin) * seconds_per_token(0))) b = 0;
+  if (weight_[0] > 0 && (b < 0 || seconds_per_token(b) > (1.0 - plain_margin(b)) * seconds_per_token(0))) b = 0;
   return b < 0 ? k_max_ : b;
 }
 
@@ -172,10 +193,10 @@ int KTuner::next() {
   if (!climbed_) {
     int top = -1;
     while (top < k_max_ && rounds_[top + 1] > 0) ++top;
-    auto improves = [&](int k) {  // k >= 1 measured faster than every smaller k
+    auto improves = [&](int k) {  // k >= 1 measured faster than every smaller k, by more than the noise
       if (k < 1) return false;
       for (int j = 0; j < k; ++j)
-        if (seconds_per_token(k) >= seconds_per_token(j)) return false;
+        if (seconds_per_token(k) >= (1.0 - noise_margin(k, j)) * seconds_per_token(j)) return false;
       return true;
     };
     // Plain decoding was measured first, in the generation's coldest rounds (caches and pages still warming up:
@@ -220,18 +241,21 @@ bool KTuner::valid_round(int k, double seconds, int emitted, double weight) cons
   return k >= 0 && k <= k_max_ && emitted > 0 && seconds >= 0 && weight > 0 && weight <= 1;
 }
 
-void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, double weight, double overhead) {
+void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, double weight) {
   if (!valid_round(k, seconds, emitted, weight)) return;
-  overhead = std::max(0.0, overhead);
-  const double spent = seconds + overhead;
   if (k > 0 && weight_[0] > 0) {  // (the k's average so far, carried to today's plain time first)
     seconds_[k] *= drift(k);
     plain_at_[k] = seconds_[0] / weight_[0];
   }
+  const double spent = seconds;  // (the budget pays the whole round, an outlier too)
   const double decay = std::pow(kDecay, weight);
   if (weight_[k] > 0) {
     const double mean = seconds_[k] / weight_[k];
     seconds = std::min(seconds, mean * kOutlierFactor);
+    const double noise_decay = std::pow(kNoiseDecay, weight);
+    const double deviation = seconds / mean - 1.0;
+    noise_sq_ = noise_sq_ * noise_decay + weight * deviation * deviation;
+    noise_weight_ = noise_weight_ * noise_decay + weight;
   }
   seconds_[k] = seconds_[k] * decay + weight * seconds;
   weight_[k] = weight_[k] * decay + weight;
@@ -240,9 +264,8 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
   charge(k, spent, emitted, weight);
   if (probe_left_ <= 0 || k != probe_k_) return;
   probe_left_ -= weight;
-  // The probe's own catch-up is spent whatever follows: only what its rounds lose may stop it (stopped
-  // after the catch-up round, a probe leaves a k judged by one round's drafts).
-  probe_overhead_ += weight * overhead;
+  // The probe's one-off steps (record_one_off) are spent whatever follows: only what its measured rounds
+  // lose may stop it (stopped after a one-off step, a probe leaves a k judged by one step's drafts).
   const double b = plain_seconds_per_token();
   const bool in_debt = k > 0 && b > 0 && budget_ + probe_overhead_ < -kDebtTokens * b;
   // (a remainder left by rounding 1/n weights counts as done)

@@ -54,10 +54,7 @@ class KTuner {
   // weight 1/n: they share the step's one measured time, so the averages' memory and the probes' length
   // are counted in steps, whatever the batch (at weight 1, a batch of 64 would forget everything but the
   // last step, and a probe would last a single step).
-  // overhead: what the round cost besides `seconds` that is no measure of its k (a one-off catch-up of
-  // positions deferred by plain rounds): charged to the probe budget only.
-  void record(int k, double seconds, int emitted, bool drafts_judged = true, double weight = 1.0,
-              double overhead = 0.0);
+  void record(int k, double seconds, int emitted, bool drafts_judged = true, double weight = 1.0);
   // What speculation costs a batch outside its rounds' times: the MTP layers' pass over each prompt that
   // arrives while k > 0 runs (the engine defers it while plain decoding runs). seconds: this step's, over
   // `rounds` sequence-rounds (as record's times are per sequence); a decaying average per round is added
@@ -79,6 +76,9 @@ class KTuner {
   double expected_tokens(int k) const;  // 1 + Σ_j Π_{i<=j} accept rate of position i, j <= k
   double plain_seconds_per_token() const;  // k = 0's, scaled as a pending rescale will (0: not measured)
   bool may_probe(int k) const;  // the budget allows starting a probe of k
+  double noise() const;         // the rounds' relative spread (standard deviation / mean) of late
+  double noise_margin(int k, int j) const;  // the share by which k's and j's times may differ by chance
+  double plain_margin(int k) const;  // how much faster than plain decoding k must look to be best
   bool valid_round(int k, double seconds, int emitted, double weight) const;  // (NaN seconds: not valid)
   void start_probe(int k);  // (re)measure k next: its old time average kept at a fraction of a round
   void end_probe();
@@ -103,6 +103,7 @@ class KTuner {
   double budget_ = 0;        // seconds (per round, as the round times), see the header comment
   double arrival_seconds_ = 0, arrival_rounds_ = 0;  // decaying sums, see record_arrival_overhead
   double probe_overhead_ = 0;  // the current probe's one-off catch-ups (they do not stop it)
+  double noise_sq_ = 0, noise_weight_ = 0;  // decaying sums: squared relative deviations, rounds (see noise())
 };
 
 }  // namespace nextn

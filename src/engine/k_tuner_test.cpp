@@ -181,8 +181,9 @@ TEST(KTuner, ShortGenerationsPayAtMostThreePercentForProbes) {
     }
 }
 
-// A probe whose rounds put it a plain token's time in debt stops; its own catch-up (spent whatever follows)
-// does not stop it. No probe of a k > 0 starts again until the rounds' 0.5% allowance has paid the debt.
+// A probe whose rounds put it a plain token's time in debt stops; its one-off steps (a catch-up of deferred
+// positions, a GPU shape's first run: spent whatever follows) do not stop it. No probe of a k > 0 starts
+// again until the rounds' 0.5% allowance has paid the debt.
 TEST(KTuner, AProbeInDebtStopsAndWaitsForTheBudget) {
   KTuner t(1, 3, 8, kExactRates);
   constexpr double a = 0.005;  // the share of each round's time the budget earns (k_tuner.cpp)
@@ -192,14 +193,14 @@ TEST(KTuner, AProbeInDebtStopsAndWaitsForTheBudget) {
   }
   EXPECT_NEAR(t.budget_tokens(), 3 * a, 1e-9);
   ASSERT_EQ(t.next(), 1);
-  t.record(1, 1.0, 1, true, 1.0, /*overhead=*/2.0);  // one token for 3 seconds, 2 of them catch-up
+  t.record_one_off(1, 3.0, 1);  // one token for 3 seconds, a catch-up
   EXPECT_NEAR(t.budget_tokens(), 3 * a + a * 3.0 - 2.0, 1e-9);
-  EXPECT_TRUE(t.probing());  // the catch-up alone does not stop it
+  EXPECT_TRUE(t.probing());  // the one-off step alone does not stop it
   ASSERT_EQ(t.next(), 1);
   t.record(1, 2.5, 1);  // its round loses 1.5 s: past the one-token debt
   const double debt = 3 * a + 3 * a - 2.0 + a * 2.5 - 1.5;
   EXPECT_NEAR(t.budget_tokens(), debt, 1e-9);
-  EXPECT_FALSE(t.probing());  // stopped after two of its three rounds
+  EXPECT_FALSE(t.probing());  // stopped after one of its three measured rounds
   int plain_rounds = 0;
   while (t.next() == 0 && plain_rounds < 1000) {
     t.record(0, 1.0, 1);

@@ -261,7 +261,7 @@ void Sequence::finish_draft() {
   // window of positions is ever caught up, once, when drafting resumes, and the tuner's probe budget pays
   // that. (Charging every plain round for it made plain decoding look ~10% dearer than it is at 32-64
   // sequences, and the server's tuner kept k = 1 where it lost.)
-  if (backlog_rows_ > 0 && catch_seconds > 0) report_.backlog_seconds = catch_seconds;
+  report_.backlog = backlog_rows_ > 0 && catch_seconds > 0;
 }
 
 // Draft step s: its raw logits -> the draft distribution q (penalties as the target will apply them) -> the

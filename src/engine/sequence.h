@@ -64,7 +64,7 @@ class Sequence final : private DraftPicker {
   struct RoundReport {
     int k_chosen = 0, k = 0, emitted = 0;
     bool drafts_judged = false;
-    double backlog_seconds = 0;  // a one-off catch-up of positions deferred by k = 0 rounds (not k's cost)
+    bool backlog = false;  // ran a one-off catch-up of positions deferred by k = 0 rounds (not k's cost)
   };
   const RoundReport& last_round() const { return report_; }
   // Tuned rounds run at each k (filled by the engine; becomes stats.rounds_at_k).

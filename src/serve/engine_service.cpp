@@ -205,6 +205,9 @@ void EngineService::finish(int64_t id, GenerationResult& result) {
 
 void EngineService::publish_load() {
   metrics_.set_load(int64_t(engine_.active()), int64_t(engine_.waiting()), model_.kv_usage());
+  // (the tuners' state is a few vectors: copied every so many steps, and whenever the engine goes idle)
+  constexpr int64_t kTunerPublishSteps = 32;
+  if (step_ % kTunerPublishSteps == 0 || engine_.idle()) metrics_.set_tuners(engine_.tuner_classes());
   std::lock_guard lock(inbox_m_);
   engine_waiting_ = int64_t(engine_.waiting());
 }

@@ -108,6 +108,11 @@ void Metrics::set_load(int64_t running, int64_t waiting, double kv_usage) {
   kv_usage_ = kv_usage;
 }
 
+void Metrics::set_tuners(std::vector<Engine::TunerClass> classes) {
+  std::lock_guard lock(m_);
+  tuners_ = std::move(classes);
+}
+
 std::string Metrics::render() const {
   std::lock_guard lock(m_);
   std::string out;
@@ -139,6 +144,21 @@ std::string Metrics::render() const {
   for (size_t i = 0; i < accepted_per_pos_.size(); ++i)
     sample(out, "vllm:spec_decode_num_accepted_tokens_per_pos_total", L + ",position=\"" + std::to_string(i) + "\"",
            double(accepted_per_pos_[i]));
+  // The k tuner per batch size class (sequences decoding at once: min_sequences .. 2 min_sequences - 1): what
+  // it estimates a sequence's token costs at each k (0: not measured yet), and the rounds it ran at each.
+  const auto tuner_labels = [&](const Engine::TunerClass& c, size_t k) {
+    return L + ",batch_class=\"" + std::to_string(c.min_sequences) + "\",k=\"" + std::to_string(k) + "\"";
+  };
+  header(out, "nextn:spec_decode_tuner_seconds_per_token", "gauge",
+         "The k tuner's estimate of a sequence's time per token at each k, per batch size class.");
+  for (const Engine::TunerClass& c : tuners_)
+    for (size_t k = 0; k < c.seconds_per_token.size(); ++k)
+      sample(out, "nextn:spec_decode_tuner_seconds_per_token", tuner_labels(c, k), c.seconds_per_token[k]);
+  header(out, "nextn:spec_decode_tuner_rounds_total", "counter",
+         "Sequence-rounds run at each k, per batch size class.");
+  for (const Engine::TunerClass& c : tuners_)
+    for (size_t k = 0; k < c.rounds.size(); ++k)
+      sample(out, "nextn:spec_decode_tuner_rounds_total", tuner_labels(c, k), double(c.rounds[k]));
   const auto histogram = [&](const char* name, const char* help, const Histogram& h) {
     header(out, name, "histogram", help);
     h.render(out, name, L);

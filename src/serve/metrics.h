@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/engine.h"
 #include "engine/request.h"
 
 namespace nextn::serve {
@@ -35,6 +36,8 @@ class Metrics {
   // A finished request choice: counters, latency and size histograms, speculation stats.
   void observe_finished(const GenerationResult& result, double e2e_seconds);
   void set_load(int64_t running, int64_t waiting, double kv_usage);
+  // The k tuners' estimates and rounds per batch size class (nextn's own gauges, beside vLLM's).
+  void set_tuners(std::vector<Engine::TunerClass> classes);
 
   std::string render() const;  // Prometheus text exposition format 0.0.4
 
@@ -47,6 +50,7 @@ class Metrics {
   std::map<std::string, uint64_t> success_;  // finished_reason -> requests
   uint64_t drafts_ = 0, draft_tokens_ = 0, accepted_ = 0;
   std::vector<uint64_t> accepted_per_pos_;
+  std::vector<Engine::TunerClass> tuners_;
   Histogram ttft_, itl_, e2e_, prompt_len_, gen_len_;
 };
 

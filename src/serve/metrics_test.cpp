@@ -49,5 +49,18 @@ TEST(Metrics, CountersGaugesAndHistogramsUseVllmNames) {
   EXPECT_TRUE(has_line(text, "vllm:inter_token_latency_seconds_count{" + L + "} 1"));
 }
 
+TEST(Metrics, TheKTunersEstimatesPerBatchClass) {
+  Metrics m("tiny");
+  m.set_tuners({{8, {0.0005, 0.000625, 0.0}, {300, 40, 0}}});
+  const std::string text = m.render();
+  const std::string L = "model_name=\"tiny\",engine=\"0\",batch_class=\"8\"";
+  EXPECT_TRUE(has_line(text, "# TYPE nextn:spec_decode_tuner_seconds_per_token gauge")) << text;
+  EXPECT_TRUE(has_line(text, "nextn:spec_decode_tuner_seconds_per_token{" + L + ",k=\"1\"} 0.000625")) << text;
+  EXPECT_TRUE(has_line(text, "nextn:spec_decode_tuner_seconds_per_token{" + L + ",k=\"2\"} 0"));
+  EXPECT_TRUE(has_line(text, "nextn:spec_decode_tuner_rounds_total{" + L + ",k=\"0\"} 300"));
+  m.set_tuners({});
+  EXPECT_EQ(m.render().find("batch_class"), std::string::npos);  // (a new set replaces the old)
+}
+
 }  // namespace
 }  // namespace nextn::serve

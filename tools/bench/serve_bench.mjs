@@ -17,7 +17,9 @@ const levels = (args.concurrency ?? '1,8,32,64').split(',').map(Number);
 const perClient = Number(args['requests-per-client'] ?? 4);
 const maxTokens = Number(args['max-tokens'] ?? 96);
 // --repeat N: each level runs off, on, off, on, ... (N of each), and the table gives each mode's run of
-// median throughput (on a shared 2-core machine one run's throughput varies by 10% or more).
+// median throughput (on a shared 2-core machine one run's throughput varies by 10% or more), and as the
+// ratio the median over the N pairs (off, on) run back to back of on / off: a machine whose speed drifts
+// between runs (a 2-vCPU VM swung 1.0-1.8k tok/s within minutes) moves both runs of a pair together.
 const repeat = Number(args.repeat ?? 1);
 const specK = args['spec-k'] === undefined ? undefined : Number(args['spec-k']);  // fixed k instead of the tuned
 
@@ -91,22 +93,27 @@ for (const c of levels) {
   const runs = { false: [], true: [] };
   for (let i = 0; i < repeat; ++i)
     for (const spec of [false, true]) runs[spec].push(await level(c, spec));
+  const pairRatios = runs[true].map((on, i) => on.tokens_per_s / runs[false][i].tokens_per_s);
   for (const spec of [false, true]) {
-    const sorted = runs[spec].sort((a, b) => a.tokens_per_s - b.tokens_per_s);
-    rows.push({ ...sorted[Math.floor(sorted.length / 2)], all_tokens_per_s: sorted.map((x) => x.tokens_per_s) });
+    const sorted = [...runs[spec]].sort((a, b) => a.tokens_per_s - b.tokens_per_s);
+    rows.push({ ...sorted[Math.floor(sorted.length / 2)], all_tokens_per_s: sorted.map((x) => x.tokens_per_s),
+                ...(spec ? { pair_ratios: pairRatios, pair_ratio_median: pct(pairRatios, 0.5) } : {}) });
     const r = rows.at(-1);
     console.error(`c=${c} ${spec ? 'spec' : 'plain'}: ${r.all_tokens_per_s.map((x) => x.toFixed(1)).join(' / ')} tok/s, ` +
                   `TTFT p50 ${(r.ttft_p50_s * 1e3).toFixed(1)} ms` +
-                  (r.rounds_at_k.length ? `, rounds per k ${r.rounds_at_k.join(' ')}` : ''));
+                  (r.rounds_at_k.length ? `, rounds per k ${r.rounds_at_k.join(' ')}` : '') +
+                  (spec ? `; on / off per pair: ${[...pairRatios].sort((a, b) => a - b).map((x) => x.toFixed(2)).join(' ')}` : ''));
   }
 }
 const ms = (s) => (s * 1000).toFixed(1);
+if (repeat > 1) console.log('(tokens/s: the median run of each mode; ratio: the median over the pairs of on / off)');
 console.log('| clients | speculation | requests | tokens/s | ratio | TTFT p50 / p95 ms | ITL p50 / p95 ms | TPOT ms |');
 console.log('|---:|---|---:|---:|---:|---:|---:|---:|');
 for (const r of rows) {
   const plain = rows.find((x) => x.concurrency === r.concurrency && !x.speculation);
+  const ratio = r.speculation && r.pair_ratios.length > 1 ? r.pair_ratio_median : r.tokens_per_s / plain.tokens_per_s;
   console.log(`| ${r.concurrency} | ${r.speculation ? (specK === undefined ? 'MTP (server default)' : `MTP k = ${specK}`) : 'off'} | ${r.requests} | ` +
-              `${r.tokens_per_s.toFixed(1)} | ${(r.tokens_per_s / plain.tokens_per_s).toFixed(2)}x | ` +
+              `${r.tokens_per_s.toFixed(1)} | ${ratio.toFixed(2)}x | ` +
               `${ms(r.ttft_p50_s)} / ${ms(r.ttft_p95_s)} | ${ms(r.itl_p50_s)} / ${ms(r.itl_p95_s)} | ${ms(r.tpot_mean_s)} |`);
 }
 if (args.json) (await import('node:fs')).writeFileSync(args.json, JSON.stringify(rows, null, 2));
