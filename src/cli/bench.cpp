@@ -78,7 +78,9 @@ concurrency.
                      "plain_tokens_per_s", "speculative_tokens_per_s", "plain_vs_single",
                      "speculative_vs_plain", "mean_acceptance_length", ...}]; with the tuned k, also the
                      tuner's estimate of a sequence's time per token at each k at the end of the last pass
-                     ("speculative_tuner_us_per_token"), printed beside the measured ones
+                     ("speculative_tuner_us_per_token"), printed beside the measured ones; and the
+                     speculative steps that did one-off work (a GPU shape's first run or graph recording:
+                     "speculative_one_off_steps", "speculative_one_off_share" of the decode time)
   --concurrency-k K  the --concurrency runs' speculation at a fixed k (1..8) instead of the tuned k: what
                      the tuner could reach at each N; 0: speculative requests that never draft (the upkeep
                      of speculation alone: hidden states kept for the drafter, the engine's bookkeeping)
@@ -382,6 +384,8 @@ struct ConcurrentRun {
   std::vector<int64_t> rounds_at_k;   // tuned k: the requests' rounds at each k, summed
   double draft_share = 0;             // the MTP layers' time (drafts and catch-up, all requests) / decode_seconds
   std::vector<double> tuner_seconds_per_token;  // tuned k: the N-sequence class's estimates per k at the end
+  int64_t one_off_steps = 0;      // decode steps that did one-off work (a GPU shape's first run or recording)
+  double one_off_seconds = 0;     // and their time
 };
 
 ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
@@ -412,7 +416,13 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
     int64_t positions = 0;
     for (size_t i = 0; i < n; ++i)
       if (emitted[i] < max_tokens) positions += int64_t(prompts[i].size()) + emitted[i];
+    const uint64_t one_offs = m.one_off_forwards();
+    const double step_t0 = now_s();
     engine.step();
+    if (m.one_off_forwards() != one_offs) {
+      ++r.one_off_steps;
+      r.one_off_seconds += now_s() - step_t0;
+    }
     ++r.decode_steps;
     bytes += double(m.last_forward_weight_bytes()) + double(positions) * kv_per_position;
   }
@@ -804,7 +814,7 @@ int run_bench(int argc, char** argv) {
     log("  %5s %12s %8s %9s %13s %7s | %12s %7s %10s %9s %7s %7s\n", "N", "plain tok/s", "x single", "MB/step",
         "ceiling tok/s", "of ceil", "spec tok/s", "x plain", "accept len", "MB/step", "of BW", "drafts");
     nlohmann::json conc = nlohmann::json::array();
-    std::string k_lines;
+    std::string k_lines, one_off_lines;
     for (size_t i = 0; i < C; ++i) {
       const int n = o.concurrency[i];
       const ConcurrentRun& lp = last_plain[i];
@@ -833,6 +843,16 @@ int run_bench(int argc, char** argv) {
         e["speculative_bandwidth_fraction"] = median(spec_frac[i]);
         e["speculative_rounds_at_k"] = ls.rounds_at_k;
         e["speculative_draft_share"] = median(spec_draft[i]);
+        const double one_off_share = ls.decode_seconds > 0 ? ls.one_off_seconds / ls.decode_seconds : 0.0;
+        e["speculative_one_off_steps"] = ls.one_off_steps;
+        e["speculative_one_off_share"] = one_off_share;
+        if (ls.one_off_steps > 0) {
+          char cell[128];
+          std::snprintf(cell, sizeof cell, "  N=%d: %lld of %lld decode steps, %.1f%% of the decode time\n", n,
+                        static_cast<long long>(ls.one_off_steps), static_cast<long long>(ls.decode_steps),
+                        100 * one_off_share);
+          one_off_lines += cell;
+        }
         log("%s | %12.2f %7.2f %10.2f %9.2f %6.1f%% %6.1f%%\n", plain_cells, median(spec_tps[i]), median(spec_x[i]),
             ls.mean_acceptance_length, ls.bytes_per_step / 1e6, 100 * median(spec_frac[i]), 100 * median(spec_draft[i]));
         k_lines += "  N=" + std::to_string(n) + ":" + rounds_at_k_text(ls.rounds_at_k) + tuner_text(ls, lp) + "\n";
@@ -849,6 +869,9 @@ int run_bench(int argc, char** argv) {
     if (drafting && o.concurrency_k < 0)
       log("  speculative rounds at each k, summed over the requests (last pass; MB/step and of BW count the target's "
           "forwards only, not the MTP layers'):\n%s", k_lines.c_str());
+    if (!one_off_lines.empty())
+      log("  speculative steps that did one-off work (a GPU shape's first run or graph recording; last pass; the k "
+          "tuner does not measure them):\n%s", one_off_lines.c_str());
     if (fits_in_llc)
       log("  (the checkpoint fits in the last-level cache: the ceiling above, from DRAM bandwidth, is no bound)\n");
     out["concurrency"] = conc;

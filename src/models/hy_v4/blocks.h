@@ -49,9 +49,9 @@ class HYV4Blocks {
 
   // Room for `rows` rows over caches of `positions` positions, so that the decode loop never allocates.
   virtual void reserve(int64_t rows, int64_t positions) = 0;
-  // The rows of the coming forward: its spans, in row order (first_row ascending and contiguous); draft: an MTP
-  // layer's forward (whose row counts follow each round's acceptance).
-  virtual void begin(const HYV4RowSpan* spans, size_t count, bool draft) = 0;
+  // The rows of the coming forward (the target's or an MTP layer's): its spans, in row order (first_row
+  // ascending and contiguous).
+  virtual void begin(const HYV4RowSpan* spans, size_t count) = 0;
 
   // Target forward. streams [S, C, H] = C copies of embed(tokens).
   virtual void embed_streams(const Linear& embed) = 0;

@@ -47,7 +47,7 @@ void HYV4CpuBlocks::reserve(int64_t rows, int64_t positions) {
   row_span_.reserve(static_cast<size_t>(rows));
 }
 
-void HYV4CpuBlocks::begin(const HYV4RowSpan* spans, size_t count, bool /*draft*/) {
+void HYV4CpuBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   spans_.assign(spans, spans + count);
   S_ = map_rows_to_spans(spans_, row_span_);
   int64_t max_seq = 1;

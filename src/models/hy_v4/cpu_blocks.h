@@ -80,7 +80,7 @@ class HYV4CpuBlocks final : public HYV4Blocks {
   ThreadPool* pool() const { return pool_; }
 
   void reserve(int64_t rows, int64_t positions) override;
-  void begin(const HYV4RowSpan* spans, size_t count, bool draft) override;
+  void begin(const HYV4RowSpan* spans, size_t count) override;
   void embed_streams(const Linear& embed) override;
   void hyper_pre(const HyperConnectionWeights& hc) override;
   void hyper_post() override;

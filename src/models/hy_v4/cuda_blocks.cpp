@@ -266,11 +266,11 @@ HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::mirror(const KVCache& cache) {
 
 namespace {
 
-// The rows an MTP forward of S rows runs as: S up to 8, else S rounded up to a quarter of its power of two
-// (at least 8): 64..128 rows (64 sequences at k = 1) take 5 sizes instead of 65. Padding costs a few rows
-// of work; a forward whose shape has no graph costs its launches (on the bundled model at 32-64 sequences,
-// most MTP forwards ran eagerly, and a k = 1 step cost twice a plain one). Forwards past kPadUpTo rows (a
-// long prompt's catch-up) are not padded.
+// The rows a forward of S rows runs as: S up to 8, else S rounded up to a quarter of its power of two (at
+// least 8): 64..128 rows (64 sequences at k = 1) take 5 sizes instead of 65. Padding costs a few rows of
+// work; a forward whose shape has no graph costs its launches (on the bundled model at 32-64 sequences, most
+// MTP forwards ran eagerly, and a k = 1 step cost twice a plain one; the target's verify forwards too, while
+// the sequences of a batch finished one by one). Forwards past kPadUpTo rows (a long prompt) are not padded.
 constexpr int64_t kPadUpTo = 2048;
 int64_t padded_rows(int64_t S) {
   if (S <= 8 || S > kPadUpTo) return S;
@@ -283,11 +283,15 @@ constexpr int64_t kPadRowsMax = kPadUpTo / 4;  // (the most padded_rows adds)
 
 }  // namespace
 
+// One per plane layout (the target's pool and the MTP layers' have different widths), kept for good: forwards
+// of both kinds alternate, and none of their graphs holds a mirror's address (each forward uploads its table's
+// address with the page tables), so a new layout only adds one.
 HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::pad_mirror(const KVCache& like) {
   const KVPool& pool = *like.shared_pool();
   std::vector<int64_t> widths;
   for (size_t p = 0; p < pool.num_planes(); ++p) widths.push_back(pool.plane_width(p));
-  if (pad_mirror_ && pad_mirror_->widths == widths) return *pad_mirror_;
+  for (const std::unique_ptr<PoolMirror>& m : pad_mirrors_)
+    if (m->widths == widths) return *m;
   auto m = std::make_unique<PoolMirror>();
   m->rows = kPadRowsMax;
   m->widths = widths;
@@ -298,15 +302,14 @@ HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::pad_mirror(const KVCache& like) {
   }
   m->table = cuda::DeviceBuffer(addresses.size() * sizeof(float*));
   m->table.upload(addresses.data(), m->table.bytes());
-  forget_graphs();  // (graphs with padding rows read the old planes' addresses)
-  pad_mirror_ = std::move(m);
-  return *pad_mirror_;
+  pad_mirrors_.push_back(std::move(m));
+  return *pad_mirrors_.back();
 }
 
 // One upload of the rows' facts: tokens, span, slot, position, pages and forced selections (int32), and per
 // span its page table's offset and its pool's plane table (int64). An MTP forward's padding rows come last,
 // as one more span.
-void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count, bool draft) {
+void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   const profile::Sections prof(kUpload);
   if (mode_ == Mode::kRecording) cuda::abandon_capture();  // (a forward that threw mid-way)
   mode_ = Mode::kEager;
@@ -329,7 +332,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count, bool draft) {
   if (S_ > kMaxRows)
     throw Error("cuda: a forward of " + std::to_string(S_) + " rows (prompts and rounds together) is more than the " +
                 std::to_string(kMaxRows) + " the GPU's attention kernels take in one launch; send a shorter prompt");
-  if (draft) pad_ = padded_rows(S_) - S_;
+  pad_ = padded_rows(S_) - S_;
   S_ += pad_;
   ensure_workspace(S_, std::max(max_seq, pad_));
   const int64_t S = S_, n_real = int64_t(spans_.size()), n = n_real + (pad_ > 0), K = topk_stride();
@@ -339,7 +342,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count, bool draft) {
   int32_t* logit_rows = forced_count + S;
   int32_t* page_tokens = logit_rows + S;
   std::vector<int64_t>& m64 = meta_i64_;
-  m64.assign(size_t(2 * n), 0);
+  m64.assign(size_t(2 * S), 0);  // [S] page-table offsets, then [S] plane tables: at most a span a row
   logit_rows_ = 0;
   for (int64_t i = 0; i < n_real; ++i) {
     const HYV4RowSpan& sp = spans_[i];
@@ -366,12 +369,12 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count, bool draft) {
     const int64_t pt = sp.cache->page_tokens(), pages = (sp.slot0 + sp.rows + pt - 1) / pt;
     m64[size_t(i)] = int64_t(m.size());
     m.insert(m.end(), sp.cache->page_table(), sp.cache->page_table() + pages);
-    m64[size_t(n + i)] = reinterpret_cast<int64_t>(mirror(*sp.cache).table.get());
+    m64[size_t(S + i)] = reinterpret_cast<int64_t>(mirror(*sp.cache).table.get());
   }
   if (pad_ > 0) {
     m64[size_t(n - 1)] = int64_t(m.size());
     m.push_back(0);
-    m64[size_t(2 * n - 1)] = reinterpret_cast<int64_t>(pad_mirror(*spans_[0].cache).table.get());
+    m64[size_t(S + n - 1)] = reinterpret_cast<int64_t>(pad_mirror(*spans_[0].cache).table.get());
   }
   if (any_forced_) {  // forced rows' selections [S, K] after the page tables
     const size_t at = m.size();
@@ -392,7 +395,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count, bool draft) {
   const void* before[2] = {ws_->meta_i32.get(), ws_->meta_i64.get()};
   // (twice what this forward needs when they grow: the page tables lengthen as sequences do)
   if (ws_->meta_i32.bytes() < m.size() * sizeof(int32_t)) grow<int32_t>(ws_->meta_i32, 2 * int64_t(m.size()));
-  if (ws_->meta_i64.bytes() < size_t(2 * n) * sizeof(int64_t)) grow<int64_t>(ws_->meta_i64, 4 * n);
+  if (ws_->meta_i64.bytes() < size_t(2 * S) * sizeof(int64_t)) grow<int64_t>(ws_->meta_i64, 4 * S);
   int32_t* d32 = as<int32_t>(ws_->meta_i32);
   int64_t* d64 = as<int64_t>(ws_->meta_i64);
   if (d32 != before[0] || d64 != before[1]) forget_graphs();  // (recorded with the old addresses)
@@ -404,7 +407,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count, bool draft) {
   rc_.page_tokens = d32 + 6 * S;
   rc_.tables = d32;
   rc_.table_offset = d64;
-  rc_.planes = reinterpret_cast<float* const* const*>(d64 + n);
+  rc_.planes = reinterpret_cast<float* const* const*>(d64 + S);  // (at S, not n: no argument depends on the spans)
 }
 
 float* HYV4CudaBlocks::act(HYV4Act a) {
@@ -421,9 +424,9 @@ float* HYV4CudaBlocks::act(HYV4Act a) {
 
 bool HYV4CudaBlocks::replay_or_record(uintptr_t which) {
   if (profile::enabled()) return false;  // (BlockTimer times each block as it runs)
-  // (an MTP forward's logit rows, all of its real ones, change nothing inside it: logits() runs after the graph)
-  const int64_t logit_rows = which ? 0 : logit_rows_;
-  key_ = GraphKey{S_, int64_t(spans_.size()) + (pad_ > 0), logit_rows, which, int(any_forced_) + 2 * int(all_forced_)};
+  // (neither the spans nor the logit rows change a kernel's arguments: the spans are read from the uploads at
+  // addresses set by S alone, and logits() runs after the graph)
+  key_ = GraphKey{S_, which, int(any_forced_) + 2 * int(all_forced_)};
   if (auto it = graphs_.find(key_); it != graphs_.end()) {
     it->second.used = ++uses_;
     mode_ = Mode::kReplaying;
@@ -707,7 +710,7 @@ void HYV4CudaBlocks::read_hidden(int64_t first, int64_t rows, float* out) {
 void HYV4CudaBlocks::logits(const Linear& lm_head, float* out) {
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size, n = logit_rows_;
   const float* rows = ws_->hidden.f32();
-  if (n < S_) {  // only some rows want logits (prefill: the last): gather them, one lm_head for all
+  if (n < S_ - pad_) {  // only some rows want logits (prefill: the last): gather them, one lm_head for all
     cuda::gather_rows(ws_->hidden.f32(), H, as<int32_t>(ws_->meta_i32) + 5 * S_, n, ws_->x.f32());
     rows = ws_->x.f32();
   }

@@ -27,7 +27,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   ~HYV4CudaBlocks() override;
 
   void reserve(int64_t rows, int64_t positions) override;
-  void begin(const HYV4RowSpan* spans, size_t count, bool draft) override;
+  void begin(const HYV4RowSpan* spans, size_t count) override;
   void embed_streams(const Linear& embed) override;
   void hyper_pre(const HyperConnectionWeights& hc) override;
   void hyper_post() override;
@@ -66,12 +66,12 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   std::unordered_map<const KVPool*, std::unique_ptr<PoolMirror>> pools_;
   std::unique_ptr<Workspace> ws_;
 
-  // Forwards as CUDA graphs, by shape (rows, spans, logit rows, which forward: the target's or an MTP layer's,
+  // Forwards as CUDA graphs, by shape (rows, padding included; which forward: the target's or an MTP layer's;
   // forced selections): a shape's second forward is recorded, later ones replay it (the block calls then
   // queue nothing). The kernels' arguments are the workspace's addresses and these sizes; positions, slots,
-  // page tables, tokens, h_prev and forced selections are read from the per-forward uploads, which come
+  // spans, page tables, tokens, h_prev and forced selections are read from the per-forward uploads, which come
   // before. What a forward hands back mid-way (an MTP layer's top-k) is read after the graph, in finish().
-  using GraphKey = std::tuple<int64_t, int64_t, int64_t, uintptr_t, int>;
+  using GraphKey = std::tuple<int64_t, uintptr_t, int>;
   enum class Mode { kEager, kRecording, kReplaying };
   bool skipping() const { return mode_ == Mode::kReplaying; }
   // At a forward's first block: replay its shape's graph (true: queue nothing), or record or run it.
@@ -95,11 +95,11 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   // The current forward (begin()): its spans, rows, and the device view of its rows' caches.
   std::vector<HYV4RowSpan> spans_;
   int64_t S_ = 0;  // rows, padding included
-  // An MTP forward's rows are padded to a few sizes per doubling (padded_rows in cuda_blocks.cpp), so that
-  // its graph replays whatever the round's acceptance: pad_ rows of a span of their own after the real ones
-  // (token 0, positions 0.., their keys in pad_mirror_'s scratch planes; nothing reads their outputs).
+  // A forward's rows are padded to a few sizes per doubling (padded_rows in cuda_blocks.cpp), so that its graph
+  // replays whatever the round's acceptance and the batch: pad_ rows of a span of their own after the real ones
+  // (token 0, positions 0.., their keys in pad_mirrors_' scratch planes; nothing reads their outputs).
   int64_t pad_ = 0;
-  std::unique_ptr<PoolMirror> pad_mirror_;
+  std::vector<std::unique_ptr<PoolMirror>> pad_mirrors_;  // per plane layout (pad_mirror())
   bool any_forced_ = false, all_forced_ = false;
   int64_t logit_rows_ = 0;
   cuda::RowCaches rc_;

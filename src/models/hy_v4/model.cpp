@@ -315,7 +315,7 @@ void HYV4Model::forward(const CacheSegment* segments, size_t count, float* logit
   if (S == 0) return;
   for (const CacheSegment* g = segments; g != segments + count; ++g)
     if (g->rows > 0) g->cache->prepare(g->rows);
-  blocks_->begin(spans_.data(), spans_.size(), false);  // (after prepare: a backend may read the page tables)
+  blocks_->begin(spans_.data(), spans_.size());  // (after prepare: a backend may read the page tables)
 
   size_t routed_bytes = 0;
   blocks_->embed_streams(w_.embed);  // streams [S, C, H]
@@ -385,7 +385,7 @@ void HYV4Model::draft_forward_batch(int layer, DraftRequest* const* requests, si
     row += r.rows;
   }
   for (size_t i = 0; i < count; ++i) requests[i]->cache->prepare(requests[i]->rows);
-  blocks_->begin(spans_.data(), spans_.size(), true);
+  blocks_->begin(spans_.data(), spans_.size());
   blocks_->mtp_input(m, w_.embed, requests, count);  // x [S, H]
   blocks_->rms_norm(HYV4Act::kX, m.block.input_norm, HYV4Act::kXn);
   blocks_->attention(m.block, 0);  // y [S, H]; the spans' last_topk filled
