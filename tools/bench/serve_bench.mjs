@@ -102,7 +102,8 @@ for (const c of levels) {
     console.error(`c=${c} ${spec ? 'spec' : 'plain'}: ${r.all_tokens_per_s.map((x) => x.toFixed(1)).join(' / ')} tok/s, ` +
                   `TTFT p50 ${(r.ttft_p50_s * 1e3).toFixed(1)} ms` +
                   (r.rounds_at_k.length ? `, rounds per k ${r.rounds_at_k.join(' ')}` : '') +
-                  (spec ? `; on / off per pair: ${[...pairRatios].sort((a, b) => a - b).map((x) => x.toFixed(2)).join(' ')}` : ''));
+                  (spec ? `; on / off per pair: ${[...pairRatios].sort((a, b) => a - b).map((x) => x.toFixed(2))
+                                                     .join(' ')}` : ''));
   }
 }
 const ms = (s) => (s * 1000).toFixed(1);
