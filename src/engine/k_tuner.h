@@ -7,7 +7,8 @@
 // for a few rounds, climbing from k = 0 while a larger k is faster (looking one step past the first k that is
 // not; k = 0 re-measured once after k = 1, its first rounds being the coldest), then the k with the lowest
 // time per emitted token runs (plain decoding keeps near-ties: a k > 0 must beat it by 5% and by more than the
-// rounds' measured spread can explain; a climb steps up only on such a gain), and a neighbour of it (or, when the best is 2 or more, k = 0 every third time)
+// rounds' measured spread can explain; a climb steps up only on such a gain), and a neighbour of it (or, when
+// the best is 2 or more, k = 0 every third time)
 // is re-measured every `reprobe_interval` rounds (twice as long after each re-measure that changed nothing, up
 // to 8x, unless plain decoding is the best: its rounds try no draft, so only re-measures can show that
 // drafting pays again) so that the choice follows the context as it grows; a re-measure all but replaces its

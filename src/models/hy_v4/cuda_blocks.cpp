@@ -307,8 +307,8 @@ HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::pad_mirror(const KVCache& like) {
 }
 
 // One upload of the rows' facts: tokens, span, slot, position, pages and forced selections (int32), and per
-// span its page table's offset and its pool's plane table (int64). An MTP forward's padding rows come last,
-// as one more span.
+// span its page table's offset and its pool's plane table (int64). A forward's padding rows (padded_rows) come
+// last, as one more span.
 void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   const profile::Sections prof(kUpload);
   if (mode_ == Mode::kRecording) cuda::abandon_capture();  // (a forward that threw mid-way)

@@ -97,7 +97,8 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   int64_t S_ = 0;  // rows, padding included
   // A forward's rows are padded to a few sizes per doubling (padded_rows in cuda_blocks.cpp), so that its graph
   // replays whatever the round's acceptance and the batch: pad_ rows of a span of their own after the real ones
-  // (token 0, positions 0.., their keys in pad_mirrors_' scratch planes; nothing reads their outputs).
+  // (the target's token 0, an MTP layer's -1: no embedding; positions 0.., their keys in pad_mirrors_' scratch
+  // planes; nothing reads their outputs).
   int64_t pad_ = 0;
   std::vector<std::unique_ptr<PoolMirror>> pad_mirrors_;  // per plane layout (pad_mirror())
   bool any_forced_ = false, all_forced_ = false;
