@@ -286,11 +286,16 @@ TEST(Cli, BenchConcurrencyReportsEveryBatchSize) {
     const auto& e = j["concurrency"][i];
     EXPECT_EQ(e["sequences"].get<int>(), i + 1);
     for (const char* k : {"plain_tokens_per_s", "speculative_tokens_per_s", "plain_vs_single", "speculative_vs_plain",
-                          "plain_bytes_per_step", "plain_ceiling_tokens_per_s", "plain_bandwidth_fraction"}) {
+                          "plain_bytes_per_step", "plain_ceiling_tokens_per_s", "plain_bandwidth_fraction",
+                          "plain_all_in_flight_tokens_per_s", "speculative_all_in_flight_tokens_per_s",
+                          "speculative_vs_plain_all_in_flight"}) {
       ASSERT_TRUE(e[k].is_number()) << k << ": " << e.dump();
       EXPECT_GT(e[k].get<double>(), 0.0) << k;
     }
     EXPECT_GE(e["mean_acceptance_length"].get<double>(), 1.0);
+    // Plain greedy requests of one length finish in one step: their window with all N decoding is the whole run
+    // (up to the loop's own bookkeeping after the last step).
+    EXPECT_NEAR(e["plain_all_in_flight_tokens_per_s"].get<double>() / e["plain_tokens_per_s"].get<double>(), 1.0, 0.05);
   }
   EXPECT_EQ(j["concurrency"][0]["plain_vs_single"].get<double>(), 1.0);  // N = 1 is the single sequence
   EXPECT_GT(j["concurrency_single_tokens_per_s"].get<double>(), 0.0);

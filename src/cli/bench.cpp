@@ -80,7 +80,10 @@ concurrency.
                      tuner's estimate of a sequence's time per token at each k at the end of the last pass
                      ("speculative_tuner_us_per_token"), printed beside the measured ones; and the
                      speculative steps that did one-off work (a GPU shape's first run or graph recording:
-                     "speculative_one_off_steps", "speculative_one_off_share" of the decode time)
+                     "speculative_one_off_steps", "speculative_one_off_share" of the decode time); and
+                     the same tokens/s while all N decode (up to the step in which the first request
+                     finished, which leaves out the drain after it: "plain_all_in_flight_tokens_per_s",
+                     "speculative_all_in_flight_tokens_per_s", "speculative_vs_plain_all_in_flight")
   --concurrency-k K  the --concurrency runs' speculation at a fixed k (1..8) instead of the tuned k: what
                      the tuner could reach at each N; 0: speculative requests that never draft (the upkeep
                      of speculation alone: hidden states kept for the drafter, the engine's bookkeeping)
@@ -386,6 +389,10 @@ struct ConcurrentRun {
   std::vector<double> tuner_seconds_per_token;  // tuned k: the N-sequence class's estimates per k at the end
   int64_t one_off_steps = 0;      // decode steps that did one-off work (a GPU shape's first run or recording)
   double one_off_seconds = 0;     // and their time
+  // Decode tokens / seconds up to the end of the step in which the first request finished: all N decoding,
+  // without the drain after it (under speculation the requests finish apart, and the last ones decode in a
+  // batch that shrinks; plain greedy requests of one length finish in one step, so for them it is the whole).
+  double all_in_flight_tokens_per_s = 0;
 };
 
 ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
@@ -411,6 +418,7 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
   double bytes = 0;
   if (profile::enabled()) profile::clear();  // (NEXTN_PROFILE: the decode steps only)
   const double t0 = now_s();
+  bool drained = false;
   while (!engine.idle()) {
     // The cache each unfinished sequence's attention reads in this step: its positions so far.
     int64_t positions = 0;
@@ -425,6 +433,11 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
     }
     ++r.decode_steps;
     bytes += double(m.last_forward_weight_bytes()) + double(positions) * kv_per_position;
+    if (!drained && std::find(emitted.begin(), emitted.end(), int64_t(max_tokens)) != emitted.end()) {
+      drained = true;
+      const double seconds = now_s() - t0;
+      r.all_in_flight_tokens_per_s = seconds > 0 ? double(total - tokens0) / seconds : 0.0;
+    }
   }
   r.decode_seconds = now_s() - t0;
   r.decode_tokens = total - tokens0;
@@ -771,7 +784,7 @@ int run_bench(int argc, char** argv) {
     const size_t C = o.concurrency.size();
     std::vector<double> pass_bw_c, single_tps;
     std::vector<std::vector<double>> plain_tps(C), spec_tps(C), plain_x(C), spec_x(C), plain_frac(C), spec_frac(C),
-        spec_draft(C);
+        spec_draft(C), plain_full(C), spec_full(C), spec_full_x(C);
     std::vector<ConcurrentRun> last_plain(C), last_spec(C);
     auto fraction = [](const ConcurrentRun& r, double gbps) {
       return r.decode_seconds > 0 ? r.bytes_per_step * double(r.decode_steps) / r.decode_seconds / 1e9 / gbps : 0.0;
@@ -787,12 +800,15 @@ int run_bench(int argc, char** argv) {
         plain_tps[i].push_back(last_plain[i].tokens_per_s);
         plain_x[i].push_back(last_plain[i].tokens_per_s / single);
         plain_frac[i].push_back(fraction(last_plain[i], gbps));
+        plain_full[i].push_back(last_plain[i].all_in_flight_tokens_per_s);
         if (!drafting) continue;
         last_spec[i] = run_concurrent(m, first(n), n_tokens, spec);
         spec_tps[i].push_back(last_spec[i].tokens_per_s);
         spec_x[i].push_back(last_spec[i].tokens_per_s / last_plain[i].tokens_per_s);
         spec_frac[i].push_back(fraction(last_spec[i], gbps));
         spec_draft[i].push_back(last_spec[i].draft_share);
+        spec_full[i].push_back(last_spec[i].all_in_flight_tokens_per_s);
+        spec_full_x[i].push_back(last_spec[i].all_in_flight_tokens_per_s / last_plain[i].all_in_flight_tokens_per_s);
       }
       single_tps.push_back(single);
     }
@@ -815,7 +831,7 @@ int run_bench(int argc, char** argv) {
     log("  %5s %12s %8s %9s %13s %7s | %12s %7s %10s %9s %7s %7s\n", "N", "plain tok/s", "x single", "MB/step",
         "ceiling tok/s", "of ceil", "spec tok/s", "x plain", "accept len", "MB/step", "of BW", "drafts");
     nlohmann::json conc = nlohmann::json::array();
-    std::string k_lines, one_off_lines;
+    std::string k_lines, one_off_lines, in_flight_lines;
     for (size_t i = 0; i < C; ++i) {
       const int n = o.concurrency[i];
       const ConcurrentRun& lp = last_plain[i];
@@ -830,7 +846,8 @@ int run_bench(int argc, char** argv) {
                           {"plain_bandwidth_fraction", pfrac},
                           {"speculative_tokens_per_s", nullptr},
                           {"speculative_vs_plain", nullptr},
-                          {"mean_acceptance_length", nullptr}};
+                          {"mean_acceptance_length", nullptr},
+                          {"plain_all_in_flight_tokens_per_s", median(plain_full[i])}};
       char plain_cells[128];
       std::snprintf(plain_cells, sizeof plain_cells, "  %5d %12.2f %8.2f %9.2f %13.1f %6.1f%%", n, ptps,
                     median(plain_x[i]), lp.bytes_per_step / 1e6, ceiling, 100 * pfrac);
@@ -847,6 +864,16 @@ int run_bench(int argc, char** argv) {
         const double one_off_share = ls.decode_seconds > 0 ? ls.one_off_seconds / ls.decode_seconds : 0.0;
         e["speculative_one_off_steps"] = ls.one_off_steps;
         e["speculative_one_off_share"] = one_off_share;
+        e["speculative_all_in_flight_tokens_per_s"] = median(spec_full[i]);
+        e["speculative_vs_plain_all_in_flight"] = median(spec_full_x[i]);
+        e["speculative_vs_plain_all_in_flight_range"] = range_json(range(spec_full_x[i]));
+        {
+          const Range rf = range(spec_full_x[i]);
+          char cell[160];
+          std::snprintf(cell, sizeof cell, "  N=%d: plain %.2f, speculative %.2f tokens/s: %.2fx [%.2f-%.2f]\n", n,
+                        median(plain_full[i]), median(spec_full[i]), median(spec_full_x[i]), rf.lo, rf.hi);
+          in_flight_lines += cell;
+        }
         if (ls.one_off_steps > 0) {
           char cell[128];
           std::snprintf(cell, sizeof cell, "  N=%d: %lld of %lld decode steps, %.1f%% of the decode time\n", n,
@@ -870,6 +897,10 @@ int run_bench(int argc, char** argv) {
     if (drafting && o.concurrency_k < 0)
       log("  speculative rounds at each k, summed over the requests (last pass; MB/step and of BW count the target's "
           "forwards only, not the MTP layers'):\n%s", k_lines.c_str());
+    if (!in_flight_lines.empty())
+      log("  while all N requests decode (to the end of the step in which the first one finished: the batch's drain, "
+          "when speculation's requests finish apart, left out; medians, per-pass ratios):\n%s",
+          in_flight_lines.c_str());
     if (!one_off_lines.empty())
       log("  speculative steps that did one-off work (a GPU shape's first run or graph recording; last pass; the k "
           "tuner does not measure them):\n%s", one_off_lines.c_str());

@@ -3,6 +3,7 @@
 #include "models/hy_v4/cuda_blocks.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -266,14 +267,17 @@ HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::mirror(const KVCache& cache) {
 
 namespace {
 
-// The rows a forward of S rows runs as: S up to 8, else S rounded up to a quarter of its power of two (at
-// least 8): 64..128 rows (64 sequences at k = 1) take 5 sizes instead of 65. Padding costs a few rows of
-// work; a forward whose shape has no graph costs its launches (on the bundled model at 32-64 sequences, most
-// MTP forwards ran eagerly, and a k = 1 step cost twice a plain one; the target's verify forwards too, while
-// the sequences of a batch finished one by one). Forwards past kPadUpTo rows (a long prompt) are not padded.
+// The rows a forward of S rows runs as: S up to 8 rounded up to a power of two, else to a quarter of its power
+// of two (at least 8): 64..128 rows (64 sequences at k = 1) take 5 sizes instead of 65. Padding costs a few
+// rows of work (no expert reads: MoE dispatch skips padding rows); a forward whose shape has no graph costs
+// its launches (on the bundled model at 32-64 sequences, most MTP forwards ran eagerly, and a k = 1 step cost
+// twice a plain one; the target's verify forwards too, while the sequences of a batch finished one by one, and
+// the small batches they leave met every S below 8 in every kind of forward). Forwards past kPadUpTo rows (a
+// long prompt) are not padded.
 constexpr int64_t kPadUpTo = 2048;
 int64_t padded_rows(int64_t S) {
-  if (S <= 8 || S > kPadUpTo) return S;
+  if (S > kPadUpTo) return S;
+  if (S <= 8) return std::bit_ceil(uint64_t(S));
   int64_t pow2 = 8;
   while (pow2 * 2 <= S) pow2 *= 2;
   const int64_t step = std::max<int64_t>(8, pow2 / 4);
@@ -337,7 +341,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   ensure_workspace(S_, std::max(max_seq, pad_));
   const int64_t S = S_, n_real = int64_t(spans_.size()), n = n_real + (pad_ > 0), K = topk_stride();
   std::vector<int32_t>& m = meta_i32_;
-  m.assign(size_t(6 * S + n), 0);
+  m.assign(size_t(7 * S + 1), 0);  // (n <= S: page_tokens has room for S spans; then the real rows' count)
   int32_t *tokens = m.data(), *span = tokens + S, *slot = span + S, *pos = slot + S, *forced_count = pos + S;
   int32_t* logit_rows = forced_count + S;
   int32_t* page_tokens = logit_rows + S;
@@ -364,6 +368,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
     forced_count[row] = -1;
   }
   if (pad_ > 0) page_tokens[n - 1] = int32_t(kPadRowsMax);
+  m[size_t(7 * S)] = int32_t(S - pad_);
   for (int64_t i = 0; i < n_real; ++i) {  // the page tables, after the fixed part
     const HYV4RowSpan& sp = spans_[i];
     const int64_t pt = sp.cache->page_tokens(), pages = (sp.slot0 + sp.rows + pt - 1) / pt;
@@ -405,6 +410,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   rc_.slot = d32 + 2 * S;
   rc_.position = d32 + 3 * S;
   rc_.page_tokens = d32 + 6 * S;
+  real_rows_ = d32 + 7 * S;
   rc_.tables = d32;
   rc_.table_offset = d64;
   rc_.planes = reinterpret_cast<float* const* const*>(d64 + S);  // (at S, not n: no argument depends on the spans)
@@ -669,7 +675,7 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F) {
   int32_t* ids = as<int32_t>(w.moe_i32);  // [S, k] | token_of [S·k] | row_of [S, k] | first [E + 1]
   int32_t *token_of = ids + SK, *row_of = token_of + SK, *first = row_of + SK;
   cuda::moe_route(w.router.f32(), dev(F.e_bias), S, r, ids, w.moe_f32.f32());
-  cuda::moe_dispatch(ids, S, k, E, first, token_of, row_of);
+  cuda::moe_dispatch(ids, S, k, E, first, token_of, row_of, real_rows_);  // (padding rows run no expert)
   cuda::gather_rows(x, H, token_of, SK, w.gathered.f32());  // [S·k, H]
   cuda::grouped_matmul(w.gathered.f32(), t.gate, first, SK, w.expert_a.f32());  // [S·k, I]
   cuda::grouped_matmul(w.gathered.f32(), t.up, first, SK, w.expert_b.f32());

@@ -104,6 +104,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   bool any_forced_ = false, all_forced_ = false;
   int64_t logit_rows_ = 0;
   cuda::RowCaches rc_;
+  const int32_t* real_rows_ = nullptr;  // on the device: the current forward's rows before its padding
   std::vector<int32_t> meta_i32_;  // host staging of the per-forward uploads
   std::vector<int64_t> meta_i64_;
   std::vector<float> host_f32_;   // h_prev rows of an MTP forward [S, H]

@@ -490,10 +490,12 @@ __global__ void moe_route_kernel(const float* logits, const float* e_bias, MoeRo
 // One block, a warp per expert: the warp reads the (token, slot) choices 32 at a time and counts (then
 // places) its expert's with a ballot, so that each expert's rows come in token order. (A thread per expert
 // reading one choice at a time took tens of microseconds at 64 sequences, in series with everything else.)
-__global__ void moe_dispatch_kernel(const int32_t* ids, int64_t n, int64_t E, int32_t* first, int32_t* token_of,
-                                    int32_t* row_of, int64_t k) {
+__global__ void moe_dispatch_kernel(const int32_t* ids, int64_t n_all, int64_t E, int32_t* first, int32_t* token_of,
+                                    int32_t* row_of, int64_t k, const int32_t* real_tokens) {
   __shared__ int32_t count[kMaxExperts + 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  const int64_t n = real_tokens ? min(n_all, int64_t(*real_tokens) * k) : n_all;  // (the padding's choices after)
+  for (int64_t i = n + threadIdx.x; i < n_all; i += blockDim.x) row_of[i] = token_of[i] = 0;
   for (int64_t e = warp; e < E; e += warps) {
     int32_t c = 0;
     for (int64_t i0 = 0; i0 < n; i0 += 32) {
@@ -760,9 +762,9 @@ void moe_route(const float* logits, const float* e_bias, int64_t S, const MoeRou
 }
 
 void moe_dispatch(const int32_t* ids, int64_t S, int64_t k, int64_t E, int32_t* first, int32_t* token_of,
-                  int32_t* row_of) {
+                  int32_t* row_of, const int32_t* real_tokens) {
   if (E > kMaxExperts) throw Error("cuda::moe_dispatch: more than 1024 experts");
-  moe_dispatch_kernel<<<1, 1024>>>(ids, S * k, E, first, token_of, row_of, k);
+  moe_dispatch_kernel<<<1, 1024>>>(ids, S * k, E, first, token_of, row_of, k, real_tokens);
   launched("moe_dispatch");
 }
 

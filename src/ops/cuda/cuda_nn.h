@@ -112,9 +112,11 @@ struct MoeRouting {
 void moe_route(const float* logits, const float* e_bias, int64_t S, const MoeRouting& r, int32_t* ids,
                float* weights);
 // The tokens' choices grouped by expert: first[E + 1] row offsets, token_of[S·k] the token of each grouped row
-// (experts ascending, tokens in order within one), row_of[S, k] the grouped row of each choice.
+// (experts ascending, tokens in order within one), row_of[S, k] the grouped row of each choice. With real_tokens
+// (a count on the device, for a graph's padded rows), tokens from *real_tokens on choose no expert: their
+// row_of and the grouped rows past first[E] are 0, so that every index stays in bounds.
 void moe_dispatch(const int32_t* ids, int64_t S, int64_t k, int64_t E, int32_t* first, int32_t* token_of,
-                  int32_t* row_of);
+                  int32_t* row_of, const int32_t* real_tokens = nullptr);
 
 // ---- MoE: out[t] = Σ_i w[t, i] · expert_out[rows[t, i]] in i order (i < k), then out[t] += shared[t] when
 // shared is not null.

@@ -133,6 +133,42 @@ TEST(CudaNn, TopkRowsPicksTheCpusIndicesTiesIncluded) {
 // Greedy ids on the device: the host's choice (the lowest index of the largest value) for rows with many
 // exact ties, signed zeros, the maximum in the first or last place, and -1 for rows holding a NaN or an inf;
 // widths below, at and past the block's threads, and a vocabulary as large as HY V4's.
+// moe_dispatch against a grouping done on the host: experts ascending, tokens in order within one; with a count
+// of real tokens (a padded forward), the padding's choices join no expert and every index they leave is 0.
+TEST(CudaNn, MoeDispatchGroupsByExpertAndLeavesPaddingOut) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(5);
+  const int64_t E = 37, k = 3;
+  for (int64_t S : {1, 4, 8, 70}) {
+    for (int64_t real : {S, S / 2, int64_t(0)}) {
+      std::vector<int32_t> ids(size_t(S * k));
+      for (auto& id : ids) id = int32_t(rng() % E);
+      const auto d_ids = to_device(ids);
+      const auto d_real = to_device(std::vector<int32_t>{int32_t(real)});
+      std::vector<int32_t> stale(size_t(S * k), 12345);  // (what a previous forward left)
+      auto d_token = to_device(stale), d_row = to_device(stale);
+      cuda::DeviceBuffer d_first(size_t(E + 1) * 4);
+      cuda::moe_dispatch(static_cast<const int32_t*>(d_ids.get()), S, k, E, static_cast<int32_t*>(d_first.get()),
+                         static_cast<int32_t*>(d_token.get()), static_cast<int32_t*>(d_row.get()),
+                         real == S ? nullptr : static_cast<const int32_t*>(d_real.get()));
+      const auto first = to_host<int32_t>(d_first, size_t(E + 1));
+      const auto token_of = to_host<int32_t>(d_token, size_t(S * k));
+      const auto row_of = to_host<int32_t>(d_row, size_t(S * k));
+      std::vector<int32_t> want_first(size_t(E + 1), 0), want_token(size_t(S * k), 0), want_row(size_t(S * k), 0);
+      int32_t at = 0;
+      for (int64_t e = 0; e < E; ++e) {
+        want_first[size_t(e)] = at;
+        for (int64_t i = 0; i < real * k; ++i)
+          if (ids[size_t(i)] == e) want_token[size_t(at)] = int32_t(i / k), want_row[size_t(i)] = at++;
+      }
+      want_first[size_t(E)] = at;
+      EXPECT_EQ(first, want_first) << "S " << S << " real " << real;
+      EXPECT_EQ(token_of, want_token) << "S " << S << " real " << real;
+      EXPECT_EQ(row_of, want_row) << "S " << S << " real " << real;
+    }
+  }
+}
+
 TEST(CudaNn, RowArgmaxIsTheHostsFirstMaximumAndFlagsNonFiniteRows) {
   NEXTN_SKIP_WITHOUT_CUDA();
   std::mt19937 rng(11);

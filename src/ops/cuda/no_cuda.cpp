@@ -79,7 +79,9 @@ void matmul_heads(const float*, int64_t, int64_t, int64_t, const Linear&, int64_
   unavailable();
 }
 void moe_route(const float*, const float*, int64_t, const MoeRouting&, int32_t*, float*) { unavailable(); }
-void moe_dispatch(const int32_t*, int64_t, int64_t, int64_t, int32_t*, int32_t*, int32_t*) { unavailable(); }
+void moe_dispatch(const int32_t*, int64_t, int64_t, int64_t, int32_t*, int32_t*, int32_t*, const int32_t*) {
+  unavailable();
+}
 void moe_combine(const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, const float*, float*) {
   unavailable();
 }
