@@ -4,6 +4,7 @@
 // layers) and the bundled model. Also: rejected drafts leave no trace, and the KV pool bounds admission.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -344,6 +345,37 @@ TEST(EngineBatching, PromptsPastTheStepsRowBudgetWaitForTheNextStep) {
   ASSERT_EQ(done.size(), 4u);
   for (auto& [id, res] : done) expect_same(res, alone[size_t(id)], "request " + std::to_string(id));
   EXPECT_THROW(Engine(*model, EngineOptions{4, 0}), Error);
+}
+
+// Each batch size class the tuned requests ran in is reported with its bounds and the rounds it ran: 3 tuned
+// greedy requests decode together in the 2-3 class, and as they finish, in smaller ones.
+TEST(EngineTuner, ClassesSayWhichBatchSizesTheyHold) {
+  ThreadPool pool(2);
+  auto model = load_model(fixture_dir("a_fp32"), &pool);
+  Engine engine(*model);
+  for (int i = 0; i < 3; ++i) {
+    Request r;
+    r.prompt = random_prompt(5, model->facts().vocab_size, 40 + i);
+    r.params.max_tokens = 8;
+    r.spec.num_speculative_tokens = 2;
+    r.spec.tune_k = true;
+    engine.submit(std::move(r));
+  }
+  while (!engine.idle()) engine.step();
+  const auto classes = engine.tuner_classes();
+  const auto holding = [&](int64_t n) {
+    return std::find_if(classes.begin(), classes.end(), [n](const Engine::TunerClass& c) { return c.contains(n); });
+  };
+  const auto c3 = holding(3);
+  ASSERT_NE(c3, classes.end());
+  EXPECT_EQ(c3->min_sequences, 2);
+  EXPECT_EQ(c3->max_sequences, 3);
+  EXPECT_TRUE(c3->contains(2));
+  EXPECT_FALSE(c3->contains(4));
+  EXPECT_EQ(c3->seconds_per_token.size(), 3u);  // k = 0..2
+  int64_t rounds = 0;
+  for (int64_t r : c3->rounds) rounds += r;
+  EXPECT_GT(rounds, 0);
 }
 
 }  // namespace

@@ -460,7 +460,7 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
   }
   r.mean_acceptance_length = drafts ? 1.0 + double(accepted) / double(drafts) : 1.0;
   for (const Engine::TunerClass& c : engine.tuner_classes())
-    if (c.min_sequences <= int64_t(n) && int64_t(n) < 2 * c.min_sequences)
+    if (c.contains(int64_t(n)))
       r.tuner_seconds_per_token = c.seconds_per_token;
   r.draft_share = r.decode_seconds > 0 ? r.draft_share / r.decode_seconds : 0.0;
   return r;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 
 #include "core/error.h"
 #include "core/profile.h"
@@ -279,6 +280,7 @@ std::vector<Engine::TunerClass> Engine::tuner_classes() const {
     if (!tuners_[b]) continue;
     TunerClass c;
     c.min_sequences = int64_t(1) << b;
+    c.max_sequences = b + 1 < kTunerBuckets ? 2 * c.min_sequences - 1 : std::numeric_limits<int64_t>::max();
     for (int k = 0; k <= tuners_[b]->k_max(); ++k) c.seconds_per_token.push_back(tuners_[b]->seconds_per_token(k));
     c.rounds = tuners_[b]->rounds();
     out.push_back(std::move(c));

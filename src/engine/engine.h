@@ -60,7 +60,9 @@ class Engine {
   // What the k tuner of each batch size class that ran has learned (bench and diagnostics): its estimate of a
   // sequence-round's time per token at each k, to set against what fixed-k runs measure.
   struct TunerClass {
-    int64_t min_sequences = 0;               // the class: min_sequences .. 2 · min_sequences - 1 sequences
+    int64_t min_sequences = 0;               // the class: min_sequences .. max_sequences sequences
+    int64_t max_sequences = 0;               // (2 · min_sequences - 1, but the last class has no bound)
+    bool contains(int64_t sequences) const { return min_sequences <= sequences && sequences <= max_sequences; }
     std::vector<double> seconds_per_token;   // per k (0: never measured)
     std::vector<int64_t> rounds;             // sequence-rounds run at each k
   };

@@ -51,7 +51,7 @@ TEST(Metrics, CountersGaugesAndHistogramsUseVllmNames) {
 
 TEST(Metrics, TheKTunersEstimatesPerBatchClass) {
   Metrics m("tiny");
-  m.set_tuners({{8, {0.0005, 0.000625, 0.0}, {300, 40, 0}}});
+  m.set_tuners({{8, 15, {0.0005, 0.000625, 0.0}, {300, 40, 0}}});
   const std::string text = m.render();
   const std::string L = "model_name=\"tiny\",engine=\"0\",batch_class=\"8\"";
   EXPECT_TRUE(has_line(text, "# TYPE nextn:spec_decode_tuner_seconds_per_token gauge")) << text;
