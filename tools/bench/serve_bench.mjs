@@ -10,13 +10,17 @@
 // throughput = completion tokens / wall time of the level; TTFT = first content chunk - send;
 // ITL = gaps between a stream's chunks (a speculative round delivers several tokens in one chunk, as
 // vLLM's benchmark counts it); TPOT = (last chunk - first chunk) / (tokens - 1) per request.
+// steady throughput = the tokens streamed while every client is still busy (up to the moment the first
+// client has its last reply) / that time: the level without its drain, when the clients that finished
+// early leave the server a smaller batch (speculation's requests finish apart; plain greedy ones of one
+// length, sent together, finish together, so their drain is shorter).
 const args = Object.fromEntries(
   process.argv.slice(2).reduce((acc, a, i, all) => (a.startsWith('--') ? [...acc, [a.slice(2), all[i + 1]]] : acc), []));
 const url = args.url ?? 'http://127.0.0.1:8000';
 const levels = (args.concurrency ?? '1,8,32,64').split(',').map(Number);
 const perClient = Number(args['requests-per-client'] ?? 4);
 const maxTokens = Number(args['max-tokens'] ?? 96);
-// --repeat N: each level runs off, on, off, on, ... (N of each), and the table gives each mode's run of
+// --repeat N: each level runs off, on, on, off, off, on, ... (N of each), and the table gives each mode's run of
 // median throughput (on a shared 2-core machine one run's throughput varies by 10% or more), and as the
 // ratio the median over the N pairs (off, on) run back to back of on / off: a machine whose speed drifts
 // between runs (a 2-vCPU VM swung 1.0-1.8k tok/s within minutes) moves both runs of a pair together.
@@ -45,7 +49,7 @@ async function one(prompt, spec) {
   if (!res.ok) throw new Error(`HTTP ${res.status}: ${await res.text()}`);
   const dec = new TextDecoder();
   let buf = '', tokens = 0, first = 0, last = 0, stats = null;
-  const gaps = [];
+  const gaps = [], arrivals = [];  // arrivals: [time, tokens] per chunk
   for await (const part of res.body) {
     buf += dec.decode(part, { stream: true });
     let cut;
@@ -61,9 +65,11 @@ async function one(prompt, spec) {
       if (!first) first = now; else gaps.push((now - last) / 1000);
       last = now;
       tokens += n;
+      arrivals.push([now, n]);
     }
   }
-  return { tokens, ttft: (first - t0) / 1000, tpot: tokens > 1 ? (last - first) / 1000 / (tokens - 1) : 0, gaps, stats };
+  return { tokens, ttft: (first - t0) / 1000, tpot: tokens > 1 ? (last - first) / 1000 / (tokens - 1) : 0, gaps, stats,
+           arrivals };
 }
 
 const pct = (xs, p) => { const s = [...xs].sort((a, b) => a - b); return s.length ? s[Math.min(s.length - 1, Math.floor(p * s.length))] : 0; };
@@ -72,16 +78,21 @@ const mean = (xs) => xs.reduce((a, b) => a + b, 0) / Math.max(xs.length, 1);
 async function level(c, spec) {
   const results = [];
   const t0 = performance.now();
+  let firstDone = Infinity;  // when the first client had its last reply
   await Promise.all(Array.from({ length: c }, async (_, i) => {
     for (let r = 0; r < perClient; ++r) results.push(await one(prompts[(i + r) % prompts.length], spec));
+    firstDone = Math.min(firstDone, performance.now());
   }));
   const wall = (performance.now() - t0) / 1000;
   const tokens = results.reduce((a, r) => a + r.tokens, 0);
+  const steadyTokens = results.reduce(
+    (a, r) => a + r.arrivals.reduce((b, [t, n]) => b + (t <= firstDone ? n : 0), 0), 0);
   const roundsAtK = [];  // what the k tuner chose, over the level's requests
   for (const r of results)
     (r.stats?.rounds_at_k ?? []).forEach((n, k) => { roundsAtK[k] = (roundsAtK[k] ?? 0) + n; });
   return { concurrency: c, speculation: spec, requests: results.length, tokens, wall_s: wall,
-           tokens_per_s: tokens / wall, ttft_p50_s: pct(results.map((r) => r.ttft), 0.5),
+           tokens_per_s: tokens / wall, steady_tokens_per_s: steadyTokens / ((firstDone - t0) / 1000),
+           ttft_p50_s: pct(results.map((r) => r.ttft), 0.5),
            ttft_p95_s: pct(results.map((r) => r.ttft), 0.95), tpot_mean_s: mean(results.map((r) => r.tpot)),
            itl_p50_s: pct(results.flatMap((r) => r.gaps), 0.5), itl_p95_s: pct(results.flatMap((r) => r.gaps), 0.95),
            rounds_at_k: Array.from(roundsAtK, (n) => n ?? 0) };
@@ -91,30 +102,39 @@ const rows = [];
 await one(prompts[0], true);  // warm-up (first-touch of weights and pages, the k tuner's first probes)
 for (const c of levels) {
   const runs = { false: [], true: [] };
-  for (let i = 0; i < repeat; ++i)
-    for (const spec of [false, true]) runs[spec].push(await level(c, spec));
+  for (let i = 0; i < repeat; ++i)  // (pairs alternate which mode runs first, so a drift favours neither)
+    for (const spec of i % 2 ? [true, false] : [false, true]) runs[spec].push(await level(c, spec));
   const pairRatios = runs[true].map((on, i) => on.tokens_per_s / runs[false][i].tokens_per_s);
+  const steadyRatios = runs[true].map((on, i) => on.steady_tokens_per_s / runs[false][i].steady_tokens_per_s);
   for (const spec of [false, true]) {
     const sorted = [...runs[spec]].sort((a, b) => a.tokens_per_s - b.tokens_per_s);
     rows.push({ ...sorted[Math.floor(sorted.length / 2)], all_tokens_per_s: sorted.map((x) => x.tokens_per_s),
-                ...(spec ? { pair_ratios: pairRatios, pair_ratio_median: pct(pairRatios, 0.5) } : {}) });
+                steady_tokens_per_s_median: pct(runs[spec].map((x) => x.steady_tokens_per_s), 0.5),
+                ...(spec ? { pair_ratios: pairRatios, pair_ratio_median: pct(pairRatios, 0.5),
+                             steady_pair_ratios: steadyRatios, steady_pair_ratio_median: pct(steadyRatios, 0.5) }
+                         : {}) });
     const r = rows.at(-1);
     console.error(`c=${c} ${spec ? 'spec' : 'plain'}: ${r.all_tokens_per_s.map((x) => x.toFixed(1)).join(' / ')} tok/s, ` +
                   `TTFT p50 ${(r.ttft_p50_s * 1e3).toFixed(1)} ms` +
                   (r.rounds_at_k.length ? `, rounds per k ${r.rounds_at_k.join(' ')}` : '') +
                   (spec ? `; on / off per pair: ${[...pairRatios].sort((a, b) => a - b).map((x) => x.toFixed(2))
-                                                     .join(' ')}` : ''));
+                                                     .join(' ')}; steady: ${[...steadyRatios].sort((a, b) => a - b)
+                                                     .map((x) => x.toFixed(2)).join(' ')}` : ''));
   }
 }
 const ms = (s) => (s * 1000).toFixed(1);
 if (repeat > 1) console.log('(tokens/s: the median run of each mode; ratio: the median over the pairs of on / off)');
-console.log('| clients | speculation | requests | tokens/s | ratio | TTFT p50 / p95 ms | ITL p50 / p95 ms | TPOT ms |');
-console.log('|---:|---|---:|---:|---:|---:|---:|---:|');
+console.log('| clients | speculation | requests | tokens/s | ratio | steady tokens/s | steady ratio | ' +
+            'TTFT p50 / p95 ms | ITL p50 / p95 ms | TPOT ms |');
+console.log('|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|');
 for (const r of rows) {
   const plain = rows.find((x) => x.concurrency === r.concurrency && !x.speculation);
   const ratio = r.speculation && r.pair_ratios.length > 1 ? r.pair_ratio_median : r.tokens_per_s / plain.tokens_per_s;
+  const steadyRatio = r.speculation && r.pair_ratios.length > 1
+    ? r.steady_pair_ratio_median : r.steady_tokens_per_s_median / plain.steady_tokens_per_s_median;
   console.log(`| ${r.concurrency} | ${r.speculation ? (specK === undefined ? 'MTP (server default)' : `MTP k = ${specK}`) : 'off'} | ${r.requests} | ` +
               `${r.tokens_per_s.toFixed(1)} | ${ratio.toFixed(2)}x | ` +
+              `${r.steady_tokens_per_s_median.toFixed(1)} | ${steadyRatio.toFixed(2)}x | ` +
               `${ms(r.ttft_p50_s)} / ${ms(r.ttft_p95_s)} | ${ms(r.itl_p50_s)} / ${ms(r.itl_p95_s)} | ${ms(r.tpot_mean_s)} |`);
 }
 if (args.json) (await import('node:fs')).writeFileSync(args.json, JSON.stringify(rows, null, 2));
