@@ -418,7 +418,7 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
   double bytes = 0;
   if (profile::enabled()) profile::clear();  // (NEXTN_PROFILE: the decode steps only)
   const double t0 = now_s();
-  bool drained = false;
+  bool one_finished = false;
   while (!engine.idle()) {
     // The cache each unfinished sequence's attention reads in this step: its positions so far.
     int64_t positions = 0;
@@ -433,8 +433,8 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
     }
     ++r.decode_steps;
     bytes += double(m.last_forward_weight_bytes()) + double(positions) * kv_per_position;
-    if (!drained && std::find(emitted.begin(), emitted.end(), int64_t(max_tokens)) != emitted.end()) {
-      drained = true;
+    if (!one_finished && std::find(emitted.begin(), emitted.end(), int64_t(max_tokens)) != emitted.end()) {
+      one_finished = true;
       const double seconds = now_s() - t0;
       r.all_in_flight_tokens_per_s = seconds > 0 ? double(total - tokens0) / seconds : 0.0;
     }
@@ -447,6 +447,7 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
     profile::report(stderr, "step", double(r.decode_steps));
   }
   r.tokens_per_s = r.decode_seconds > 0 ? double(r.decode_tokens) / r.decode_seconds : 0.0;
+  if (!one_finished) r.all_in_flight_tokens_per_s = r.tokens_per_s;  // (none reached max_tokens: no drain)
   r.bytes_per_step = r.decode_steps ? bytes / double(r.decode_steps) : 0.0;
   int64_t drafts = 0, accepted = 0;
   for (auto& [id, res] : engine.take_finished()) {
