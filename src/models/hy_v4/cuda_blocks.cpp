@@ -3,7 +3,6 @@
 #include "models/hy_v4/cuda_blocks.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -267,17 +266,18 @@ HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::mirror(const KVCache& cache) {
 
 namespace {
 
-// The rows a forward of S rows runs as: S up to 8 rounded up to a power of two, else to a quarter of its power
-// of two (at least 8): 64..128 rows (64 sequences at k = 1) take 5 sizes instead of 65. Padding costs a few
-// rows of work (no expert reads: MoE dispatch skips padding rows); a forward whose shape has no graph costs
-// its launches (on the bundled model at 32-64 sequences, most MTP forwards ran eagerly, and a k = 1 step cost
-// twice a plain one; the target's verify forwards too, while the sequences of a batch finished one by one, and
-// the small batches they leave met every S below 8 in every kind of forward). Forwards past kPadUpTo rows (a
-// long prompt) are not padded.
+// The rows a forward of S rows runs as: up to 8, one of 1, 2, 3, 4, 6, 8 (a single sequence's verify of k + 1
+// <= 4 rows keeps its size: its shape recurs anyway, and each padding row costs it a few percent); past 8, S
+// rounded up to a quarter of its power of two (at least 8): 64..128 rows (64 sequences at k = 1) take 5 sizes
+// instead of 65. Padding costs a few rows of work (no expert reads: MoE dispatch skips padding rows); a forward
+// whose shape has no graph costs its launches (on the bundled model at 32-64 sequences, most MTP forwards ran
+// eagerly, and a k = 1 step cost twice a plain one; the target's verify forwards too, while the sequences of a
+// batch finished one by one, and the small batches they leave met every S below 8 in every kind of forward).
+// Forwards past kPadUpTo rows (a long prompt) are not padded.
 constexpr int64_t kPadUpTo = 2048;
 int64_t padded_rows(int64_t S) {
   if (S > kPadUpTo) return S;
-  if (S <= 8) return std::bit_ceil(uint64_t(S));
+  if (S <= 8) return S <= 4 ? S : S <= 6 ? 6 : 8;
   int64_t pow2 = 8;
   while (pow2 * 2 <= S) pow2 *= 2;
   const int64_t step = std::max<int64_t>(8, pow2 / 4);
