@@ -1,8 +1,11 @@
 #include "serve/http_server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 
 #include <cstdio>
 #include <future>
@@ -260,6 +263,28 @@ void block_shutdown_signals() {
   signal(SIGPIPE, SIG_IGN);
 }
 
+namespace {
+
+// Debian's libcpp-httplib is compiled with a listen backlog of 5 (CPPHTTPLIB_LISTEN_BACKLOG, fixed in the
+// library): a burst of new connections past it waits for SYN retransmits (1 s, then 3 s) or is reset, as 64
+// clients connecting at once were. listen() again on the bound socket raises the backlog to the system's cap.
+void widen_listen_backlog(int port) {
+  for (int fd = 0; fd < 1024; ++fd) {
+    int listening = 0;
+    socklen_t len = sizeof listening;
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &len) != 0 || !listening) continue;
+    sockaddr_storage addr{};
+    socklen_t alen = sizeof addr;
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &alen) != 0) continue;
+    const int bound = addr.ss_family == AF_INET    ? ntohs(reinterpret_cast<sockaddr_in*>(&addr)->sin_port)
+                      : addr.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port)
+                                                   : -1;
+    if (bound == port) ::listen(fd, SOMAXCONN);
+  }
+}
+
+}  // namespace
+
 int serve_http(const ServedModel& model, EngineService& service, Metrics& metrics, const HttpOptions& o) {
   httplib::Server svr;
   const size_t threads = size_t(std::max(4, o.http_threads));
@@ -282,6 +307,7 @@ int serve_http(const ServedModel& model, EngineService& service, Metrics& metric
     throw Error("nextn serve: cannot listen on " + o.host + ":" + std::to_string(port) +
                 " (in use, or not an address of this machine): choose another --port or --host");
   }
+  widen_listen_backlog(port);
   auto shutdown = std::make_shared<Shutdown>();
   std::future<void> stopped = shutdown->stopped.get_future();
   // (The watcher stays blocked in sigwait until a signal, which ends the process or this function.)

@@ -99,6 +99,28 @@ test('GET /health', async () => {
   assert.deepEqual(await r.json(), { status: 'ok' });
 });
 
+// A burst of new connections at once (clients starting together, a reconnecting load balancer): every one
+// is answered without waiting out SYN retransmits (1, 3, 7, 15 s): the HTTP library's own listen backlog is
+// 5, and past it connections hung for up to a minute or were never answered until the server raised it.
+test('a burst of 256 connections at once: every one answered', async () => {
+  const net = await import('node:net');
+  const { port } = new URL(server.baseURL);
+  const one = () => new Promise((resolve) => {
+    let data = '';
+    const s = net.connect({ host: '127.0.0.1', port: Number(port) }, () => {
+      s.write('GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n');
+    });
+    s.setTimeout(10_000 * SLOWDOWN, () => s.destroy(new Error('timeout')));
+    s.on('data', (d) => { data += d; });
+    s.on('error', (e) => resolve(`error ${e.code ?? e.message}`));
+    s.on('close', () => resolve(data.split('\r\n')[0]));
+  });
+  const answers = await Promise.all(Array.from({ length: 256 }, one));
+  const tally = {};
+  for (const a of answers) tally[a] = (tally[a] ?? 0) + 1;
+  assert.deepEqual(tally, { 'HTTP/1.1 200 OK': 256 });
+});
+
 test('greedy completion equals nextn generate; usage and finish_reason length', async () => {
   const cli = await cliGenerate(['--model', MODEL_DIR, '--prompt', P1, '-n', '24', '--ignore-eos']);
   const before = Math.floor(Date.now() / 1000);
