@@ -155,7 +155,14 @@ bool KTuner::may_probe(int k) const { return k == 0 || budget_ >= 0 || plain_sec
 void KTuner::charge(int k, double seconds, int emitted, double weight) {
   const double b = plain_seconds_per_token();
   if (b <= 0) return;
-  budget_ += weight * (kProbeAllowance * seconds + (k > 0 ? b * emitted - seconds : 0.0));
+  double gain = k > 0 ? b * emitted - seconds : 0.0;
+  // A seeded class's plain time is its neighbour's, rescaled by how its best k changed, until it is measured
+  // here; the ratio of that k to plain decoding changes with the batch (at 32 CPU sequences a k = 2 round
+  // costs twice a plain one, at 16 far less), so the estimate can be far off: rated at 2.8x the plain time
+  // measured next, a k = 2 re-measure banked 6 plain tokens of gains that the 32-sequence class then spent
+  // on five k = 1 probes that lost. Gains wait for a plain time of this class; losses count at once.
+  if (rescale_k_ > 0) gain = std::min(gain, 0.0);
+  budget_ += weight * (kProbeAllowance * seconds + gain);
   budget_ = std::min(budget_, kBudgetCapTokens * b);
 }
 

@@ -378,5 +378,31 @@ TEST(KTuner, SeededTunerStartsFromItsNeighboursBest) {
   EXPECT_EQ(big.next(), 2);
 }
 
+// A seeded class's plain time is its neighbour's, rescaled by its best k's change, until measured here: no
+// gain is banked against that estimate. Here k = 2 costs 1.2 plain rounds in the small batch and 3.3 in the
+// big one, where plain rounds cost the same: the estimate says 2.75 s a plain token, and the re-measure's
+// rounds would have banked 15 plain tokens that the class's true plain time (1 s) says they lost.
+TEST(KTuner, ASeededClassBanksNoGainsBeforeItsOwnPlainTime) {
+  KTuner small(2, 3, 1000, kExactRates);
+  for (int r = 0; r < 40; ++r) {
+    const int k = small.next();
+    small.record(k, 1.0 + 0.1 * k, k + 1);
+  }
+  ASSERT_EQ(small.best(), 2);
+  KTuner big = KTuner::seeded_from(small);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(big.next(), 2);
+    big.record(2, 3.3, 3);
+  }
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(big.next(), 0);
+    big.record(0, 1.0, 1);
+  }
+  EXPECT_NEAR(big.seconds_per_token(0), 1.0, 0.02);
+  EXPECT_EQ(big.best(), 0);
+  // the allowance alone (in plain tokens of the time measured here)
+  EXPECT_NEAR(big.budget_tokens(), 0.005 * (3 * 3.3 + 3 * 1.0) / big.seconds_per_token(0), 1e-9);
+}
+
 }  // namespace
 }  // namespace nextn
