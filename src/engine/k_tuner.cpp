@@ -161,7 +161,7 @@ void KTuner::charge(int k, double seconds, int emitted, double weight) {
   // costs twice a plain one, at 16 far less), so the estimate can be far off: rated at 2.8x the plain time
   // measured next, a k = 2 re-measure banked 6 plain tokens of gains that the 32-sequence class then spent
   // on five k = 1 probes that lost. Gains wait for a plain time of this class; losses count at once.
-  if (rescale_k_ > 0) gain = std::min(gain, 0.0);
+  if (rescale_k_ > 0 || plain_probe_after_rescale_) gain = std::min(gain, 0.0);
   budget_ += weight * (kProbeAllowance * seconds + gain);
   budget_ = std::min(budget_, kBudgetCapTokens * b);
 }
@@ -322,9 +322,19 @@ void KTuner::end_probe() {
     rescale_k_ = -1;
     if (plain_after_rescale_) {  // then k = 0 itself, which every other k is judged against
       plain_after_rescale_ = false;
+      plain_probe_after_rescale_ = true;
       start_probe(0);
       return;
     }
+  }
+  if (k == 0 && plain_probe_after_rescale_) {
+    // The k > 0 were last measured against the neighbour's plain time rescaled, not against this class's:
+    // they are carried forward from the plain time measured now (anchored to the estimate, a k = 1
+    // re-measured at 1.08x plain decoding was not carried as plain rounds slowed down 15% with the
+    // contexts, looked faster than them, and ran for 45 steps at 32 CPU sequences where it lost 15%).
+    plain_probe_after_rescale_ = false;
+    for (int j = 1; j <= k_max_; ++j)
+      if (plain_at_[j] > 0) plain_at_[j] = seconds_[0] / weight_[0];
   }
   if (best_before_probe_ >= 0) {
     // A re-measure that changed nothing: wait twice as long for the next (up to 8x); else back to 1x. Not

@@ -101,7 +101,8 @@ class KTuner {
   int reprobe_turn_ = 0;     // which re-measure is next: the neighbour below (0), above (1), or k = 0 (2)
   int rescale_k_ = -1;       // seeded: the k re-measured first, and its time per round before
   double rescale_from_ = 0;
-  bool plain_after_rescale_ = false;  // seeded: measure k = 0 right after the re-measure of the best
+  bool plain_after_rescale_ = false;  // seeded: measure k = 0 right after the re-measure of the best,
+  bool plain_probe_after_rescale_ = false;  // and that measure is running (see end_probe)
   double budget_ = 0;        // seconds (per round, as the round times), see the header comment
   double arrival_seconds_ = 0, arrival_rounds_ = 0;  // decaying sums, see record_arrival_overhead
   double probe_overhead_ = 0;  // the current probe's one-off catch-ups (they do not stop it)

@@ -404,5 +404,34 @@ TEST(KTuner, ASeededClassBanksNoGainsBeforeItsOwnPlainTime) {
   EXPECT_NEAR(big.budget_tokens(), 0.005 * (3 * 3.3 + 3 * 1.0) / big.seconds_per_token(0), 1e-9);
 }
 
+// And a seeded class's k > 0 are carried forward from its own plain time once measured, not from the
+// neighbour's rescaled estimate: k = 1, measured here at 1.08x plain decoding, stays behind plain rounds
+// that slow down by 20% (the contexts grow), instead of looking faster than them.
+TEST(KTuner, ASeededClassCarriesItsKFromItsOwnPlainTime) {
+  KTuner small(1, 3, 1000, kExactRates);
+  for (int r = 0; r < 40; ++r) {
+    const int k = small.next();
+    small.record(k, k == 0 ? 1.0 : 1.3, k + 1);  // k = 1 best, 0.65 s a token
+  }
+  ASSERT_EQ(small.best(), 1);
+  KTuner big = KTuner::seeded_from(small);
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(big.next(), 1);
+    big.record(1, 2.16, 2);  // 1.08 s a token: the neighbour's plain time rescaled says 1.66
+  }
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(big.next(), 0);
+    big.record(0, 1.0, 1);
+  }
+  ASSERT_EQ(big.best(), 0);
+  for (int r = 0; r < 40; ++r) {
+    ASSERT_EQ(big.next(), 0);
+    big.record(0, 1.2, 1);
+  }
+  EXPECT_NEAR(big.seconds_per_token(0), 1.2, 1e-3);
+  EXPECT_GT(big.seconds_per_token(1), 1.08 * 1.15);
+  EXPECT_EQ(big.best(), 0);
+}
+
 }  // namespace
 }  // namespace nextn
