@@ -47,10 +47,10 @@ int weight_kind(const Linear& w) {
   }
 }
 
-// The sum of v over the block (kThreads threads), the same tree whatever the caller; every thread gets it.
-template <typename T, typename Op>
+// The sum of v over the block (Threads threads), the same tree whatever the caller; every thread gets it.
+template <typename T, typename Op, int Threads = kThreads>
 __device__ __forceinline__ T block_all(T v, Op op) {
-  using Reduce = cub::BlockReduce<T, kThreads>;
+  using Reduce = cub::BlockReduce<T, Threads>;
   __shared__ typename Reduce::TempStorage tmp;
   __shared__ T result;
   const T r = Reduce(tmp).Reduce(v, op);
@@ -169,31 +169,49 @@ __device__ __forceinline__ float decode(const DeviceWeight& w, int64_t i, float 
   if constexpr (KIND == 2) return fp8_to_f32(w.data[i]) * fp8_scale;
 }
 
-// Thread c of block (., h, m) walks rows first.. of its column, the FP8 scale row advanced as the rows cross
-// a scale block (no division per element: those cost more than the loads).
+// Block (column tile, h, m): thread (column c = lane, row group g = warp) sums rows g, g + kThGroups, ... of
+// its column (the FP8 scale row advanced as the rows cross a scale block: no division per element), then
+// the groups' sums are added in group order. A column's 128-512 rows in one thread's chain made this one
+// of a decode step's slowest kernels (latency-bound: 32 blocks on the 48-layer synthetic checkpoint).
+constexpr int kThCols = 32, kThGroups = 8;
+
 template <int KIND>
-__global__ void matmul_transposed_heads_kernel(const float* x, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0,
-                                               int64_t hrs, int64_t rows, float* y, int64_t ys, int64_t yh) {
-  const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, h = blockIdx.y, m = blockIdx.z;
-  if (c >= w.in) return;
+__global__ void __launch_bounds__(kThCols * kThGroups)
+    matmul_transposed_heads_kernel(const float* x, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0, int64_t hrs,
+                                   int64_t rows, float* y, int64_t ys, int64_t yh) {
+  __shared__ float part[kThGroups][kThCols];
+  const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
+  const int64_t c = int64_t(blockIdx.x) * kThCols + lane, h = blockIdx.y, m = blockIdx.z;
   const float* xr = x + m * xs + h * xh;
   const int64_t first = row0 + h * hrs;
-  const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
-  const unsigned scol = KIND == 2 ? unsigned(c / w.block_in) : 0u;
-  int64_t block = KIND == 2 ? (w.scale_row0 + first) / w.block_out : 0;
-  int64_t in_block = KIND == 2 ? (w.scale_row0 + first) % w.block_out : 0;
-  float s = KIND == 2 ? scale_value(w.scale + block * w.scale_cols * sb, w.scale_kind, scol) : 1.0f;
   float acc = 0.f;
-#pragma unroll 8
-  for (int64_t r = 0; r < rows; ++r) {
-    acc = fmaf(decode<KIND>(w, (first + r) * w.row_stride + c, s), xr[r], acc);
-    if (KIND == 2 && ++in_block == w.block_out) {
-      in_block = 0;
-      ++block;
-      s = scale_value(w.scale + block * w.scale_cols * sb, w.scale_kind, scol);
+  if (c < w.in) {
+    const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
+    const unsigned scol = KIND == 2 ? unsigned(c / w.block_in) : 0u;
+    int64_t block = KIND == 2 ? (w.scale_row0 + first + g) / w.block_out : 0;
+    int64_t in_block = KIND == 2 ? (w.scale_row0 + first + g) % w.block_out : 0;
+    float s = KIND == 2 ? scale_value(w.scale + block * w.scale_cols * sb, w.scale_kind, scol) : 1.0f;
+#pragma unroll 4
+    for (int64_t r = g; r < rows; r += kThGroups) {
+      acc = fmaf(decode<KIND>(w, (first + r) * w.row_stride + c, s), xr[r], acc);
+      if (KIND == 2) {
+        in_block += kThGroups;
+        if (in_block >= w.block_out) {
+          block += in_block / w.block_out;
+          in_block %= w.block_out;
+          s = scale_value(w.scale + block * w.scale_cols * sb, w.scale_kind, scol);
+        }
+      }
     }
   }
-  y[m * ys + h * yh + c] = acc;
+  part[g][lane] = acc;
+  __syncthreads();
+  if (g == 0 && c < w.in) {
+    float sum = part[0][lane];
+#pragma unroll
+    for (int i = 1; i < kThGroups; ++i) sum += part[i][lane];
+    y[m * ys + h * yh + c] = sum;
+  }
 }
 
 // ---- iHC ---------------------------------------------------------------------------------------------------
@@ -347,18 +365,27 @@ __global__ void override_selection_kernel(int32_t* topk, int32_t* count, int64_t
 }
 
 // Block (head h, row r): scores over the selected keys (a warp per key, lanes striding the key), the
-// softmax with the sink, then the latent sum with a thread per latent column.
-constexpr int kMlaThreads = kThreads;
+// softmax with the sink, then the latent sum: the block's threads split into kMlaGroups(kvl) groups, group g
+// summing the keys g, g + groups, ... with a thread per latent column, and the groups' sums added in group
+// order. (With 256 threads and a group, a decode row's 16 heads were 16 blocks that each read every
+// selected key twice in long chains: one of a step's slowest kernels; the bundled model's 64 latent
+// columns left 3 of 4 threads idle in the sum.)
+constexpr int kMlaThreads = 512;
+__host__ __device__ constexpr int mla_groups(int64_t kvl) {
+  return kvl >= kMlaThreads ? 1 : int(kMlaThreads / kvl) < 8 ? int(kMlaThreads / kvl) : 8;
+}
 
-__global__ void sparse_mla_kernel(const float* q_cat, int64_t heads, int64_t kvl, int64_t rope, const int32_t* topk,
-                                  int64_t ks, const int32_t* count, RowCaches rc, int plane, float scale,
-                                  const float* sinks, float* o_lat) {
+__global__ void __launch_bounds__(kMlaThreads)
+    sparse_mla_kernel(const float* q_cat, int64_t heads, int64_t kvl, int64_t rope, const int32_t* topk, int64_t ks,
+                      const int32_t* count, RowCaches rc, int plane, float scale, const float* sinks, float* o_lat) {
   extern __shared__ __align__(16) unsigned char mla_smem[];
   const int64_t h = blockIdx.x, r = blockIdx.y, kr = kvl + rope;
   const int64_t nsel = count[r];
+  const int groups = mla_groups(kvl);
   int64_t* rows = reinterpret_cast<int64_t*>(mla_smem);  // [ks] the selected slots' physical rows
   float* q = reinterpret_cast<float*>(rows + ks);        // [kr]
   float* p = q + kr;                                     // [ks] scores, then exp(score - max)
+  float* part = p + ks;                                  // [groups][kvl] the groups' latent sums
   const int span = rc.span[r];
   const float* keys = rc.planes[span][plane];
   for (int64_t i = threadIdx.x; i < kr; i += kMlaThreads) q[i] = q_cat[(r * heads + h) * kr + i];
@@ -376,31 +403,42 @@ __global__ void sparse_mla_kernel(const float* q_cat, int64_t heads, int64_t kvl
   const float sink = sinks[h];
   float mx = sink;
   for (int64_t j = threadIdx.x; j < nsel; j += kMlaThreads) mx = fmaxf(mx, p[j]);
-  const float m = block_all(mx, MaxOp());
+  const float m = block_all<float, MaxOp, kMlaThreads>(mx, MaxOp());
   float s = 0.f;
   for (int64_t j = threadIdx.x; j < nsel; j += kMlaThreads) {
     const float e = expf(p[j] - m);
     p[j] = e;
     s = s + e;
   }
-  const float total = block_all(s, SumOp()) + expf(sink - m);
+  const float total = block_all<float, SumOp, kMlaThreads>(s, SumOp()) + expf(sink - m);
   const float inv = 1.0f / total;
   for (int64_t j = threadIdx.x; j < nsel; j += kMlaThreads) p[j] = p[j] * inv;
   __syncthreads();
-  // o_lat[i] = Σ_j p_j · key_j[i], j ascending; 8 keys' loads in flight before their multiply-adds.
+  // the group's o_lat[i] = Σ_j p_j · key_j[i] over its keys, ascending; kAhead keys' loads in flight before
+  // their multiply-adds.
   constexpr int kAhead = 8;
-  for (int64_t i = threadIdx.x; i < kvl; i += kMlaThreads) {
-    float acc = 0.f;
-    int64_t j = 0;
-    for (; j + kAhead <= nsel; j += kAhead) {
-      float v[kAhead];
+  const int per_group = kMlaThreads / groups, g = threadIdx.x / per_group;
+  if (g < groups)
+    for (int64_t i = threadIdx.x % per_group; i < kvl; i += per_group) {
+      float acc = 0.f;
+      int64_t j = g;
+      for (; j + int64_t(kAhead - 1) * groups < nsel; j += int64_t(kAhead) * groups) {
+        float v[kAhead];
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u) v[u] = keys[rows[j + u] * kr + i];
+        for (int u = 0; u < kAhead; ++u) v[u] = keys[rows[j + u * groups] * kr + i];
 #pragma unroll
-      for (int u = 0; u < kAhead; ++u) acc = fmaf(p[j + u], v[u], acc);
+        for (int u = 0; u < kAhead; ++u) acc = fmaf(p[j + u * groups], v[u], acc);
+      }
+      for (; j < nsel; j += groups) acc = fmaf(p[j], keys[rows[j] * kr + i], acc);
+      if (groups == 1) o_lat[(r * heads + h) * kvl + i] = acc;
+      else part[g * kvl + i] = acc;
     }
-    for (; j < nsel; ++j) acc = fmaf(p[j], keys[rows[j] * kr + i], acc);
-    o_lat[(r * heads + h) * kvl + i] = acc;
+  if (groups == 1) return;
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < kvl; i += kMlaThreads) {
+    float sum = part[i];
+    for (int gi = 1; gi < groups; ++gi) sum += part[gi * kvl + i];
+    o_lat[(r * heads + h) * kvl + i] = sum;
   }
 }
 
@@ -660,15 +698,16 @@ void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_
                              int64_t row0, int64_t head_rows_stride, int64_t rows_per_head, int64_t heads, float* y,
                              int64_t y_stride, int64_t y_head) {
   if (M <= 0 || heads <= 0) return;
-  const dim3 grid(blocks_for(w.in, 128), unsigned(heads), unsigned(M));
+  const dim3 grid(blocks_for(w.in, kThCols), unsigned(heads), unsigned(M));
+  const dim3 block(kThCols * kThGroups);
   const DeviceWeight d = device_weight(w);
   switch (weight_kind(w)) {
-    case 0: matmul_transposed_heads_kernel<0><<<grid, 128>>>(x, x_stride, x_head, d, row0, head_rows_stride,
-                                                              rows_per_head, y, y_stride, y_head); break;
-    case 1: matmul_transposed_heads_kernel<1><<<grid, 128>>>(x, x_stride, x_head, d, row0, head_rows_stride,
-                                                              rows_per_head, y, y_stride, y_head); break;
-    default: matmul_transposed_heads_kernel<2><<<grid, 128>>>(x, x_stride, x_head, d, row0, head_rows_stride,
-                                                               rows_per_head, y, y_stride, y_head);
+    case 0: matmul_transposed_heads_kernel<0><<<grid, block>>>(x, x_stride, x_head, d, row0, head_rows_stride,
+                                                                rows_per_head, y, y_stride, y_head); break;
+    case 1: matmul_transposed_heads_kernel<1><<<grid, block>>>(x, x_stride, x_head, d, row0, head_rows_stride,
+                                                                rows_per_head, y, y_stride, y_head); break;
+    default: matmul_transposed_heads_kernel<2><<<grid, block>>>(x, x_stride, x_head, d, row0, head_rows_stride,
+                                                                 rows_per_head, y, y_stride, y_head);
   }
   launched("matmul_transposed_heads");
 }
@@ -728,7 +767,9 @@ void sparse_mla(const float* q_cat, int64_t rows, int64_t heads, int64_t kvl, in
                 int64_t k_stride, const int32_t* count, const RowCaches& rc, int plane, float scale,
                 const float* sinks, float* o_lat) {
   if (rows <= 0 || heads <= 0) return;
-  const size_t smem = size_t(k_stride) * sizeof(int64_t) + size_t(kvl + rope + k_stride) * sizeof(float);
+  const int groups = mla_groups(kvl);
+  const size_t smem = size_t(k_stride) * sizeof(int64_t) +
+                      size_t(kvl + rope + k_stride + (groups > 1 ? groups * kvl : 0)) * sizeof(float);
   allow_smem(sparse_mla_kernel, smem, "sparse MLA: shared memory");
   sparse_mla_kernel<<<dim3(unsigned(heads), unsigned(rows)), kMlaThreads, smem>>>(
       q_cat, heads, kvl, rope, topk, k_stride, count, rc, plane, scale, sinks, o_lat);
