@@ -262,27 +262,42 @@ __global__ void write_cache_rows_kernel(const float* src, int64_t width, int64_t
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[c] = src[r * ss + c];
 }
 
-// One thread per key: Σ_h w_h · relu(q_h · key) with q and w of the row in shared memory.
-__global__ void indexer_scores_kernel(const float* q, const float* w, int64_t heads, int64_t dim, RowCaches rc,
-                                      int plane, float* out, int64_t os) {
+// A warp per key: Σ_h w_h · relu(q_h · key), with q and w of the row in shared memory; lane l holds the key's
+// elements l, l + 32, ... and each head's dot product is its lanes' sums (in element order) added in a fixed
+// butterfly. (A thread per key ran a row's heads x dim products in one chain: at a short context, one block
+// of a few dozen busy threads, one of a decode step's slowest kernels.)
+constexpr int kIndexerWarps = 8, kIndexerKeyRegs = 8;  // keys of up to 256 elements stay in registers
+
+__global__ void __launch_bounds__(kIndexerWarps * 32)
+    indexer_scores_kernel(const float* q, const float* w, int64_t heads, int64_t dim, RowCaches rc, int plane,
+                          float* out, int64_t os) {
   extern __shared__ float smem[];
   const int64_t r = blockIdx.y;
-  float* qs = smem;            // [heads, dim]
+  float* qs = smem;                // [heads, dim]
   float* ws = smem + heads * dim;  // [heads]
   for (int64_t i = threadIdx.x; i < heads * dim; i += blockDim.x) qs[i] = q[r * heads * dim + i];
   for (int64_t i = threadIdx.x; i < heads; i += blockDim.x) ws[i] = w[r * heads + i];
   __syncthreads();
-  const int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int lane = threadIdx.x & 31;
+  const int64_t j = int64_t(blockIdx.x) * kIndexerWarps + (threadIdx.x >> 5);
   const int span = rc.span[r];
-  if (j > rc.slot[r]) return;
+  if (j > rc.slot[r]) return;  // (a whole warp: j is the warp's)
   const float* key = rc.planes[span][plane] + physical(rc, span, j) * dim;
+  float kv[kIndexerKeyRegs];
+#pragma unroll
+  for (int u = 0; u < kIndexerKeyRegs; ++u) kv[u] = lane + 32 * u < dim ? key[lane + 32 * u] : 0.f;
   float total = 0.f;
   for (int64_t h = 0; h < heads; ++h) {
+    const float* qh = qs + h * dim;
     float d = 0.f;
-    for (int64_t k = 0; k < dim; ++k) d = fmaf(qs[h * dim + k], key[k], d);
+#pragma unroll
+    for (int u = 0; u < kIndexerKeyRegs; ++u)
+      if (lane + 32 * u < dim) d = fmaf(qh[lane + 32 * u], kv[u], d);
+    for (int64_t k = lane + 32 * kIndexerKeyRegs; k < dim; k += 32) d = fmaf(qh[k], key[k], d);
+    for (int off = 16; off > 0; off >>= 1) d += __shfl_xor_sync(0xffffffffu, d, off);
     total = total + fmaxf(d, 0.f) * ws[h];
   }
-  out[r * os + j] = total;
+  if (lane == 0) out[r * os + j] = total;
 }
 
 // An int key per float with the same order (-0 and +0 equal), as the CPU's top-k.
@@ -744,8 +759,8 @@ void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads,
   if (rows <= 0 || max_keys <= 0) return;
   const size_t smem = size_t(heads * dim + heads) * sizeof(float);
   allow_smem(indexer_scores_kernel, smem, "indexer scores: shared memory");
-  indexer_scores_kernel<<<dim3(blocks_for(max_keys, 128), unsigned(rows)), 128, smem>>>(q, w, heads, dim, rc, plane,
-                                                                                        out, out_stride);
+  indexer_scores_kernel<<<dim3(blocks_for(max_keys, kIndexerWarps), unsigned(rows)), kIndexerWarps * 32, smem>>>(
+      q, w, heads, dim, rc, plane, out, out_stride);
   launched("indexer_scores");
 }
 
