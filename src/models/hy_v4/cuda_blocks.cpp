@@ -82,7 +82,7 @@ struct HYV4CudaBlocks::PoolMirror {
 struct HYV4CudaBlocks::Workspace {
   int64_t rows = 0, positions = 0;
   cuda::DeviceBuffer streams, x, xn, y, hidden, mixes, post;
-  cuda::DeviceBuffer q_resid, q, kv_a, key_new, gate, attn, qcat, olat, vout;
+  cuda::DeviceBuffer q_resid, q, kv_a, key_new, gate, attn, qcat, olat, mla_part, vout;
   cuda::DeviceBuffer iq, ik, iw, scores, topk, topk_count, forced;
   cuda::DeviceBuffer ffn_a, ffn_b, router, gathered, expert_a, expert_b, expert_out, shared_out, moe_i32, moe_f32;
   cuda::DeviceBuffer mtp_in, h_prev, logits, argmax, lm_in, lm_out, meta_i32, meta_i64;
@@ -211,6 +211,7 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   for (cuda::DeviceBuffer* b : {&w.gate, &w.attn, &w.vout}) grow<float>(*b, S * nh * c.v_head_dim);
   grow<float>(w.qcat, S * nh * kr);
   grow<float>(w.olat, S * nh * kvl);
+  grow<float>(w.mla_part, cuda::sparse_mla_scratch_floats(S, nh, kvl));
   grow<float>(w.iq, S * c.index_n_heads * c.index_head_dim);
   grow<float>(w.ik, S * c.index_head_dim);
   grow<float>(w.iw, S * c.index_n_heads);
@@ -607,7 +608,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
   cuda::matmul_transposed_heads(w.q.f32(), S, nh * qkd, qkd, kvb, 0, nope + vd, nope, nh, qcat, nh * kr, kr);
   cuda::copy_cols(w.q.f32() + nope, S * nh, rope, qkd, qcat + kvl, kr);
   cuda::sparse_mla(qcat, S, nh, kvl, rope, topk, K, count, rc_, key_plane, float(c.attn_scale), dev(a.sinks),
-                   w.olat.f32());
+                   w.mla_part.f32(), w.olat.f32());
   cuda::matmul_heads(w.olat.f32(), S, nh * kvl, kvl, kvb, nope, nope + vd, vd, nh, w.vout.f32(), nh * vd, vd);
   cuda::mul_sigmoid(w.vout.f32(), w.gate.f32(), S * nh * vd, w.attn.f32());
   cuda::matmul(w.attn.f32(), S, dev(a.o_proj), w.y.f32());  // [S, H]

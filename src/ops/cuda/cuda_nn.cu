@@ -47,10 +47,10 @@ int weight_kind(const Linear& w) {
   }
 }
 
-// The sum of v over the block (Threads threads), the same tree whatever the caller; every thread gets it.
-template <typename T, typename Op, int Threads = kThreads>
+// The sum of v over the block (kThreads threads), the same tree whatever the caller; every thread gets it.
+template <typename T, typename Op>
 __device__ __forceinline__ T block_all(T v, Op op) {
-  using Reduce = cub::BlockReduce<T, Threads>;
+  using Reduce = cub::BlockReduce<T, kThreads>;
   __shared__ typename Reduce::TempStorage tmp;
   __shared__ T result;
   const T r = Reduce(tmp).Reduce(v, op);
@@ -379,35 +379,33 @@ __global__ void override_selection_kernel(int32_t* topk, int32_t* count, int64_t
   if (threadIdx.x == 0) count[r] = n;
 }
 
-// Block (head h, row r): scores over the selected keys (a warp per key, lanes striding the key), the
-// softmax with the sink, then the latent sum: the block's threads split into kMlaGroups(kvl) groups, group g
-// summing the keys g, g + groups, ... with a thread per latent column, and the groups' sums added in group
-// order. (With 256 threads and a group, a decode row's 16 heads were 16 blocks that each read every
-// selected key twice in long chains: one of a step's slowest kernels; the bundled model's 64 latent
-// columns left 3 of 4 threads idle in the sum.)
-constexpr int kMlaThreads = 512;
-__host__ __device__ constexpr int mla_groups(int64_t kvl) {
-  return kvl >= kMlaThreads ? 1 : int(kMlaThreads / kvl) < 8 ? int(kMlaThreads / kvl) : 8;
-}
+// Sparse MLA in two passes (flash decoding). Block (head h, row r, split s) takes the s-th of kMlaSplits equal
+// runs of the row's selected keys: their scores (a warp per key, lanes striding the key), the run's max m_s,
+// l_s = Σ exp(p_j - m_s) and o_s[i] = Σ exp(p_j - m_s) · key_j[i] (j ascending, a thread per latent column,
+// kAhead keys' loads in flight). The combine adds the runs in split order with the sink. The runs depend
+// on the row's own key count alone, so a row's values do not depend on its batch. (One block per (row,
+// head) read every selected key twice from one SM: 16 blocks for a decode row's 16 heads, at a 2048-key
+// selection 4.7 MB each.)
+constexpr int kMlaThreads = kThreads, kMlaSplits = 8;
 
 __global__ void __launch_bounds__(kMlaThreads)
-    sparse_mla_kernel(const float* q_cat, int64_t heads, int64_t kvl, int64_t rope, const int32_t* topk, int64_t ks,
-                      const int32_t* count, RowCaches rc, int plane, float scale, const float* sinks, float* o_lat) {
+    sparse_mla_split_kernel(const float* q_cat, int64_t heads, int64_t kvl, int64_t rope, const int32_t* topk,
+                            int64_t ks, const int32_t* count, RowCaches rc, int plane, float scale, float* part) {
   extern __shared__ __align__(16) unsigned char mla_smem[];
-  const int64_t h = blockIdx.x, r = blockIdx.y, kr = kvl + rope;
-  const int64_t nsel = count[r];
-  const int groups = mla_groups(kvl);
-  int64_t* rows = reinterpret_cast<int64_t*>(mla_smem);  // [ks] the selected slots' physical rows
-  float* q = reinterpret_cast<float*>(rows + ks);        // [kr]
-  float* p = q + kr;                                     // [ks] scores, then exp(score - max)
-  float* part = p + ks;                                  // [groups][kvl] the groups' latent sums
+  const int64_t h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z, kr = kvl + rope;
+  const int64_t nsel = count[r], run = (nsel + kMlaSplits - 1) / kMlaSplits;
+  const int64_t j0 = min(nsel, sp * run), n = min(nsel, j0 + run) - j0;
+  float* out = part + ((r * heads + h) * kMlaSplits + sp) * (kvl + 2);  // [o_s[kvl], m_s, l_s]
+  int64_t* rows = reinterpret_cast<int64_t*>(mla_smem);  // [run] the run's physical rows
+  float* q = reinterpret_cast<float*>(rows + run);       // [kr]
+  float* p = q + kr;                                     // [run] scores, then exp(score - m_s)
   const int span = rc.span[r];
   const float* keys = rc.planes[span][plane];
   for (int64_t i = threadIdx.x; i < kr; i += kMlaThreads) q[i] = q_cat[(r * heads + h) * kr + i];
-  for (int64_t j = threadIdx.x; j < nsel; j += kMlaThreads) rows[j] = physical(rc, span, topk[r * ks + j]);
+  for (int64_t j = threadIdx.x; j < n; j += kMlaThreads) rows[j] = physical(rc, span, topk[r * ks + j0 + j]);
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  for (int64_t j = warp; j < nsel; j += kMlaThreads / 32) {
+  for (int64_t j = warp; j < n; j += kMlaThreads / 32) {
     const float* key = keys + rows[j] * kr;
     float acc = 0.f;
     for (int64_t i = lane; i < kr; i += 32) acc = fmaf(q[i], key[i], acc);
@@ -415,45 +413,59 @@ __global__ void __launch_bounds__(kMlaThreads)
     if (lane == 0) p[j] = acc * scale;
   }
   __syncthreads();
-  const float sink = sinks[h];
-  float mx = sink;
-  for (int64_t j = threadIdx.x; j < nsel; j += kMlaThreads) mx = fmaxf(mx, p[j]);
-  const float m = block_all<float, MaxOp, kMlaThreads>(mx, MaxOp());
-  float s = 0.f;
-  for (int64_t j = threadIdx.x; j < nsel; j += kMlaThreads) {
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += kMlaThreads) mx = fmaxf(mx, p[j]);
+  const float m = block_all(mx, MaxOp());
+  float sum = 0.f;
+  for (int64_t j = threadIdx.x; j < n; j += kMlaThreads) {
     const float e = expf(p[j] - m);
     p[j] = e;
-    s = s + e;
+    sum = sum + e;
   }
-  const float total = block_all<float, SumOp, kMlaThreads>(s, SumOp()) + expf(sink - m);
-  const float inv = 1.0f / total;
-  for (int64_t j = threadIdx.x; j < nsel; j += kMlaThreads) p[j] = p[j] * inv;
-  __syncthreads();
-  // the group's o_lat[i] = Σ_j p_j · key_j[i] over its keys, ascending; kAhead keys' loads in flight before
-  // their multiply-adds.
+  const float l = block_all(sum, SumOp());
+  if (threadIdx.x == 0) {
+    out[kvl] = m;  // (-inf for an empty run: the combine gives it no weight)
+    out[kvl + 1] = l;
+  }
   constexpr int kAhead = 8;
-  const int per_group = kMlaThreads / groups, g = threadIdx.x / per_group;
-  if (g < groups)
-    for (int64_t i = threadIdx.x % per_group; i < kvl; i += per_group) {
-      float acc = 0.f;
-      int64_t j = g;
-      for (; j + int64_t(kAhead - 1) * groups < nsel; j += int64_t(kAhead) * groups) {
-        float v[kAhead];
-#pragma unroll
-        for (int u = 0; u < kAhead; ++u) v[u] = keys[rows[j + u * groups] * kr + i];
-#pragma unroll
-        for (int u = 0; u < kAhead; ++u) acc = fmaf(p[j + u * groups], v[u], acc);
-      }
-      for (; j < nsel; j += groups) acc = fmaf(p[j], keys[rows[j] * kr + i], acc);
-      if (groups == 1) o_lat[(r * heads + h) * kvl + i] = acc;
-      else part[g * kvl + i] = acc;
-    }
-  if (groups == 1) return;
-  __syncthreads();
   for (int64_t i = threadIdx.x; i < kvl; i += kMlaThreads) {
-    float sum = part[i];
-    for (int gi = 1; gi < groups; ++gi) sum += part[gi * kvl + i];
-    o_lat[(r * heads + h) * kvl + i] = sum;
+    float acc = 0.f;
+    int64_t j = 0;
+    for (; j + kAhead <= n; j += kAhead) {
+      float v[kAhead];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) v[u] = keys[rows[j + u] * kr + i];
+#pragma unroll
+      for (int u = 0; u < kAhead; ++u) acc = fmaf(p[j + u], v[u], acc);
+    }
+    for (; j < n; ++j) acc = fmaf(p[j], keys[rows[j] * kr + i], acc);
+    out[i] = acc;
+  }
+}
+
+// Block (head h, row r): o_lat[r, h] = Σ_s exp(m_s - M) · o_s / (Σ_s exp(m_s - M) · l_s + exp(sink - M)), s
+// ascending, M the largest of the runs' maxima and the sink.
+__global__ void __launch_bounds__(kMlaThreads)
+    sparse_mla_combine_kernel(const float* part, int64_t heads, int64_t kvl, const float* sinks, float* o_lat) {
+  const int64_t h = blockIdx.x, r = blockIdx.y;
+  const float* in = part + (r * heads + h) * kMlaSplits * (kvl + 2);
+  const float sink = sinks[h];
+  float M = sink;
+  for (int sp = 0; sp < kMlaSplits; ++sp) M = fmaxf(M, in[sp * (kvl + 2) + kvl]);
+  float wts[kMlaSplits];
+  float total = 0.f;
+#pragma unroll
+  for (int sp = 0; sp < kMlaSplits; ++sp) {
+    const float ms = in[sp * (kvl + 2) + kvl];
+    wts[sp] = ms == -INFINITY ? 0.f : expf(ms - M);
+    total = fmaf(wts[sp], in[sp * (kvl + 2) + kvl + 1], total);
+  }
+  const float inv = 1.0f / (total + expf(sink - M));
+  for (int64_t i = threadIdx.x; i < kvl; i += kMlaThreads) {
+    float acc = 0.f;
+#pragma unroll
+    for (int sp = 0; sp < kMlaSplits; ++sp) acc = fmaf(wts[sp], in[sp * (kvl + 2) + i], acc);
+    o_lat[(r * heads + h) * kvl + i] = acc * inv;
   }
 }
 
@@ -778,17 +790,22 @@ void override_selection(int32_t* topk, int32_t* count, int64_t rows, int64_t k, 
   launched("override_selection");
 }
 
+int64_t sparse_mla_scratch_floats(int64_t rows, int64_t heads, int64_t kvl) {
+  return rows * heads * kMlaSplits * (kvl + 2);
+}
+
 void sparse_mla(const float* q_cat, int64_t rows, int64_t heads, int64_t kvl, int64_t rope, const int32_t* topk,
                 int64_t k_stride, const int32_t* count, const RowCaches& rc, int plane, float scale,
-                const float* sinks, float* o_lat) {
+                const float* sinks, float* scratch, float* o_lat) {
   if (rows <= 0 || heads <= 0) return;
-  const int groups = mla_groups(kvl);
-  const size_t smem = size_t(k_stride) * sizeof(int64_t) +
-                      size_t(kvl + rope + k_stride + (groups > 1 ? groups * kvl : 0)) * sizeof(float);
-  allow_smem(sparse_mla_kernel, smem, "sparse MLA: shared memory");
-  sparse_mla_kernel<<<dim3(unsigned(heads), unsigned(rows)), kMlaThreads, smem>>>(
-      q_cat, heads, kvl, rope, topk, k_stride, count, rc, plane, scale, sinks, o_lat);
+  const int64_t run = (k_stride + kMlaSplits - 1) / kMlaSplits;  // (the longest a row's run can be)
+  const size_t smem = size_t(run) * sizeof(int64_t) + size_t(kvl + rope + run) * sizeof(float);
+  allow_smem(sparse_mla_split_kernel, smem, "sparse MLA: shared memory");
+  sparse_mla_split_kernel<<<dim3(unsigned(heads), unsigned(rows), kMlaSplits), kMlaThreads, smem>>>(
+      q_cat, heads, kvl, rope, topk, k_stride, count, rc, plane, scale, scratch);
   launched("sparse_mla");
+  sparse_mla_combine_kernel<<<dim3(unsigned(heads), unsigned(rows)), kMlaThreads>>>(scratch, heads, kvl, sinks, o_lat);
+  launched("sparse_mla combine");
 }
 
 void matmul_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, const Linear& w, int64_t row0,

@@ -91,10 +91,12 @@ void override_selection(int32_t* topk, int32_t* count, int64_t rows, int64_t k, 
                         const int32_t* forced_count);
 // Sparse MLA, absorbed, per (row r, head h): scores over the selected slots' keys [kvl + rope] of plane
 // `plane` (q_cat [rows, heads, kvl + rope]), softmax with the head's sink at `scale`, then
-// o_lat[r, h] = Σ_j p_j · key_j[0, kvl) in ascending j.
+// o_lat[r, h] = Σ_j p_j · key_j[0, kvl), the selected keys taken in a fixed number of equal runs (partial
+// sums in `scratch`, sparse_mla_scratch_floats of them, then added in run order).
+int64_t sparse_mla_scratch_floats(int64_t rows, int64_t heads, int64_t kvl);
 void sparse_mla(const float* q_cat, int64_t rows, int64_t heads, int64_t kvl, int64_t rope, const int32_t* topk,
                 int64_t k_stride, const int32_t* count, const RowCaches& rc, int plane, float scale,
-                const float* sinks, float* o_lat);
+                const float* sinks, float* scratch, float* o_lat);
 
 // ---- y[m, h, n] = Σ_c x[m, h, c] · w[row0 + h·head_rows_stride + n, c] for n < rows_per_head, c < w.in: one
 // launch for every head's rows of a stacked weight (MLA's W_vb per head).

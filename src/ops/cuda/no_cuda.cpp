@@ -70,8 +70,9 @@ void topk_rows(const float*, int64_t, int64_t, const RowCaches&, int64_t, int32_
   unavailable();
 }
 void override_selection(int32_t*, int32_t*, int64_t, int64_t, const int32_t*, const int32_t*) { unavailable(); }
+int64_t sparse_mla_scratch_floats(int64_t, int64_t, int64_t) { return 0; }
 void sparse_mla(const float*, int64_t, int64_t, int64_t, int64_t, const int32_t*, int64_t, const int32_t*,
-                const RowCaches&, int, float, const float*, float*) {
+                const RowCaches&, int, float, const float*, float*, float*) {
   unavailable();
 }
 void matmul_heads(const float*, int64_t, int64_t, int64_t, const Linear&, int64_t, int64_t, int64_t, int64_t, float*,
