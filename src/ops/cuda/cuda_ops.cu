@@ -452,15 +452,35 @@ bool fp8_mma_takes(const DeviceWeight& w) {
          w.scale_row0 % kMmaTileRows == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_stride % 16 == 0;
 }
 
-void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys,
-                    bool x_vectors) {
-  // 2 weight tiles per block (1 and 4 measured slower: docs/performance.md, "Fourteenth session")
-  constexpr int kTiles = 2;
-  constexpr int64_t rows_per_block = kMmaTileRows * kTiles;
+int multiprocessors() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    return std::max(n, 1);
+  }();
+  return sms;
+}
+
+template <int TILES>
+void launch_fp8_mma_shape(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys,
+                          bool x_vectors) {
+  constexpr int64_t rows_per_block = kMmaTileRows * TILES;
   const int64_t col_blocks = (w.out + rows_per_block - 1) / rows_per_block;
   const RowChunks rc = row_chunks(col_blocks, M, kMmaCols);
   const dim3 grid(unsigned(col_blocks), rc.chunks);
-  launch_fp8_mma_tiles<kTiles>(grid, x, M, xs, w, y, ys, x_vectors, rc.rows_per_chunk);
+  launch_fp8_mma_tiles<TILES>(grid, x, M, xs, w, y, ys, x_vectors, rc.rows_per_chunk);
+}
+
+void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys,
+                    bool x_vectors) {
+  // 2 weight tiles per block (1 and 4 measured slower on large matrices: docs/performance.md, "Fourteenth
+  // session"), but 1 where 2 leave SMs without a block: the attention's 0.6-2 MB projections ran on 9-48
+  // blocks of 132. A tile's sums do not depend on the tiles beside it, so its rows get the same bits.
+  if ((w.out + 2 * kMmaTileRows - 1) / (2 * kMmaTileRows) < multiprocessors())
+    launch_fp8_mma_shape<1>(x, M, xs, w, y, ys, x_vectors);
+  else
+    launch_fp8_mma_shape<2>(x, M, xs, w, y, ys, x_vectors);
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------------
