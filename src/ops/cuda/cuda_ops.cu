@@ -214,13 +214,18 @@ struct RowChunks {
   unsigned chunks;
   int64_t rows_per_chunk;
 };
-RowChunks row_chunks(int64_t col_blocks, int64_t M, int64_t pass) {
-  static const int64_t target = [] {
-    int device = 0, sms = 0;
+int multiprocessors() {
+  static const int sms = [] {
+    int device = 0, n = 0;
     check(cudaGetDevice(&device), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-    return 2 * int64_t(std::max(sms, 1));
+    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    return std::max(n, 1);
   }();
+  return sms;
+}
+
+RowChunks row_chunks(int64_t col_blocks, int64_t M, int64_t pass) {
+  const int64_t target = 2 * int64_t(multiprocessors());
   const int64_t passes = (M + pass - 1) / pass;
   const int64_t chunks = std::clamp<int64_t>((target + col_blocks - 1) / col_blocks, 1, std::min<int64_t>(passes, 65535));
   const int64_t per = (passes + chunks - 1) / chunks * pass;
@@ -450,16 +455,6 @@ bool fp8_mma_takes(const DeviceWeight& w) {
   }();
   return !off && w.in % kMmaChunk == 0 && w.block_in % kMmaChunk == 0 && w.block_out % kMmaTileRows == 0 &&
          w.scale_row0 % kMmaTileRows == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_stride % 16 == 0;
-}
-
-int multiprocessors() {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-    return std::max(n, 1);
-  }();
-  return sms;
 }
 
 template <int TILES>
