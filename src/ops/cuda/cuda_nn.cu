@@ -7,6 +7,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include <algorithm>
 #include <climits>
 #include <string>
 
@@ -114,6 +115,23 @@ __global__ void scale_kernel(float* x, int64_t n, float a, float b) {
 
 // ---- norms -------------------------------------------------------------------------------------------------
 
+// The elements [begin, end) of gridDim.y equal slices of n, slice blockIdx.y: a row's blocks each sum the whole
+// row (the same tree, so the same bits) and write their slice, so that a wide row is not one SM's work.
+struct Slice {
+  int64_t begin, end;
+};
+__device__ __forceinline__ Slice block_slice(int64_t n) {
+  const int64_t per = (n + gridDim.y - 1) / gridDim.y, begin = per * blockIdx.y;
+  return {begin, begin + per < n ? begin + per : n};
+}
+
+// Slices for rows of n elements: one per 1024 (at most 8), a single one where the output overwrites the input
+// (its blocks would read elements another block has written).
+unsigned row_slices(int64_t n, bool in_place) {
+  return in_place ? 1u : unsigned(std::clamp<int64_t>(n / 1024, 1, 8));
+}
+bool overlaps(const float* a, int64_t a_len, const float* b, int64_t b_len) { return a < b + b_len && b < a + a_len; }
+
 __global__ void rms_norm_rows_kernel(const float* x, int64_t d, int64_t xs, const float* weight, float eps, float* out,
                                      int64_t os) {
   const float* xr = x + int64_t(blockIdx.x) * xs;
@@ -121,7 +139,9 @@ __global__ void rms_norm_rows_kernel(const float* x, int64_t d, int64_t xs, cons
   float s = 0.f;
   for (int64_t k = threadIdx.x; k < d; k += kThreads) s = fmaf(xr[k], xr[k], s);
   const float inv = 1.0f / sqrtf(block_all(s, SumOp()) / float(d) + eps);
-  for (int64_t k = threadIdx.x; k < d; k += kThreads) o[k] = weight ? xr[k] * inv * weight[k] : xr[k] * inv;
+  const Slice sl = block_slice(d);
+  for (int64_t k = sl.begin + threadIdx.x; k < sl.end; k += kThreads)
+    o[k] = weight ? xr[k] * inv * weight[k] : xr[k] * inv;
 }
 
 __global__ void layer_norm_rows_kernel(const float* x, int64_t d, const float* weight, const float* bias, float eps,
@@ -231,10 +251,11 @@ __global__ void hc_pre_kernel(const float* streams, const float* mixes, int64_t 
     const int64_t j = threadIdx.x;
     const float* m = mixes + r * ms;
     pre[j] = sigmoidf(m[j] * inv * scale0 + base[j]) + hc_eps;
-    if (post) post[r * C + j] = mag * sigmoidf(m[C + j] * inv * scale1 + base[C + j]) + hc_eps;
+    if (post && blockIdx.y == 0) post[r * C + j] = mag * sigmoidf(m[C + j] * inv * scale1 + base[C + j]) + hc_eps;
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < H; i += kThreads) {
+  const Slice sl = block_slice(H);
+  for (int64_t i = sl.begin + threadIdx.x; i < sl.end; i += kThreads) {
     float acc = 0.f;
     for (int64_t j = 0; j < C; ++j) acc = acc + pre[j] * X[j * H + i];
     x[r * H + i] = acc;
@@ -695,7 +716,9 @@ void scale(float* x, int64_t n, float a, float b) {
 void rms_norm_rows(const float* x, int64_t rows, int64_t d, int64_t x_stride, const float* weight, float eps,
                    float* out, int64_t out_stride) {
   if (rows <= 0) return;
-  rms_norm_rows_kernel<<<unsigned(rows), kThreads>>>(x, d, x_stride, weight, eps, out, out_stride);
+  const bool in_place = overlaps(x, (rows - 1) * x_stride + d, out, (rows - 1) * out_stride + d);
+  rms_norm_rows_kernel<<<dim3(unsigned(rows), row_slices(d, in_place)), kThreads>>>(x, d, x_stride, weight, eps, out,
+                                                                                   out_stride);
   launched("rms_norm_rows");
 }
 void layer_norm_rows(const float* x, int64_t rows, int64_t d, const float* weight, const float* bias, float eps,
@@ -746,8 +769,9 @@ void hc_pre(const float* streams, const float* mixes, int64_t mix_stride, int64_
             float* post) {
   if (rows <= 0) return;
   if (C > kMaxStreams) throw Error("cuda::hc_pre: more than 64 hyper-connection streams");
-  hc_pre_kernel<<<unsigned(rows), kThreads>>>(streams, mixes, mix_stride, C, H, base, scale0, scale1, eps, hc_eps, mag,
-                                              x, post);
+  const bool in_place = overlaps(streams, rows * C * H, x, rows * H);
+  hc_pre_kernel<<<dim3(unsigned(rows), row_slices(H, in_place)), kThreads>>>(streams, mixes, mix_stride, C, H, base,
+                                                                             scale0, scale1, eps, hc_eps, mag, x, post);
   launched("hc_pre");
 }
 void hc_post(float* streams, const float* post, const float* y, int64_t rows, int64_t C, int64_t H) {
