@@ -45,7 +45,9 @@ class KTuner {
   // A tuner for a new batch size class, started from a neighbouring class's (`other`): its acceptance rates
   // and its times, instead of a climb from k = 0 whose probes a burst of requests would pay for. It first
   // re-measures other's best k, and scales the other k's times by how that one's changed (a round's time
-  // per sequence moves with the batch, but the ratios between the k move slowly).
+  // per sequence moves with the batch, but the ratios between the k move slowly), then measures plain
+  // decoding itself: until then no gain is banked (the rescaled plain time can be far off), and from then
+  // the k > 0 are carried forward from that measured plain time.
   static KTuner seeded_from(const KTuner& other);
 
   int next();                                   // k for the coming round
