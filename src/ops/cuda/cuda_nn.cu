@@ -1,7 +1,7 @@
 // CUDA kernels behind cuda_nn.h. Compiled with --fmad=false like cuda_ops.cu: every fused multiply-add is
 // written out, so that no contraction can round one row differently from another. A kernel gives each row
-// (or (row, head) pair) a block of its own, and block reductions run in a fixed tree: the launch shape
-// never changes a row's value.
+// (or (row, head) pair) blocks of its own, split by the model's shapes or the row's own sizes only, and
+// reductions run in a fixed tree: the launch shape never changes a row's value.
 #include <cuda_runtime.h>
 
 #include <cub/block/block_reduce.cuh>
