@@ -226,5 +226,101 @@ TEST(CudaNn, NormsAndGatesMatchTheCpu) {
   check(want, "mul_sigmoid", 1e-6);
 }
 
+// Rows wide enough that RMSNorm and the iHC pre-mix split their output over several blocks (one per 1024
+// elements, unevenly here): each element as the CPU computes it, an in-place norm (one block a row) with the
+// same bits as the split one, and the post mixes written once.
+TEST(CudaNn, WideRowsSplitOverBlocksKeepTheirValues) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const int64_t rows = 3, d = 4100;
+  const auto x = normal(size_t(rows * d), 21), w = normal(size_t(d), 22);
+  const auto dx = to_device(x), dw = to_device(w);
+  cuda::DeviceBuffer dy(size_t(rows * d) * 4);
+  cuda::rms_norm_rows(dx.f32(), rows, d, d, dw.f32(), 1e-6f, dy.f32(), d);
+  const auto split = to_host<float>(dy, size_t(rows * d));
+  std::vector<float> want(size_t(rows * d));
+  ops::rms_norm(x.data(), rows, d, w.data(), 1e-6f, want.data());
+  for (size_t i = 0; i < want.size(); ++i)
+    ASSERT_NEAR(split[i], want[i], 1e-5 * (1 + std::fabs(want[i]))) << "rms_norm_rows element " << i;
+  const auto dz = to_device(x);  // in place: one block a row
+  cuda::rms_norm_rows(dz.f32(), rows, d, d, dw.f32(), 1e-6f, dz.f32(), d);
+  EXPECT_EQ(0, std::memcmp(to_host<float>(dz, split.size()).data(), split.data(), split.size() * 4));
+
+  const int64_t C = 4, H = 2100;
+  const auto streams = normal(size_t(rows * C * H), 23), mixes = normal(size_t(rows * 2 * C), 24),
+             base = normal(size_t(2 * C), 25);
+  const float scale0 = 0.7f, scale1 = 1.3f, eps = 1e-6f, hc_eps = 1e-3f, mag = 2.f;
+  const auto ds = to_device(streams), dm = to_device(mixes), db = to_device(base);
+  cuda::DeviceBuffer dxo(size_t(rows * H) * 4), dpost(size_t(rows * C) * 4);
+  cuda::hc_pre(ds.f32(), dm.f32(), 2 * C, rows, C, H, db.f32(), scale0, scale1, eps, hc_eps, mag, dxo.f32(),
+               dpost.f32());
+  const auto got_x = to_host<float>(dxo, size_t(rows * H)), got_post = to_host<float>(dpost, size_t(rows * C));
+  auto sigmoid = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* X = streams.data() + r * C * H;
+    double ss = 0;
+    for (int64_t k = 0; k < C * H; ++k) ss += double(X[k]) * X[k];
+    const double inv = 1.0 / std::sqrt(ss / double(C * H) + eps);
+    std::vector<double> pre(static_cast<size_t>(C));
+    for (int64_t j = 0; j < C; ++j) {
+      pre[size_t(j)] = sigmoid(mixes[size_t(r * 2 * C + j)] * inv * scale0 + base[size_t(j)]) + hc_eps;
+      const double post = mag * sigmoid(mixes[size_t(r * 2 * C + C + j)] * inv * scale1 + base[size_t(C + j)]) + hc_eps;
+      ASSERT_NEAR(got_post[size_t(r * C + j)], post, 1e-5 * (1 + std::fabs(post))) << "post row " << r << " stream " << j;
+    }
+    for (int64_t i = 0; i < H; ++i) {
+      double acc = 0;
+      for (int64_t j = 0; j < C; ++j) acc += pre[size_t(j)] * X[j * H + i];
+      ASSERT_NEAR(got_x[size_t(r * H + i)], acc, 1e-5 * (1 + std::fabs(acc))) << "hc_pre row " << r << " element " << i;
+    }
+  }
+}
+
+// The per-head absorption y[m, h, c] = Σ_r w[row0 + h · stride + r, c] · x[m, h, r] with FP8 weights whose
+// heads start and end inside 128-row scale blocks (each thread's rows step over them 8 at a time): every
+// value within the CPU's rounding of the dequantized sum.
+TEST(CudaNn, TransposedHeadsCrossScaleBlocksAsTheCpuDequantizes) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const int64_t heads = 3, stride = 150, rows_per_head = 140, row0 = 5, in = 200, M = 2;
+  const int64_t out = row0 + (heads - 1) * stride + rows_per_head;
+  std::mt19937 rng(31);
+  std::vector<uint8_t> bytes(size_t(out * in));
+  for (auto& b : bytes) {
+    do b = uint8_t(rng()); while ((b & 0x7f) == 0x7f);  // (not NaN)
+  }
+  const int64_t scale_rows = (out + 127) / 128, scale_cols = (in + 127) / 128;
+  std::uniform_real_distribution<float> u(0.5f, 2.f);
+  std::vector<float> scales(size_t(scale_rows * scale_cols));
+  for (float& sc : scales) sc = u(rng) / 256.f;
+  Linear w;
+  w.dtype = DType::F8_E4M3;
+  w.out = out;
+  w.in = in;
+  w.row_stride = in;
+  w.data = bytes.data();
+  w.scale_dtype = DType::F32;
+  w.block_out = w.block_in = 128;
+  w.scale_cols = scale_cols;
+  w.scale = reinterpret_cast<const unsigned char*>(scales.data());
+  const cuda::DeviceLinear dw = cuda::upload(w);
+  const auto x = normal(size_t(M * heads * rows_per_head), 32);
+  const auto dx = to_device(x);
+  cuda::DeviceBuffer dy(size_t(M * heads * in) * 4);
+  cuda::matmul_transposed_heads(dx.f32(), M, heads * rows_per_head, rows_per_head, dw.w, row0, stride, rows_per_head,
+                                heads, dy.f32(), heads * in, in);
+  const auto got = to_host<float>(dy, size_t(M * heads * in));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t c = 0; c < in; ++c) {
+        double acc = 0, mag = 0;
+        for (int64_t r = 0; r < rows_per_head; ++r) {
+          const int64_t n = row0 + h * stride + r;
+          const double wv = double(fp8_e4m3_to_f32(bytes[size_t(n * in + c)])) * scales[size_t(n / 128 * scale_cols + c / 128)];
+          const double t = wv * x[size_t((m * heads + h) * rows_per_head + r)];
+          acc += t;
+          mag += std::fabs(t);
+        }
+        ASSERT_NEAR(got[size_t((m * heads + h) * in + c)], acc, 1e-5 * (1 + mag)) << "m " << m << " h " << h << " c " << c;
+      }
+}
+
 }  // namespace
 }  // namespace nextn
