@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/device_weight.cuh"
+#include "ops/cuda/launch.cuh"
 
 namespace nextn::cuda {
 
@@ -22,8 +23,6 @@ namespace {
 constexpr int kThreads = 256;
 
 unsigned blocks_for(int64_t n, int threads = kThreads) { return unsigned((n + threads - 1) / threads); }
-
-void launched(const char* what) { check(cudaGetLastError(), what); }
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
@@ -78,21 +77,25 @@ struct MinOp {
 // ---- copies and elementwise --------------------------------------------------------------------------------
 
 __global__ void copy_cols_kernel(const float* src, int64_t cols, int64_t ss, float* dst, int64_t ds) {
+  begin_after_predecessor();
   const int64_t r = blockIdx.x;
   for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) dst[r * ds + c] = src[r * ss + c];
 }
 
 __global__ void gather_rows_kernel(const float* src, int64_t width, const int32_t* idx, float* dst) {
+  begin_after_predecessor();
   const int64_t i = blockIdx.x, from = idx[i];
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[i * width + c] = src[from * width + c];
 }
 
 __global__ void add_kernel(float* a, const float* b, int64_t n) {
+  begin_after_predecessor();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) a[i] = a[i] + b[i];
 }
 
 __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float limit, float* out) {
+  begin_after_predecessor();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float g = gate[i], u = up[i];
@@ -104,11 +107,13 @@ __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, flo
 }
 
 __global__ void mul_sigmoid_kernel(const float* x, const float* g, int64_t n, float* out) {
+  begin_after_predecessor();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = x[i] * sigmoidf(g[i]);
 }
 
 __global__ void scale_kernel(float* x, int64_t n, float a, float b) {
+  begin_after_predecessor();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = x[i] * a * b;
 }
@@ -134,6 +139,7 @@ bool overlaps(const float* a, int64_t a_len, const float* b, int64_t b_len) { re
 
 __global__ void rms_norm_rows_kernel(const float* x, int64_t d, int64_t xs, const float* weight, float eps, float* out,
                                      int64_t os) {
+  begin_after_predecessor();
   const float* xr = x + int64_t(blockIdx.x) * xs;
   float* o = out + int64_t(blockIdx.x) * os;
   float s = 0.f;
@@ -146,6 +152,7 @@ __global__ void rms_norm_rows_kernel(const float* x, int64_t d, int64_t xs, cons
 
 __global__ void layer_norm_rows_kernel(const float* x, int64_t d, const float* weight, const float* bias, float eps,
                                        float* out) {
+  begin_after_predecessor();
   const float* xr = x + int64_t(blockIdx.x) * d;
   float* o = out + int64_t(blockIdx.x) * d;
   float s = 0.f;
@@ -161,6 +168,7 @@ __global__ void layer_norm_rows_kernel(const float* x, int64_t d, const float* w
 
 __global__ void rope_rows_kernel(float* x, int64_t rs, int64_t hs, int64_t offset, int64_t half, const int32_t* pos,
                                  const float* inv_freq, float af) {
+  begin_after_predecessor();
   const int64_t r = blockIdx.x, h = blockIdx.y;
   float* v = x + r * rs + h * hs + offset;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
@@ -173,6 +181,7 @@ __global__ void rope_rows_kernel(float* x, int64_t rs, int64_t hs, int64_t offse
 }
 
 __global__ void embed_rows_kernel(DeviceWeight w, int kind, const int32_t* ids, int copies, float* out, int64_t os) {
+  begin_after_predecessor();
   const int64_t r = blockIdx.x, id = ids[r];
   float* o = out + r * os;
   for (int64_t k = threadIdx.x; k < w.in; k += blockDim.x) {
@@ -202,8 +211,12 @@ __global__ void __launch_bounds__(kThCols * kThGroups)
   __shared__ float part[kThGroups][kThCols];
   const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
   const int64_t c = int64_t(blockIdx.x) * kThCols + lane, h = blockIdx.y, m = blockIdx.z;
-  const float* xr = x + m * xs + h * xh;
   const int64_t first = row0 + h * hrs;
+  if (m == 0)  // the block's columns of the head's rows, a line each (weights: before the wait)
+    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x)
+      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w.data + ((first + r) * w.row_stride + c - lane) * w.elem_bytes));
+  begin_after_predecessor();
+  const float* xr = x + m * xs + h * xh;
   float acc = 0.f;
   if (c < w.in) {
     const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
@@ -241,6 +254,7 @@ constexpr int kMaxStreams = 64;
 __global__ void hc_pre_kernel(const float* streams, const float* mixes, int64_t ms, int64_t C, int64_t H,
                               const float* base, float scale0, float scale1, float eps, float hc_eps, float mag,
                               float* x, float* post) {
+  begin_after_predecessor();
   const int64_t r = blockIdx.x;
   const float* X = streams + r * C * H;
   float s = 0.f;
@@ -263,6 +277,7 @@ __global__ void hc_pre_kernel(const float* streams, const float* mixes, int64_t 
 }
 
 __global__ void hc_post_kernel(float* streams, const float* post, const float* y, int64_t C, int64_t H, int64_t n) {
+  begin_after_predecessor();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const int64_t r = i / (C * H), j = i / H % C, k = i % H;
@@ -277,6 +292,7 @@ __device__ __forceinline__ int64_t physical(const RowCaches& rc, int span, int64
 }
 
 __global__ void write_cache_rows_kernel(const float* src, int64_t width, int64_t ss, RowCaches rc, int plane) {
+  begin_after_predecessor();
   const int64_t r = blockIdx.x;
   const int span = rc.span[r];
   float* dst = rc.planes[span][plane] + physical(rc, span, rc.slot[r]) * width;
@@ -292,6 +308,7 @@ constexpr int kIndexerWarps = 8, kIndexerKeyRegs = 8;  // keys of up to 256 elem
 __global__ void __launch_bounds__(kIndexerWarps * 32)
     indexer_scores_kernel(const float* q, const float* w, int64_t heads, int64_t dim, RowCaches rc, int plane,
                           float* out, int64_t os) {
+  begin_after_predecessor();
   extern __shared__ float smem[];
   const int64_t r = blockIdx.y;
   float* qs = smem;                // [heads, dim]
@@ -334,6 +351,7 @@ constexpr int kTopkThreads = kThreads;
 // and the lowest-slot keys equal to it, in ascending slot order.
 __global__ void topk_rows_kernel(const float* scores, int64_t ss, RowCaches rc, int64_t k, int32_t* topk,
                                  int32_t* count) {
+  begin_after_predecessor();
   const int64_t r = blockIdx.x;
   const float* x = scores + r * ss;
   const int64_t n = int64_t(rc.slot[r]) + 1;
@@ -393,6 +411,7 @@ __global__ void topk_rows_kernel(const float* scores, int64_t ss, RowCaches rc, 
 
 __global__ void override_selection_kernel(int32_t* topk, int32_t* count, int64_t k, const int32_t* forced,
                                           const int32_t* forced_count) {
+  begin_after_predecessor();
   const int64_t r = blockIdx.x;
   const int32_t n = forced_count[r];
   if (n < 0) return;
@@ -412,6 +431,7 @@ constexpr int kMlaThreads = kThreads, kMlaSplits = 8;
 __global__ void __launch_bounds__(kMlaThreads)
     sparse_mla_split_kernel(const float* q_cat, int64_t heads, int64_t kvl, int64_t rope, const int32_t* topk,
                             int64_t ks, const int32_t* count, RowCaches rc, int plane, float scale, float* part) {
+  begin_after_predecessor();
   extern __shared__ __align__(16) unsigned char mla_smem[];
   const int64_t h = blockIdx.x, r = blockIdx.y, sp = blockIdx.z, kr = kvl + rope;
   const int64_t nsel = count[r], run = (nsel + kMlaSplits - 1) / kMlaSplits;
@@ -468,6 +488,7 @@ __global__ void __launch_bounds__(kMlaThreads)
 // ascending, M the largest of the runs' maxima and the sink.
 __global__ void __launch_bounds__(kMlaThreads)
     sparse_mla_combine_kernel(const float* part, int64_t heads, int64_t kvl, const float* sinks, float* o_lat) {
+  begin_after_predecessor();
   const int64_t h = blockIdx.x, r = blockIdx.y;
   const float* in = part + (r * heads + h) * kMlaSplits * (kvl + 2);
   const float sink = sinks[h];
@@ -496,6 +517,8 @@ template <int KIND>
 __global__ void matmul_heads_kernel(const float* x, int64_t M, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0,
                                     int64_t hrs, float* y, int64_t ys, int64_t yh) {
   const int64_t n = blockIdx.x, h = blockIdx.y, row = row0 + h * hrs + n;
+  if (blockIdx.z == 0) prefetch_weight_rows(w, row, 1);  // (weights: before the wait)
+  begin_after_predecessor();
   const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
   const unsigned char* srow = KIND == 2 ? scale_row(w, row, sb) : nullptr;
   const unsigned block_in = unsigned(w.block_in);
@@ -529,6 +552,7 @@ constexpr int kMaxExperts = 1024, kMaxGroups = 256;
 
 // Block t, thread 0: the host's route_tokens for token t.
 __global__ void moe_route_kernel(const float* logits, const float* e_bias, MoeRouting r, int32_t* ids, float* wts) {
+  begin_after_predecessor();
   if (threadIdx.x != 0) return;
   const int64_t t = blockIdx.x;
   const int E = int(r.experts), k = int(r.k), G = int(r.groups), per = E / G;
@@ -578,6 +602,7 @@ __global__ void moe_route_kernel(const float* logits, const float* e_bias, MoeRo
 // reading one choice at a time took tens of microseconds at 64 sequences, in series with everything else.)
 __global__ void moe_dispatch_kernel(const int32_t* ids, int64_t n_all, int64_t E, int32_t* first, int32_t* token_of,
                                     int32_t* row_of, int64_t k, const int32_t* real_tokens) {
+  begin_after_predecessor();
   __shared__ int32_t count[kMaxExperts + 1];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   const int64_t n = real_tokens ? min(n_all, int64_t(*real_tokens) * k) : n_all;  // (the padding's choices after)
@@ -620,6 +645,7 @@ __global__ void moe_dispatch_kernel(const int32_t* ids, int64_t n_all, int64_t E
 
 __global__ void moe_combine_kernel(const float* eo, const int32_t* rows, const float* wts, int64_t k, int64_t H,
                                    const float* shared, float* out) {
+  begin_after_predecessor();
   const int64_t t = blockIdx.x;
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
     float acc = 0.f;
@@ -647,6 +673,7 @@ struct BestOp {  // the larger value; of equal ones, the lower index (the host's
 };
 
 __global__ void row_argmax_kernel(const float* x, int64_t n, int32_t* out) {
+  begin_after_predecessor();
   const float* row = x + int64_t(blockIdx.x) * n;
   Best best{-INFINITY, INT32_MAX};
   int finite = 1;
@@ -679,36 +706,30 @@ void copy_to_host(void* host_dst, const void* src, size_t bytes) {
 }
 void copy_cols(const float* src, int64_t rows, int64_t cols, int64_t src_stride, float* dst, int64_t dst_stride) {
   if (rows <= 0 || cols <= 0) return;
-  copy_cols_kernel<<<unsigned(rows), 128>>>(src, cols, src_stride, dst, dst_stride);
-  launched("copy_cols");
+  launch_kernel(copy_cols_kernel, unsigned(rows), 128, 0, "copy_cols_kernel", src, cols, src_stride, dst, dst_stride);
 }
 void gather_rows(const float* src, int64_t width, const int32_t* idx, int64_t n, float* dst) {
   if (n <= 0) return;
-  gather_rows_kernel<<<unsigned(n), kThreads>>>(src, width, idx, dst);
-  launched("gather_rows");
+  launch_kernel(gather_rows_kernel, unsigned(n), kThreads, 0, "gather_rows_kernel", src, width, idx, dst);
 }
 
 // ---- elementwise -------------------------------------------------------------------------------------------
 
 void add(float* a, const float* b, int64_t n) {
   if (n <= 0) return;
-  add_kernel<<<blocks_for(n), kThreads>>>(a, b, n);
-  launched("add");
+  launch_kernel(add_kernel, blocks_for(n), kThreads, 0, "add_kernel", a, b, n);
 }
 void swiglu(const float* gate, const float* up, int64_t n, float limit, float* out) {
   if (n <= 0) return;
-  swiglu_kernel<<<blocks_for(n), kThreads>>>(gate, up, n, limit, out);
-  launched("swiglu");
+  launch_kernel(swiglu_kernel, blocks_for(n), kThreads, 0, "swiglu_kernel", gate, up, n, limit, out);
 }
 void mul_sigmoid(const float* x, const float* g, int64_t n, float* out) {
   if (n <= 0) return;
-  mul_sigmoid_kernel<<<blocks_for(n), kThreads>>>(x, g, n, out);
-  launched("mul_sigmoid");
+  launch_kernel(mul_sigmoid_kernel, blocks_for(n), kThreads, 0, "mul_sigmoid_kernel", x, g, n, out);
 }
 void scale(float* x, int64_t n, float a, float b) {
   if (n <= 0) return;
-  scale_kernel<<<blocks_for(n), kThreads>>>(x, n, a, b);
-  launched("scale");
+  launch_kernel(scale_kernel, blocks_for(n), kThreads, 0, "scale_kernel", x, n, a, b);
 }
 
 // ---- norms -------------------------------------------------------------------------------------------------
@@ -717,15 +738,14 @@ void rms_norm_rows(const float* x, int64_t rows, int64_t d, int64_t x_stride, co
                    float* out, int64_t out_stride) {
   if (rows <= 0) return;
   const bool in_place = overlaps(x, (rows - 1) * x_stride + d, out, (rows - 1) * out_stride + d);
-  rms_norm_rows_kernel<<<dim3(unsigned(rows), row_slices(d, in_place)), kThreads>>>(x, d, x_stride, weight, eps, out,
-                                                                                   out_stride);
-  launched("rms_norm_rows");
+  launch_kernel(rms_norm_rows_kernel, dim3(unsigned(rows), row_slices(d, in_place)), kThreads, 0,
+                "rms_norm_rows_kernel", x, d, x_stride, weight, eps, out, out_stride);
 }
 void layer_norm_rows(const float* x, int64_t rows, int64_t d, const float* weight, const float* bias, float eps,
                      float* out) {
   if (rows <= 0) return;
-  layer_norm_rows_kernel<<<unsigned(rows), kThreads>>>(x, d, weight, bias, eps, out);
-  launched("layer_norm_rows");
+  launch_kernel(layer_norm_rows_kernel, unsigned(rows), kThreads, 0, "layer_norm_rows_kernel", x, d, weight, bias, eps,
+                out);
 }
 
 // ---- RoPE, embeddings, absorption ------------------------------------------------------------------------
@@ -733,15 +753,14 @@ void layer_norm_rows(const float* x, int64_t rows, int64_t d, const float* weigh
 void rope_rows(float* x, int64_t rows, int64_t heads, int64_t row_stride, int64_t head_stride, int64_t offset,
                int64_t dim, const int32_t* positions, const float* inv_freq, float attention_factor) {
   if (rows <= 0 || heads <= 0 || dim < 2) return;
-  rope_rows_kernel<<<dim3(unsigned(rows), unsigned(heads)), 64>>>(x, row_stride, head_stride, offset, dim / 2,
-                                                                  positions, inv_freq, attention_factor);
-  launched("rope_rows");
+  launch_kernel(rope_rows_kernel, dim3(unsigned(rows), unsigned(heads)), 64, 0, "rope_rows_kernel", x, row_stride,
+                head_stride, offset, dim / 2, positions, inv_freq, attention_factor);
 }
 
 void embed_rows(const Linear& w, const int32_t* ids, int64_t rows, int copies, float* out, int64_t out_stride) {
   if (rows <= 0) return;
-  embed_rows_kernel<<<unsigned(rows), kThreads>>>(device_weight(w), weight_kind(w), ids, copies, out, out_stride);
-  launched("embed_rows");
+  launch_kernel(embed_rows_kernel, unsigned(rows), kThreads, 0, "embed_rows_kernel", device_weight(w), weight_kind(w),
+                ids, copies, out, out_stride);
 }
 
 void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, const Linear& w,
@@ -752,14 +771,13 @@ void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_
   const dim3 block(kThCols * kThGroups);
   const DeviceWeight d = device_weight(w);
   switch (weight_kind(w)) {
-    case 0: matmul_transposed_heads_kernel<0><<<grid, block>>>(x, x_stride, x_head, d, row0, head_rows_stride,
-                                                                rows_per_head, y, y_stride, y_head); break;
-    case 1: matmul_transposed_heads_kernel<1><<<grid, block>>>(x, x_stride, x_head, d, row0, head_rows_stride,
-                                                                rows_per_head, y, y_stride, y_head); break;
-    default: matmul_transposed_heads_kernel<2><<<grid, block>>>(x, x_stride, x_head, d, row0, head_rows_stride,
-                                                                 rows_per_head, y, y_stride, y_head);
+    case 0: launch_kernel(matmul_transposed_heads_kernel<0>, grid, block, 0, "matmul_transposed_heads_kernel", x,
+                          x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head); break;
+    case 1: launch_kernel(matmul_transposed_heads_kernel<1>, grid, block, 0, "matmul_transposed_heads_kernel", x,
+                          x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head); break;
+    default: launch_kernel(matmul_transposed_heads_kernel<2>, grid, block, 0, "matmul_transposed_heads_kernel", x,
+                           x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head);
   }
-  launched("matmul_transposed_heads");
 }
 
 // ---- iHC ---------------------------------------------------------------------------------------------------
@@ -770,15 +788,13 @@ void hc_pre(const float* streams, const float* mixes, int64_t mix_stride, int64_
   if (rows <= 0) return;
   if (C > kMaxStreams) throw Error("cuda::hc_pre: more than 64 hyper-connection streams");
   const bool in_place = overlaps(streams, rows * C * H, x, rows * H);
-  hc_pre_kernel<<<dim3(unsigned(rows), row_slices(H, in_place)), kThreads>>>(streams, mixes, mix_stride, C, H, base,
-                                                                             scale0, scale1, eps, hc_eps, mag, x, post);
-  launched("hc_pre");
+  launch_kernel(hc_pre_kernel, dim3(unsigned(rows), row_slices(H, in_place)), kThreads, 0, "hc_pre_kernel", streams,
+                mixes, mix_stride, C, H, base, scale0, scale1, eps, hc_eps, mag, x, post);
 }
 void hc_post(float* streams, const float* post, const float* y, int64_t rows, int64_t C, int64_t H) {
   const int64_t n = rows * C * H;
   if (n <= 0) return;
-  hc_post_kernel<<<blocks_for(n), kThreads>>>(streams, post, y, C, H, n);
-  launched("hc_post");
+  launch_kernel(hc_post_kernel, blocks_for(n), kThreads, 0, "hc_post_kernel", streams, post, y, C, H, n);
 }
 
 // ---- caches, indexer, attention ----------------------------------------------------------------------------
@@ -786,8 +802,8 @@ void hc_post(float* streams, const float* post, const float* y, int64_t rows, in
 void write_cache_rows(const float* src, int64_t rows, int64_t width, int64_t src_stride, const RowCaches& rc,
                       int plane) {
   if (rows <= 0) return;
-  write_cache_rows_kernel<<<unsigned(rows), 128>>>(src, width, src_stride, rc, plane);
-  launched("write_cache_rows");
+  launch_kernel(write_cache_rows_kernel, unsigned(rows), 128, 0, "write_cache_rows_kernel", src, width, src_stride, rc,
+                plane);
 }
 
 void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads, int64_t dim, const RowCaches& rc,
@@ -795,23 +811,22 @@ void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads,
   if (rows <= 0 || max_keys <= 0) return;
   const size_t smem = size_t(heads * dim + heads) * sizeof(float);
   allow_smem(indexer_scores_kernel, smem, "indexer scores: shared memory");
-  indexer_scores_kernel<<<dim3(blocks_for(max_keys, kIndexerWarps), unsigned(rows)), kIndexerWarps * 32, smem>>>(
-      q, w, heads, dim, rc, plane, out, out_stride);
-  launched("indexer_scores");
+  launch_kernel(indexer_scores_kernel, dim3(blocks_for(max_keys, kIndexerWarps), unsigned(rows)), kIndexerWarps * 32,
+                smem, "indexer_scores_kernel", q, w, heads, dim, rc, plane, out, out_stride);
 }
 
 void topk_rows(const float* scores, int64_t rows, int64_t score_stride, const RowCaches& rc, int64_t k,
                int32_t* topk, int32_t* count) {
   if (rows <= 0) return;
-  topk_rows_kernel<<<unsigned(rows), kTopkThreads>>>(scores, score_stride, rc, k, topk, count);
-  launched("topk_rows");
+  launch_kernel(topk_rows_kernel, unsigned(rows), kTopkThreads, 0, "topk_rows_kernel", scores, score_stride, rc, k,
+                topk, count);
 }
 
 void override_selection(int32_t* topk, int32_t* count, int64_t rows, int64_t k, const int32_t* forced,
                         const int32_t* forced_count) {
   if (rows <= 0) return;
-  override_selection_kernel<<<unsigned(rows), 128>>>(topk, count, k, forced, forced_count);
-  launched("override_selection");
+  launch_kernel(override_selection_kernel, unsigned(rows), 128, 0, "override_selection_kernel", topk, count, k, forced,
+                forced_count);
 }
 
 int64_t sparse_mla_scratch_floats(int64_t rows, int64_t heads, int64_t kvl) {
@@ -825,11 +840,10 @@ void sparse_mla(const float* q_cat, int64_t rows, int64_t heads, int64_t kvl, in
   const int64_t run = (k_stride + kMlaSplits - 1) / kMlaSplits;  // (the longest a row's run can be)
   const size_t smem = size_t(run) * sizeof(int64_t) + size_t(kvl + rope + run) * sizeof(float);
   allow_smem(sparse_mla_split_kernel, smem, "sparse MLA: shared memory");
-  sparse_mla_split_kernel<<<dim3(unsigned(heads), unsigned(rows), kMlaSplits), kMlaThreads, smem>>>(
-      q_cat, heads, kvl, rope, topk, k_stride, count, rc, plane, scale, scratch);
-  launched("sparse_mla");
-  sparse_mla_combine_kernel<<<dim3(unsigned(heads), unsigned(rows)), kMlaThreads>>>(scratch, heads, kvl, sinks, o_lat);
-  launched("sparse_mla combine");
+  launch_kernel(sparse_mla_split_kernel, dim3(unsigned(heads), unsigned(rows), kMlaSplits), kMlaThreads, smem,
+                "sparse_mla_split_kernel", q_cat, heads, kvl, rope, topk, k_stride, count, rc, plane, scale, scratch);
+  launch_kernel(sparse_mla_combine_kernel, dim3(unsigned(heads), unsigned(rows)), kMlaThreads, 0,
+                "sparse_mla_combine_kernel", scratch, heads, kvl, sinks, o_lat);
 }
 
 void matmul_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, const Linear& w, int64_t row0,
@@ -839,14 +853,13 @@ void matmul_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, c
   const dim3 grid{unsigned(rows_per_head), unsigned(heads), unsigned(std::min<int64_t>(M, 65535))};
   const DeviceWeight d = device_weight(w);
   switch (weight_kind(w)) {
-    case 0: matmul_heads_kernel<0><<<grid, kThreads>>>(x, M, x_stride, x_head, d, row0, head_rows_stride, y, y_stride,
-                                                        y_head); break;
-    case 1: matmul_heads_kernel<1><<<grid, kThreads>>>(x, M, x_stride, x_head, d, row0, head_rows_stride, y, y_stride,
-                                                        y_head); break;
-    default: matmul_heads_kernel<2><<<grid, kThreads>>>(x, M, x_stride, x_head, d, row0, head_rows_stride, y,
-                                                         y_stride, y_head);
+    case 0: launch_kernel(matmul_heads_kernel<0>, grid, kThreads, 0, "matmul_heads_kernel", x, M, x_stride, x_head, d,
+                          row0, head_rows_stride, y, y_stride, y_head); break;
+    case 1: launch_kernel(matmul_heads_kernel<1>, grid, kThreads, 0, "matmul_heads_kernel", x, M, x_stride, x_head, d,
+                          row0, head_rows_stride, y, y_stride, y_head); break;
+    default: launch_kernel(matmul_heads_kernel<2>, grid, kThreads, 0, "matmul_heads_kernel", x, M, x_stride, x_head, d,
+                           row0, head_rows_stride, y, y_stride, y_head);
   }
-  launched("matmul_heads");
 }
 
 void moe_route(const float* logits, const float* e_bias, int64_t S, const MoeRouting& r, int32_t* ids,
@@ -854,22 +867,21 @@ void moe_route(const float* logits, const float* e_bias, int64_t S, const MoeRou
   if (S <= 0) return;
   if (r.experts > kMaxExperts || r.groups > kMaxGroups || r.groups < 1 || r.k > r.experts)
     throw Error("cuda::moe_route: more than 1024 experts or 256 groups, or k > experts");
-  moe_route_kernel<<<unsigned(S), 32>>>(logits, e_bias, r, ids, weights);
-  launched("moe_route");
+  launch_kernel(moe_route_kernel, unsigned(S), 32, 0, "moe_route_kernel", logits, e_bias, r, ids, weights);
 }
 
 void moe_dispatch(const int32_t* ids, int64_t S, int64_t k, int64_t E, int32_t* first, int32_t* token_of,
                   int32_t* row_of, const int32_t* real_tokens) {
   if (E > kMaxExperts) throw Error("cuda::moe_dispatch: more than 1024 experts");
-  moe_dispatch_kernel<<<1, 1024>>>(ids, S * k, E, first, token_of, row_of, k, real_tokens);
-  launched("moe_dispatch");
+  launch_kernel(moe_dispatch_kernel, 1, 1024, 0, "moe_dispatch_kernel", ids, S * k, E, first, token_of, row_of, k,
+                real_tokens);
 }
 
 void moe_combine(const float* expert_out, const int32_t* rows, const float* weights, int64_t tokens, int64_t k,
                  int64_t H, const float* shared, float* out) {
   if (tokens <= 0) return;
-  moe_combine_kernel<<<unsigned(tokens), kThreads>>>(expert_out, rows, weights, k, H, shared, out);
-  launched("moe_combine");
+  launch_kernel(moe_combine_kernel, unsigned(tokens), kThreads, 0, "moe_combine_kernel", expert_out, rows, weights, k,
+                H, shared, out);
 }
 
 // ---- argmax ------------------------------------------------------------------------------------------------
@@ -877,8 +889,7 @@ void moe_combine(const float* expert_out, const int32_t* rows, const float* weig
 void row_argmax(const float* x, int64_t rows, int64_t n, int32_t* out) {
   if (rows <= 0) return;
   if (n <= 0 || n > INT32_MAX) throw Error("row_argmax: rows of " + std::to_string(n) + " values");
-  row_argmax_kernel<<<unsigned(rows), kThreads>>>(x, n, out);
-  launched("row_argmax");
+  launch_kernel(row_argmax_kernel, unsigned(rows), kThreads, 0, "row_argmax_kernel", x, n, out);
 }
 
 }  // namespace nextn::cuda

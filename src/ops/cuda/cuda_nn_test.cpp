@@ -281,26 +281,10 @@ TEST(CudaNn, TransposedHeadsCrossScaleBlocksAsTheCpuDequantizes) {
   NEXTN_SKIP_WITHOUT_CUDA();
   const int64_t heads = 3, stride = 150, rows_per_head = 140, row0 = 5, in = 200, M = 2;
   const int64_t out = row0 + (heads - 1) * stride + rows_per_head;
-  std::mt19937 rng(31);
-  std::vector<uint8_t> bytes(size_t(out * in));
-  for (auto& b : bytes) {
-    do b = uint8_t(rng()); while ((b & 0x7f) == 0x7f);  // (not NaN)
-  }
-  const int64_t scale_rows = (out + 127) / 128, scale_cols = (in + 127) / 128;
-  std::uniform_real_distribution<float> u(0.5f, 2.f);
-  std::vector<float> scales(size_t(scale_rows * scale_cols));
-  for (float& sc : scales) sc = u(rng) / 256.f;
-  Linear w;
-  w.dtype = DType::F8_E4M3;
-  w.out = out;
-  w.in = in;
-  w.row_stride = in;
-  w.data = bytes.data();
-  w.scale_dtype = DType::F32;
-  w.block_out = w.block_in = 128;
-  w.scale_cols = scale_cols;
-  w.scale = reinterpret_cast<const unsigned char*>(scales.data());
-  const cuda::DeviceLinear dw = cuda::upload(w);
+  const cuda_test::HostWeight hw = cuda_test::make_weight(DType::F8_E4M3, DType::F32, out, in, in, false, 31);
+  const int64_t scale_cols = hw.w.scale_cols;
+  const float* scales = reinterpret_cast<const float*>(hw.scale.data());
+  const cuda::DeviceLinear dw = cuda::upload(hw.w);
   const auto x = normal(size_t(M * heads * rows_per_head), 32);
   const auto dx = to_device(x);
   cuda::DeviceBuffer dy(size_t(M * heads * in) * 4);
@@ -313,7 +297,8 @@ TEST(CudaNn, TransposedHeadsCrossScaleBlocksAsTheCpuDequantizes) {
         double acc = 0, mag = 0;
         for (int64_t r = 0; r < rows_per_head; ++r) {
           const int64_t n = row0 + h * stride + r;
-          const double wv = double(fp8_e4m3_to_f32(bytes[size_t(n * in + c)])) * scales[size_t(n / 128 * scale_cols + c / 128)];
+          const double wv = double(fp8_e4m3_to_f32(hw.data[size_t(n * in + c)])) *
+                            scales[size_t(n / 128 * scale_cols + c / 128)];
           const double t = wv * x[size_t((m * heads + h) * rows_per_head + r)];
           acc += t;
           mag += std::fabs(t);

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_weight.cuh"
+#include "ops/cuda/launch.cuh"
 
 namespace nextn::cuda {
 
@@ -187,6 +188,8 @@ template <WeightKind K, int C, int R, int U>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     matmul_kernel(const float* __restrict__ x, int64_t M, int64_t xs, DeviceWeight w, float* __restrict__ y,
                   int64_t ys, bool vectors, bool x_vectors, int64_t rows_per_y) {
+  if (blockIdx.y == 0) prefetch_weight_rows(w, int64_t(blockIdx.x) * C, C);  // (the row chunks share columns)
+  begin_after_predecessor();
   const int64_t r0 = int64_t(blockIdx.y) * rows_per_y;
   matmul_tile<K, C, R, U>(x + r0 * xs, M - r0 < rows_per_y ? M - r0 : rows_per_y, xs, w, y + r0 * ys, ys, vectors,
                           x_vectors, int64_t(blockIdx.x) * C);
@@ -199,6 +202,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     grouped_matmul_kernel(const float* __restrict__ x, int64_t xs, const DeviceWeight* __restrict__ table,
                           const int32_t* __restrict__ first, float* __restrict__ y, int64_t ys, bool vectors,
                           bool x_vectors, int64_t rows_per_z) {
+  begin_after_predecessor();
   const int64_t z0 = int64_t(blockIdx.z) * rows_per_z;
   const int64_t r0 = first[blockIdx.y] + z0, M = first[blockIdx.y + 1] - r0;
   if (M <= 0) return;
@@ -238,7 +242,8 @@ void launch_shape(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, 
   const int64_t col_blocks = (w.out + C - 1) / C;
   const RowChunks rc = row_chunks(col_blocks, M, R);
   const dim3 grid(unsigned(col_blocks), rc.chunks), block(kWarpsPerBlock * 32);
-  matmul_kernel<K, C, R, U><<<grid, block>>>(x, M, xs, w, y, ys, vectors, x_vectors, rc.rows_per_chunk);
+  launch_kernel(matmul_kernel<K, C, R, U>, grid, block, 0, "matmul_kernel", x, M, xs, w, y, ys, vectors, x_vectors,
+                rc.rows_per_chunk);
 }
 
 template <WeightKind K>
@@ -334,6 +339,23 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     wrow[i][1] = w.data + (n + g + 8 < last ? n + g + 8 : last) * w.row_stride + 16 * t;
     srow[i] = scale_row(w, n < last ? n : last, scale_bytes);
   }
+  auto stage_chunk = [&](int64_t c, int stage) {
+    if (c < chunks)
+#pragma unroll
+      for (int i = 0; i < TILES; ++i) {
+        cp_async_16(&staged[warp][stage][i][0][lane], wrow[i][0] + c * kMmaChunk);
+        cp_async_16(&staged[warp][stage][i][1][lane], wrow[i][1] + c * kMmaChunk);
+      }
+    cp_async_commit();  // (an empty group past the end keeps the count wait_group relies on)
+  };
+  auto stage_first_chunks = [&] {
+#pragma unroll
+    for (int s = 0; s < kMmaStages - 1; ++s) stage_chunk(warp + int64_t(s) * kWarpsPerBlock, s);
+  };
+  // Weights only until the predecessor is done: the first pass's chunks staged, the block's rows asked of L2.
+  if (M > 0) stage_first_chunks();
+  if (blockIdx.y == 0) prefetch_weight_rows(w, n0, kMmaTileRows * TILES);
+  begin_after_predecessor();
   for (int64_t m0 = 0; m0 < M; m0 += kMmaCols) {
     const int rows = int(M - m0 < kMmaCols ? M - m0 : kMmaCols);
     const bool has_x = g < rows;
@@ -341,17 +363,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     float total[TILES][4];
 #pragma unroll
     for (int i = 0; i < TILES; ++i) total[i][0] = total[i][1] = total[i][2] = total[i][3] = 0.f;
-    auto stage_chunk = [&](int64_t c, int stage) {
-      if (c < chunks)
-#pragma unroll
-        for (int i = 0; i < TILES; ++i) {
-          cp_async_16(&staged[warp][stage][i][0][lane], wrow[i][0] + c * kMmaChunk);
-          cp_async_16(&staged[warp][stage][i][1][lane], wrow[i][1] + c * kMmaChunk);
-        }
-      cp_async_commit();  // (an empty group past the end keeps the count wait_group relies on)
-    };
-#pragma unroll
-    for (int s = 0; s < kMmaStages - 1; ++s) stage_chunk(warp + int64_t(s) * kWarpsPerBlock, s);
+    if (m0 > 0) stage_first_chunks();
     int stage = 0;
     for (int64_t c = warp; c < chunks; c += kWarpsPerBlock) {
       stage_chunk(c + int64_t(kMmaStages - 1) * kWarpsPerBlock, (stage + kMmaStages - 1) % kMmaStages);
@@ -445,7 +457,8 @@ void launch_fp8_mma_tiles(dim3 grid, const float* x, int64_t M, int64_t xs, cons
     return true;
   }();
   (void)configured;
-  fp8_mma_kernel<TILES><<<grid, dim3(kWarpsPerBlock * 32), bytes>>>(x, M, xs, w, y, ys, x_vectors, rows_per_y);
+  launch_kernel(fp8_mma_kernel<TILES>, grid, dim3(kWarpsPerBlock * 32), bytes, "fp8_mma_kernel", x, M, xs, w, y, ys,
+                x_vectors, rows_per_y);
 }
 
 bool fp8_mma_takes(const DeviceWeight& w) {
@@ -485,6 +498,7 @@ constexpr int kNormThreads = 256;
 __global__ void __launch_bounds__(kNormThreads)
     rms_norm_kernel(const float* __restrict__ x, int64_t d, const float* __restrict__ weight, float eps,
                     float* __restrict__ out) {
+  begin_after_predecessor();
   __shared__ float part[kNormThreads];
   const float* xr = x + int64_t(blockIdx.x) * d;
   float* o = out + int64_t(blockIdx.x) * d;
@@ -617,7 +631,6 @@ void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stri
       break;
     default: throw Error(std::string("cuda::matmul: weights of dtype ") + dtype_name(w.dtype) + " are not supported");
   }
-  check(cudaGetLastError(), "matmul launch");
 }
 
 WeightTable weight_table(const Linear* const* weights, int64_t n) {
@@ -663,26 +676,24 @@ void grouped_matmul(const float* x, const WeightTable& t, const int32_t* first, 
   const auto* table = static_cast<const DeviceWeight*>(t.descriptors.get());
   switch (w.dtype) {
     case DType::F32:
-      grouped_matmul_kernel<WeightKind::kF32, C, R, 1><<<grid, block>>>(x, xs, table, first, y, ys, t.vectors,
-                                                                       x_vectors, per);
+      launch_kernel(grouped_matmul_kernel<WeightKind::kF32, C, R, 1>, grid, block, 0, "grouped_matmul_kernel", x, xs,
+                    table, first, y, ys, t.vectors, x_vectors, per);
       break;
     case DType::BF16:
-      grouped_matmul_kernel<WeightKind::kBF16, C, R, 1><<<grid, block>>>(x, xs, table, first, y, ys, t.vectors,
-                                                                       x_vectors, per);
+      launch_kernel(grouped_matmul_kernel<WeightKind::kBF16, C, R, 1>, grid, block, 0, "grouped_matmul_kernel", x, xs,
+                    table, first, y, ys, t.vectors, x_vectors, per);
       break;
     case DType::F8_E4M3:
-      grouped_matmul_kernel<WeightKind::kFP8, C, R, 1><<<grid, block>>>(x, xs, table, first, y, ys, t.vectors,
-                                                                       x_vectors, per);
+      launch_kernel(grouped_matmul_kernel<WeightKind::kFP8, C, R, 1>, grid, block, 0, "grouped_matmul_kernel", x, xs,
+                    table, first, y, ys, t.vectors, x_vectors, per);
       break;
     default: throw Error(std::string("cuda::grouped_matmul: weights of dtype ") + dtype_name(w.dtype) + " are not supported");
   }
-  check(cudaGetLastError(), "grouped matmul launch");
 }
 
 void rms_norm(const float* x, int64_t rows, int64_t d, const float* weight, float eps, float* out) {
   if (rows <= 0) return;
-  rms_norm_kernel<<<unsigned(rows), kNormThreads>>>(x, d, weight, eps, out);
-  check(cudaGetLastError(), "rms_norm launch");
+  launch_kernel(rms_norm_kernel, unsigned(rows), kNormThreads, 0, "rms_norm_kernel", x, d, weight, eps, out);
 }
 
 void synchronize() { check(cudaDeviceSynchronize(), "kernel"); }

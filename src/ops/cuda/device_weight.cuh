@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 
 #include "core/error.h"
@@ -37,6 +38,8 @@ struct DeviceWeight {
   int scale_kind;               // 0 f32, 1 bf16, 2 e8m0
   int64_t block_out, block_in, scale_cols, scale_row0;
   const float* bias;
+  int64_t elem_bytes;          // of data's elements
+  int64_t prefetch_row_bytes;  // of each row a kernel asks L2 for before its inputs are ready (launch.cuh)
 };
 
 
@@ -79,12 +82,31 @@ __device__ __forceinline__ float weight_at(const DeviceWeight& w, const unsigned
 }
 
 
+// How much of each row of w a kernel prefetches into L2 while its predecessor runs: all of it when the
+// whole matrix fits kL2PrefetchBudget (under half the H100/H200's 50 MB L2, so that the prefetch does not
+// evict what the running kernel reads), else that budget spread over the rows (the kernels read each row
+// from its start); none when the rows are not 16-byte aligned. NEXTN_CUDA_PREFETCH=0 turns it off.
+constexpr int64_t kL2PrefetchBudget = 24ll << 20;
+
+inline int64_t prefetch_row_bytes(const Linear& w, int64_t es) {
+  static const bool off = [] {
+    const char* e = std::getenv("NEXTN_CUDA_PREFETCH");
+    return e && std::string(e) == "0";
+  }();
+  const int64_t row = w.in * es, stride = w.row_stride * es;
+  if (off || es == 0 || w.out <= 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || stride % 16 != 0) return 0;
+  const int64_t per_row = w.out * row <= kL2PrefetchBudget ? row : kL2PrefetchBudget / w.out;
+  return per_row & ~int64_t(15);
+}
+
 // The kernels' descriptor of w (its pointers already on the device).
 inline DeviceWeight device_weight(const Linear& w) {
+  const int64_t es = int64_t(elem_size(w.dtype));
   return DeviceWeight{static_cast<const unsigned char*>(w.data), w.out, w.in, w.row_stride,
                       static_cast<const unsigned char*>(w.scale),
                       w.scale_dtype == DType::F32 ? 0 : w.scale_dtype == DType::BF16 ? 1 : 2,
-                      w.block_out, w.block_in, w.scale_cols, w.scale_row0, w.bias};
+                      w.block_out, w.block_in, w.scale_cols, w.scale_row0, w.bias, es,
+                      prefetch_row_bytes(w, es)};
 }
 
 }  // namespace

@@ -1,0 +1,78 @@
+// How the kernels are launched: each may start while the kernel before it in the stream is still running
+// (programmatic dependent launch, sm_90), so that a decode step's ~30 kernels a layer do not each pay a
+// launch's latency and a grid's drain in series, and a matmul streams its weights (which no kernel writes)
+// into L2 while its predecessor still runs. Included by the .cu files only.
+//
+// The contract, kept by every kernel of ops/cuda: it calls begin_after_predecessor() before it reads
+// anything an earlier kernel writes or writes anything an earlier kernel reads; before that it may only read
+// weights. The predecessor's results are then complete and visible, and since every kernel waits so, a
+// kernel's wait also covers every kernel before it. NEXTN_CUDA_OVERLAP=0 launches them in plain stream order
+// (the waits then return at once). Nothing here changes a value: only when a kernel starts.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+
+#include "ops/cuda/device_weight.cuh"
+
+namespace nextn::cuda {
+namespace {
+
+// Waits until the kernel before this one has finished and its writes are visible, then lets the next
+// kernel's blocks be scheduled (they start as SMs free up, and wait in turn before touching its results).
+__device__ __forceinline__ void begin_after_predecessor() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
+// Asks L2 for `bytes` from p (16-byte aligned; rounded down to whole 16 bytes), in 64 KB pieces spread
+// over the calling threads `t` of `threads`. A hint: nothing waits for it, and it reads only weights.
+__device__ __forceinline__ void prefetch_l2(const unsigned char* p, int64_t bytes, int t, int threads) {
+  constexpr int64_t kPiece = 64 * 1024;
+  bytes &= ~int64_t(15);
+  for (int64_t off = int64_t(t) * kPiece; off < bytes; off += int64_t(threads) * kPiece) {
+    const int64_t n = bytes - off < kPiece ? bytes - off : kPiece;
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p + off), "r"(unsigned(n)) : "memory");
+  }
+}
+
+// Prefetches the first w.prefetch_row_bytes of each of w's rows [n0, n0 + rows) (device_weight() sets how
+// many: all of a row when the whole matrix fits the L2 budget, less when not, none when rows are unaligned).
+__device__ __forceinline__ void prefetch_weight_rows(const DeviceWeight& w, int64_t n0, int64_t rows) {
+  if (w.prefetch_row_bytes <= 0 || n0 >= w.out) return;
+  if (n0 + rows > w.out) rows = w.out - n0;
+  const int64_t stride = w.row_stride * w.elem_bytes;
+  const unsigned char* first = w.data + n0 * stride;
+  if (stride == w.prefetch_row_bytes)  // contiguous rows: one span
+    return prefetch_l2(first, rows * stride, int(threadIdx.x), int(blockDim.x));
+  for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) prefetch_l2(first + r * stride, w.prefetch_row_bytes, 0, 1);
+}
+
+inline bool overlapping_launches() {
+  static const bool on = [] {
+    const char* e = std::getenv("NEXTN_CUDA_OVERLAP");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+// kernel<<<grid, block, smem, the per-thread stream>>>(args...), allowed to overlap its predecessor.
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, const char* what, Args... args) {
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = cudaStreamPerThread;
+  config.attrs = &overlap;
+  config.numAttrs = overlapping_launches() ? 1 : 0;
+  check(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...), what);
+}
+
+}  // namespace
+}  // namespace nextn::cuda
