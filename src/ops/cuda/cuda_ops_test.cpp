@@ -101,8 +101,9 @@ TEST(CudaOps, MatmulMatchesTheCpuOverManyShapes) {
   }
 }
 
-// The launch shape follows M (columns per warp, rows per pass): every shape must give each row the bits of
-// the one-row call.
+// The launch shape follows M (columns per warp, rows per pass; on the FP8 tensor-core path, where x's f16
+// split is made: in shared memory for up to 4 rows of 2048, per warp for more): every shape must give each
+// row the bits of the one-row call.
 TEST(CudaOps, MatmulRowsDoNotDependOnTheBatch) {
   NEXTN_SKIP_WITHOUT_CUDA();
   uint32_t seed = 100;
