@@ -563,9 +563,15 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
   const bool run_indexer = !all_forced_ && a.has_indexer;
   const float* xn = w.xn.f32();
 
-  cuda::matmul(xn, S, dev(a.gate_proj), w.gate.f32());    // [S, nh*v]
-  cuda::matmul(xn, S, dev(a.q_a_proj), w.q_resid.f32());  // [S, q_lora]
-  cuda::matmul(xn, S, dev(a.kv_a_proj), w.kv_a.f32());    // [S, kvl + rope]
+  // The projections of xn in one launch where the kernels allow (the indexer's key and head weights too).
+  const cuda::MatmulOutput gate{&dev(a.gate_proj), w.gate.f32()};   // [S, nh*v]
+  const cuda::MatmulOutput q_a{&dev(a.q_a_proj), w.q_resid.f32()};  // [S, q_lora]
+  const cuda::MatmulOutput kv_a{&dev(a.kv_a_proj), w.kv_a.f32()};   // [S, kvl + rope]
+  if (run_indexer)
+    cuda::matmul_shared_input(xn, S, {gate, q_a, kv_a, {&dev(a.indexer.wk), w.ik.f32()},  // [S, ihd]
+                                      {&dev(a.indexer.weights_proj), w.iw.f32()}});       // [S, nih]
+  else
+    cuda::matmul_shared_input(xn, S, {gate, q_a, kv_a});
   cuda::rms_norm_rows(w.q_resid.f32(), S, c.q_lora_rank, c.q_lora_rank, dev(a.q_a_norm), eps, w.q_resid.f32(),
                       c.q_lora_rank);
   cuda::matmul(w.q_resid.f32(), S, dev(a.q_b_proj), w.q.f32());  // [S, nh*qkd]
@@ -584,8 +590,6 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
   if (run_indexer) {
     const IndexerWeights& ix = a.indexer;
     const int64_t nih = c.index_n_heads, ihd = c.index_head_dim;
-    cuda::matmul(xn, S, dev(ix.wk), w.ik.f32());                    // [S, ihd]
-    cuda::matmul(xn, S, dev(ix.weights_proj), w.iw.f32());          // [S, nih]
     cuda::matmul(w.q_resid.f32(), S, dev(ix.wq_b), w.iq.f32());     // [S, nih*ihd]
     cuda::layer_norm_rows(w.ik.f32(), S, ihd, dev(ix.k_norm_w), dev(ix.k_norm_b), eps, w.ik.f32());
     // The indexer rotates the *last* rope dims of its heads.
@@ -648,8 +652,7 @@ void HYV4CudaBlocks::read_selections() {
 void HYV4CudaBlocks::swiglu_mlp(const Linear& g, const Linear& u, const Linear& d, float limit, const float* in,
                                 int64_t rows, float* a, float* b, float* out) {
   const Linear &gd = dev(g), &ud = dev(u);
-  cuda::matmul(in, rows, gd, a);  // [rows, I]
-  cuda::matmul(in, rows, ud, b);
+  cuda::matmul_shared_input(in, rows, {{&gd, a}, {&ud, b}});  // [rows, I] each
   cuda::swiglu(a, b, rows * gd.out, limit, a);
   cuda::matmul(a, rows, dev(d), out);  // [rows, H]
 }

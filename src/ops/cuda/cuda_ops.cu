@@ -343,10 +343,26 @@ __device__ __forceinline__ float split_x16(const float (&xv)[16], unsigned (&hi)
 // t's 8 at 8t), 32 lo words, at word (r · chunks + c) · 64; then the 2^-p of each (r, c).
 __host__ __device__ constexpr int64_t split_bytes(int64_t in) { return in * 4 + in / kMmaChunk * 4; }
 
+// The weights one launch multiplies x by (projections of the same rows): target i takes the column blocks
+// [first_block[i], first_block[i + 1]) of the grid.
+constexpr int kMaxMmaTargets = 6;
+struct MmaTargets {
+  DeviceWeight w[kMaxMmaTargets];
+  float* y[kMaxMmaTargets];
+  int64_t ys[kMaxMmaTargets];
+  unsigned first_block[kMaxMmaTargets + 1];
+  int n;
+};
+
 template <int TILES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    fp8_mma_kernel(const float* __restrict__ x, int64_t M, int64_t xs, DeviceWeight w, float* __restrict__ y,
-                   int64_t ys, bool x_vectors, int64_t rows_per_y, bool split_in_smem) {
+    fp8_mma_kernel(const __grid_constant__ MmaTargets targets, const float* __restrict__ x, int64_t M, int64_t xs,
+                   bool x_vectors, int64_t rows_per_y, bool split_in_smem) {
+  int target = 0;
+  while (target + 1 < targets.n && blockIdx.x >= targets.first_block[target + 1]) ++target;
+  const DeviceWeight& w = targets.w[target];
+  const int64_t ys = targets.ys[target];
+  float* __restrict__ y = targets.y[target];
   {  // the block's row chunk (row_chunks)
     const int64_t r0 = int64_t(blockIdx.y) * rows_per_y;
     x += r0 * xs;
@@ -359,7 +375,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   auto staged = reinterpret_cast<uint4(*)[kMmaStages][TILES][2][32]>(dynamic_smem);
   unsigned* split_words = reinterpret_cast<unsigned*>(dynamic_smem + kWarpsPerBlock * kMmaStages * TILES * 2 * 32);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int64_t n0 = int64_t(blockIdx.x) * (kMmaTileRows * TILES);
+  const int64_t n0 = int64_t(blockIdx.x - targets.first_block[target]) * (kMmaTileRows * TILES);
   const int64_t chunks = w.in / kMmaChunk;
   const int scale_bytes = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
   const unsigned chunks_per_block = unsigned(w.block_in / kMmaChunk);
@@ -436,9 +452,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       if (split_in_smem) {
         if (has_x) {
           const uint4* words = reinterpret_cast<const uint4*>(split_words + (int64_t(g) * chunks + c) * 64 + 8 * t);
-          const uint4 h0 = words[0], h1 = words[1], l0 = words[8], l1 = words[9];
-          hi[0] = h0.x, hi[1] = h0.y, hi[2] = h0.z, hi[3] = h0.w, hi[4] = h1.x, hi[5] = h1.y, hi[6] = h1.z, hi[7] = h1.w;
-          lo[0] = l0.x, lo[1] = l0.y, lo[2] = l0.z, lo[3] = l0.w, lo[4] = l1.x, lo[5] = l1.y, lo[6] = l1.z, lo[7] = l1.w;
+          const uint4 h[2] = {words[0], words[1]}, l[2] = {words[8], words[9]};
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            hi[4 * e] = h[e].x, hi[4 * e + 1] = h[e].y, hi[4 * e + 2] = h[e].z, hi[4 * e + 3] = h[e].w;
+            lo[4 * e] = l[e].x, lo[4 * e + 1] = l[e].y, lo[4 * e + 2] = l[e].z, lo[4 * e + 3] = l[e].w;
+          }
         } else {
 #pragma unroll
           for (int e = 0; e < 8; ++e) hi[e] = lo[e] = 0u;
@@ -505,8 +524,7 @@ constexpr size_t fp8_mma_staged_bytes = size_t(kWarpsPerBlock) * kMmaStages * TI
 constexpr size_t kMmaSplitSmemBytes = 40 * 1024;  // a pass's split x in shared memory up to this size
 
 template <int TILES>
-void launch_fp8_mma_tiles(dim3 grid, const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y,
-                          int64_t ys, bool x_vectors, int64_t rows_per_y) {
+void launch_fp8_mma_tiles(const MmaTargets& targets, const float* x, int64_t M, int64_t xs, bool x_vectors) {
   constexpr size_t staged = fp8_mma_staged_bytes<TILES>;
   static const bool configured = [] {  // (over the 48 KB a launch may take without asking)
     check(cudaFuncSetAttribute(fp8_mma_kernel<TILES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -515,11 +533,13 @@ void launch_fp8_mma_tiles(dim3 grid, const float* x, int64_t M, int64_t xs, cons
     return true;
   }();
   (void)configured;
+  const RowChunks rc = row_chunks(targets.first_block[targets.n], M, kMmaCols);
+  const dim3 grid(targets.first_block[targets.n], rc.chunks);
   // (where the split is made changes no bit of it: split_x16 either way)
-  const size_t split = size_t(std::min<int64_t>(M, kMmaCols) * split_bytes(w.in));
+  const size_t split = size_t(std::min<int64_t>(M, kMmaCols) * split_bytes(targets.w[0].in));
   const bool split_in_smem = split <= kMmaSplitSmemBytes;
   launch_kernel(fp8_mma_kernel<TILES>, grid, dim3(kWarpsPerBlock * 32), staged + (split_in_smem ? split : 0),
-                "fp8_mma_kernel", x, M, xs, w, y, ys, x_vectors, rows_per_y, split_in_smem);
+                "fp8_mma_kernel", targets, x, M, xs, x_vectors, rc.rows_per_chunk, split_in_smem);
 }
 
 bool fp8_mma_takes(const DeviceWeight& w) {
@@ -531,25 +551,33 @@ bool fp8_mma_takes(const DeviceWeight& w) {
          w.scale_row0 % kMmaTileRows == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_stride % 16 == 0;
 }
 
-template <int TILES>
-void launch_fp8_mma_shape(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys,
-                          bool x_vectors) {
-  constexpr int64_t rows_per_block = kMmaTileRows * TILES;
-  const int64_t col_blocks = (w.out + rows_per_block - 1) / rows_per_block;
-  const RowChunks rc = row_chunks(col_blocks, M, kMmaCols);
-  const dim3 grid(unsigned(col_blocks), rc.chunks);
-  launch_fp8_mma_tiles<TILES>(grid, x, M, xs, w, y, ys, x_vectors, rc.rows_per_chunk);
-}
-
-void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys,
-                    bool x_vectors) {
-  // 2 weight tiles per block (1 and 4 measured slower on large matrices: docs/performance.md, "Fourteenth
-  // session"), but 1 where 2 leave SMs without a block: the attention's 0.6-2 MB projections ran on 9-48
-  // blocks of 132. A tile's sums do not depend on the tiles beside it, so its rows get the same bits.
-  if ((w.out + 2 * kMmaTileRows - 1) / (2 * kMmaTileRows) < multiprocessors())
-    launch_fp8_mma_shape<1>(x, M, xs, w, y, ys, x_vectors);
-  else
-    launch_fp8_mma_shape<2>(x, M, xs, w, y, ys, x_vectors);
+// One launch for up to kMaxMmaTargets weights of x's width (each taking the tensor-core path), 2 weight tiles
+// per block (1 and 4 measured slower on large matrices: docs/performance.md, "Fourteenth session"), but 1
+// where 2 leave SMs without a block: the attention's 0.6-2 MB projections ran on 9-48 blocks of 132. A
+// tile's sums depend neither on the tiles beside it nor on the weights sharing the launch: every output
+// gets the bits of its own one-weight launch.
+void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight* const* w, float* const* y,
+                    const int64_t* ys, int n, bool x_vectors) {
+  MmaTargets targets{};
+  targets.n = n;
+  auto fill = [&](int64_t rows_per_block) {
+    unsigned blocks = 0;
+    for (int i = 0; i < n; ++i) {
+      targets.w[i] = *w[i];
+      targets.y[i] = y[i];
+      targets.ys[i] = ys[i];
+      targets.first_block[i] = blocks;
+      blocks += unsigned((w[i]->out + rows_per_block - 1) / rows_per_block);
+    }
+    targets.first_block[n] = blocks;
+    return blocks;
+  };
+  if (fill(2 * kMmaTileRows) < unsigned(multiprocessors())) {
+    fill(kMmaTileRows);
+    launch_fp8_mma_tiles<1>(targets, x, M, xs, x_vectors);
+  } else {
+    launch_fp8_mma_tiles<2>(targets, x, M, xs, x_vectors);
+  }
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------------
@@ -687,11 +715,44 @@ void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stri
     case DType::F32: launch<WeightKind::kF32>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
     case DType::BF16: launch<WeightKind::kBF16>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
     case DType::F8_E4M3:
-      if (fp8_mma_takes(dw)) launch_fp8_mma(x, M, xs, dw, y, ys, x_vectors);
-      else launch<WeightKind::kFP8>(x, M, xs, dw, y, ys, vectors, x_vectors);
+      if (fp8_mma_takes(dw)) {
+        const DeviceWeight* one = &dw;
+        launch_fp8_mma(x, M, xs, &one, &y, &ys, 1, x_vectors);
+      } else {
+        launch<WeightKind::kFP8>(x, M, xs, dw, y, ys, vectors, x_vectors);
+      }
       break;
     default: throw Error(std::string("cuda::matmul: weights of dtype ") + dtype_name(w.dtype) + " are not supported");
   }
+}
+
+void matmul_shared_input(const float* x, int64_t M, std::initializer_list<MatmulOutput> outputs) {
+  if (M <= 0) return;
+  DeviceWeight descs[kMaxMmaTargets]{};
+  const DeviceWeight* group[kMaxMmaTargets];
+  float* ys[kMaxMmaTargets];
+  int64_t strides[kMaxMmaTargets];
+  int n = 0;
+  auto launch_group = [&] {
+    if (n == 0) return;
+    const int64_t in = descs[0].in;
+    launch_fp8_mma(x, M, in, group, ys, strides, n, reinterpret_cast<uintptr_t>(x) % 16 == 0 && in % 4 == 0);
+    n = 0;
+  };
+  for (const MatmulOutput& o : outputs) {
+    const DeviceWeight d = device_weight(*o.w);
+    if (o.w->dtype != DType::F8_E4M3 || !fp8_mma_takes(d) || (n > 0 && d.in != descs[0].in)) {
+      matmul(x, M, *o.w, o.y);
+      continue;
+    }
+    if (n == kMaxMmaTargets) launch_group();
+    descs[n] = d;
+    group[n] = &descs[n];
+    ys[n] = o.y;
+    strides[n] = d.out;
+    ++n;
+  }
+  launch_group();
 }
 
 WeightTable weight_table(const Linear* const* weights, int64_t n) {

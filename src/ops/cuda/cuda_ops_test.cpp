@@ -132,6 +132,51 @@ TEST(CudaOps, MatmulRowsDoNotDependOnTheBatch) {
   }
 }
 
+// Projections of the same rows in one launch: each output must get the bits of its own matmul() call, for
+// FP8 weights (one launch, 1 and 2 tiles a block, more weights than one launch takes) and others mixed in.
+TEST(CudaOps, SharedInputMatmulsGiveEachOutputItsOwnBits) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const int64_t in = 1024;
+  std::vector<HostWeight> hosts;
+  uint32_t seed = 300;
+  for (int64_t out : {48, 512, 1536, 64, 4096, 16, 208})
+    hosts.push_back(make_weight(DType::F8_E4M3, DType::F32, out, in, in, false, seed++));
+  hosts.push_back(make_weight(DType::BF16, DType::F32, 96, in, in, false, seed++));
+  std::vector<cuda::DeviceLinear> dev;
+  for (const HostWeight& h : hosts) dev.push_back(cuda::upload(h.w));
+  for (int64_t M : {1, 3, 9}) {
+    const std::vector<float> x = random_rows(M, in, seed++);
+    cuda::DeviceBuffer dx(x.size() * 4);
+    dx.upload(x.data(), x.size() * 4);
+    std::vector<cuda::DeviceBuffer> alone, shared;
+    for (const cuda::DeviceLinear& d : dev) {
+      alone.emplace_back(size_t(M * d.w.out) * 4);
+      shared.emplace_back(size_t(M * d.w.out) * 4);
+      cuda::matmul(dx.f32(), M, d.w, alone.back().f32());
+    }
+    // the two small ones alone (1 tile a block), then all eight (2 tiles a block, over two launches)
+    cuda::matmul_shared_input(dx.f32(), M, {{&dev[0].w, shared[0].f32()}, {&dev[5].w, shared[5].f32()}});
+    std::vector<float> a, b;
+    auto same = [&](size_t i) {
+      const size_t n = size_t(M * dev[i].w.out);
+      a.resize(n);
+      b.resize(n);
+      alone[i].download(a.data(), n * 4);
+      shared[i].download(b.data(), n * 4);
+      return std::memcmp(a.data(), b.data(), n * 4) == 0;
+    };
+    cuda::synchronize();
+    EXPECT_TRUE(same(0)) << "M=" << M;
+    EXPECT_TRUE(same(5)) << "M=" << M;
+    cuda::matmul_shared_input(dx.f32(), M,
+                              {{&dev[0].w, shared[0].f32()}, {&dev[1].w, shared[1].f32()}, {&dev[2].w, shared[2].f32()},
+                               {&dev[7].w, shared[7].f32()}, {&dev[3].w, shared[3].f32()}, {&dev[4].w, shared[4].f32()},
+                               {&dev[5].w, shared[5].f32()}, {&dev[6].w, shared[6].f32()}});
+    cuda::synchronize();
+    for (size_t i = 0; i < dev.size(); ++i) EXPECT_TRUE(same(i)) << "weight " << i << " M=" << M;
+  }
+}
+
 // Every e4m3 code but the NaNs, subnormals included, times block scales from 2^-126 to 2^40 must decode to the
 // bits of code value x scale, as dequant_row gives them: rows of x are one-hot, so y[m, n] is weight (n, m)
 // itself (the other products are zeros), at one row (each weight decoded as it is consumed) and at 256 rows
