@@ -82,7 +82,7 @@ struct HYV4CudaBlocks::PoolMirror {
 struct HYV4CudaBlocks::Workspace {
   int64_t rows = 0, positions = 0;
   cuda::DeviceBuffer streams, x, xn, y, hidden, mixes, post;
-  cuda::DeviceBuffer q_resid, q, kv_a, key_new, gate, attn, qcat, olat, mla_part, vout;
+  cuda::DeviceBuffer q_resid, q, kv_a, gate, attn, qcat, olat, mla_part, vout;
   cuda::DeviceBuffer iq, ik, iw, scores, topk, topk_count, forced;
   cuda::DeviceBuffer ffn_a, ffn_b, router, gathered, expert_a, expert_b, expert_out, shared_out, moe_i32, moe_f32;
   cuda::DeviceBuffer mtp_in, h_prev, logits, argmax, lm_in, lm_out, meta_i32, meta_i64;
@@ -207,7 +207,6 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   grow<float>(w.q_resid, S * c.q_lora_rank);
   grow<float>(w.q, S * nh * c.qk_head_dim);
   grow<float>(w.kv_a, S * kr);
-  grow<float>(w.key_new, S * kr);
   for (cuda::DeviceBuffer* b : {&w.gate, &w.attn, &w.vout}) grow<float>(*b, S * nh * c.v_head_dim);
   grow<float>(w.qcat, S * nh * kr);
   grow<float>(w.olat, S * nh * kvl);
@@ -574,14 +573,16 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
     cuda::matmul_shared_input(xn, S, {gate, q_a, kv_a});
   cuda::rms_norm_rows(w.q_resid.f32(), S, c.q_lora_rank, c.q_lora_rank, dev(a.q_a_norm), eps, w.q_resid.f32(),
                       c.q_lora_rank);
-  cuda::matmul(w.q_resid.f32(), S, dev(a.q_b_proj), w.q.f32());  // [S, nh*qkd]
+  // q_b and the indexer's query weights read the same normalized rows: one launch where the kernels allow.
+  const cuda::MatmulOutput q_b{&dev(a.q_b_proj), w.q.f32()};  // [S, nh*qkd]
+  if (run_indexer)
+    cuda::matmul_shared_input(w.q_resid.f32(), S, {q_b, {&dev(a.indexer.wq_b), w.iq.f32()}});  // [S, nih*ihd]
+  else
+    cuda::matmul_shared_input(w.q_resid.f32(), S, {q_b});
   cuda::rope_rows(w.q.f32(), S, nh, nh * qkd, qkd, nope, rope, pos, inv_freq, af);
-  // The cached key: kv_a_layernorm(latent) | rotated rope part, written at each row's slot.
-  float* key = w.key_new.f32();  // [S, kr]
-  cuda::rms_norm_rows(w.kv_a.f32(), S, kvl, kr, dev(a.kv_a_norm), eps, key, kr);
-  cuda::copy_cols(w.kv_a.f32() + kvl, S, rope, kr, key + kvl, kr);
-  cuda::rope_rows(key, S, 1, kr, 0, kvl, rope, pos, inv_freq, af);
-  cuda::write_cache_rows(key, S, kr, kr, rc_, key_plane);
+  // The cached key [kr]: kv_a_layernorm(latent) | rotated rope part, written at each row's slot.
+  cuda::write_key_rows(w.kv_a.f32(), S, kr, kr, {dev(a.kv_a_norm), nullptr, eps, kvl}, kvl, rope, inv_freq, af, rc_,
+                       key_plane);
 
   const int64_t K = topk_stride();
   int32_t* topk = as<int32_t>(w.topk);  // [S, K] slots, ascending (kept for the layers that share it)
@@ -590,12 +591,10 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
   if (run_indexer) {
     const IndexerWeights& ix = a.indexer;
     const int64_t nih = c.index_n_heads, ihd = c.index_head_dim;
-    cuda::matmul(w.q_resid.f32(), S, dev(ix.wq_b), w.iq.f32());     // [S, nih*ihd]
-    cuda::layer_norm_rows(w.ik.f32(), S, ihd, dev(ix.k_norm_w), dev(ix.k_norm_b), eps, w.ik.f32());
-    // The indexer rotates the *last* rope dims of its heads.
+    // The indexer rotates the *last* rope dims of its heads; its key is layer-normed first.
     cuda::rope_rows(w.iq.f32(), S, nih, nih * ihd, ihd, ihd - rope, rope, pos, inv_freq, af);
-    cuda::rope_rows(w.ik.f32(), S, 1, ihd, 0, ihd - rope, rope, pos, inv_freq, af);
-    cuda::write_cache_rows(w.ik.f32(), S, ihd, ihd, rc_, index_plane);
+    cuda::write_key_rows(w.ik.f32(), S, ihd, ihd, {dev(ix.k_norm_w), dev(ix.k_norm_b), eps, ihd}, ihd - rope, rope,
+                         inv_freq, af, rc_, index_plane);
     cuda::scale(w.iw.f32(), S * nih, 1.0f / std::sqrt(float(nih)), 1.0f / std::sqrt(float(ihd)));
     cuda::indexer_scores(w.iq.f32(), w.iw.f32(), S, nih, ihd, rc_, index_plane, w.positions, w.scores.f32(),
                          w.positions);

@@ -299,6 +299,45 @@ __global__ void write_cache_rows_kernel(const float* src, int64_t width, int64_t
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[c] = src[r * ss + c];
 }
 
+// Block r: the norm's statistics over the row's first norm.width elements in rms_norm_rows_kernel's /
+// layer_norm_rows_kernel's loops and tree, each element normalized by their expressions, RoPE by
+// rope_rows_kernel's, and the result stored straight into the cache slot.
+__global__ void write_key_rows_kernel(const float* src, int64_t width, int64_t ss, KeyNorm norm, int64_t rope_offset,
+                                      int64_t half, const float* inv_freq, float af, RowCaches rc, int plane) {
+  begin_after_predecessor();
+  const int64_t r = blockIdx.x, d = norm.width;
+  const float* xr = src + r * ss;
+  float mean = 0.f, inv;
+  if (norm.bias) {
+    float s = 0.f;
+    for (int64_t k = threadIdx.x; k < d; k += kThreads) s = s + xr[k];
+    mean = block_all(s, SumOp()) / float(d);
+    float v = 0.f;
+    for (int64_t k = threadIdx.x; k < d; k += kThreads) v = v + (xr[k] - mean) * (xr[k] - mean);
+    inv = 1.0f / sqrtf(block_all(v, SumOp()) / float(d) + norm.eps);
+  } else {
+    float s = 0.f;
+    for (int64_t k = threadIdx.x; k < d; k += kThreads) s = fmaf(xr[k], xr[k], s);
+    inv = 1.0f / sqrtf(block_all(s, SumOp()) / float(d) + norm.eps);
+  }
+  auto value = [&](int64_t k) {
+    if (k >= d) return xr[k];
+    if (norm.bias) return (xr[k] - mean) * inv * norm.weight[k] + norm.bias[k];
+    return norm.weight ? xr[k] * inv * norm.weight[k] : xr[k] * inv;
+  };
+  const int span = rc.span[r];
+  float* dst = rc.planes[span][plane] + physical(rc, span, rc.slot[r]) * width;
+  for (int64_t k = threadIdx.x; k < width; k += kThreads)
+    if (k < rope_offset || k >= rope_offset + 2 * half) dst[k] = value(k);
+  for (int64_t i = threadIdx.x; i < half; i += kThreads) {
+    const float f = inv_freq[i] * float(rc.position[r]);
+    const float c = cosf(f) * af, s = sinf(f) * af;
+    const float a = value(rope_offset + i), b = value(rope_offset + i + half);
+    dst[rope_offset + i] = a * c - b * s;
+    dst[rope_offset + i + half] = b * c + a * s;
+  }
+}
+
 // A warp per key: Σ_h w_h · relu(q_h · key), with q and w of the row in shared memory; lane l holds the key's
 // elements l, l + 32, ... and each head's dot product is its lanes' sums (in element order) added in a fixed
 // butterfly. (A thread per key ran a row's heads x dim products in one chain: at a short context, one block
@@ -804,6 +843,16 @@ void write_cache_rows(const float* src, int64_t rows, int64_t width, int64_t src
   if (rows <= 0) return;
   launch_kernel(write_cache_rows_kernel, unsigned(rows), 128, 0, "write_cache_rows_kernel", src, width, src_stride, rc,
                 plane);
+}
+
+void write_key_rows(const float* src, int64_t rows, int64_t width, int64_t src_stride, const KeyNorm& norm,
+                    int64_t rope_offset, int64_t rope_dim, const float* inv_freq, float attention_factor,
+                    const RowCaches& rc, int plane) {
+  if (rows <= 0) return;
+  if (norm.width > width || rope_offset < 0 || rope_offset + rope_dim > width || (norm.bias && !norm.weight))
+    throw Error("cuda::write_key_rows: the norm or the rotated span is not inside the row");
+  launch_kernel(write_key_rows_kernel, unsigned(rows), kThreads, 0, "write_key_rows_kernel", src, width, src_stride,
+                norm, rope_offset, rope_dim / 2, inv_freq, attention_factor, rc, plane);
 }
 
 void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads, int64_t dim, const RowCaches& rc,

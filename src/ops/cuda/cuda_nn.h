@@ -77,6 +77,20 @@ struct RowCaches {
 // Writes src[r, 0..width) (rows src_stride apart) to plane `plane` at row r's slot.
 void write_cache_rows(const float* src, int64_t rows, int64_t width, int64_t src_stride, const RowCaches& rc,
                       int plane);
+// The cache key of each row made and written in one kernel: src[r, 0..width) (rows src_stride apart) with its
+// first norm.width elements normalized (RMSNorm times weight, or with a bias LayerNorm times weight plus bias,
+// as rms_norm_rows / layer_norm_rows compute them; the rest as they are), then RoPE on [rope_offset,
+// rope_offset + rope_dim) at rc.position as rope_rows, written to plane `plane` at row r's slot: each element
+// gets the bits of those ops and write_cache_rows run one after another, without their four launches.
+struct KeyNorm {
+  const float* weight = nullptr;
+  const float* bias = nullptr;  // LayerNorm when set
+  float eps = 0.f;
+  int64_t width = 0;
+};
+void write_key_rows(const float* src, int64_t rows, int64_t width, int64_t src_stride, const KeyNorm& norm,
+                    int64_t rope_offset, int64_t rope_dim, const float* inv_freq, float attention_factor,
+                    const RowCaches& rc, int plane);
 // DSA indexer scores: out[r, j] = Σ_h w[r, h] · relu(q[r, h] · key_j) over the index plane's keys j <= slot[r];
 // q [rows, heads, dim], w [rows, heads], out rows out_stride floats apart.
 // max_keys bounds every row's slot + 1 (the launch covers that many keys a row).

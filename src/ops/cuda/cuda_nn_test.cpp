@@ -307,5 +307,59 @@ TEST(CudaNn, TransposedHeadsCrossScaleBlocksAsTheCpuDequantizes) {
       }
 }
 
+// write_key_rows against the ops it fuses (a norm, the copy of the unnormalized tail, RoPE, the cache
+// write), bit for bit: an MLA key (RMSNorm over the latent, the rope part raw then rotated) and an indexer
+// key (LayerNorm over the whole row, its last dims rotated), rows at scattered slots of a paged cache.
+TEST(CudaNn, WriteKeyRowsGivesTheBitsOfTheOpsItFuses) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const int64_t rows = 5, page = 4, slots = 16;
+  const std::vector<int32_t> span(size_t(rows), 0), slot = {0, 5, 6, 11, 15}, pos = {100, 7, 4096, 0, 33};
+  const std::vector<int32_t> tables = {3, 0, 2, 1}, page_tokens = {int32_t(page)};
+  const std::vector<int64_t> table_offset = {0};
+  const auto dspan = to_device(span), dslot = to_device(slot), dpos = to_device(pos), dtables = to_device(tables),
+             dpt = to_device(page_tokens), doff = to_device(table_offset);
+  struct Case {
+    int64_t width, normed, rope_offset, rope_dim;
+    bool layer_norm;
+  };
+  for (const Case& k : {Case{576, 512, 512, 64, false}, Case{128, 128, 64, 64, true}}) {
+    const int64_t w = k.width;
+    std::vector<float> zeros(size_t(slots * w), 0.f);
+    const auto fused = to_device(zeros), ref = to_device(zeros);
+    const std::vector<float*> planes = {fused.f32(), ref.f32()};
+    const auto dplanes = to_device(planes);
+    const std::vector<float* const*> by_span = {static_cast<float* const*>(dplanes.get())};
+    const auto dby_span = to_device(by_span);
+    cuda::RowCaches rc;
+    rc.span = static_cast<const int32_t*>(dspan.get());
+    rc.slot = static_cast<const int32_t*>(dslot.get());
+    rc.position = static_cast<const int32_t*>(dpos.get());
+    rc.table_offset = static_cast<const int64_t*>(doff.get());
+    rc.page_tokens = static_cast<const int32_t*>(dpt.get());
+    rc.tables = static_cast<const int32_t*>(dtables.get());
+    rc.planes = static_cast<float* const* const*>(dby_span.get());
+    const auto src = to_device(normal(size_t(rows * w), 41, 2.f));
+    const auto weight = to_device(normal(size_t(k.normed), 42)), bias = to_device(normal(size_t(k.normed), 43));
+    std::vector<float> inv_freq(size_t(k.rope_dim / 2));
+    for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.f, -2.f * float(i) / float(k.rope_dim));
+    const auto dfreq = to_device(inv_freq);
+    const float eps = 1e-6f, af = 1.3f;
+    cuda::DeviceBuffer key(size_t(rows * w) * 4);
+    if (k.layer_norm) {
+      cuda::layer_norm_rows(src.f32(), rows, w, weight.f32(), bias.f32(), eps, key.f32());
+    } else {
+      cuda::rms_norm_rows(src.f32(), rows, k.normed, w, weight.f32(), eps, key.f32(), w);
+      cuda::copy_cols(src.f32() + k.normed, rows, w - k.normed, w, key.f32() + k.normed, w);
+    }
+    cuda::rope_rows(key.f32(), rows, 1, w, 0, k.rope_offset, k.rope_dim, rc.position, dfreq.f32(), af);
+    cuda::write_cache_rows(key.f32(), rows, w, w, rc, 1);
+    cuda::write_key_rows(src.f32(), rows, w, w, {weight.f32(), k.layer_norm ? bias.f32() : nullptr, eps, k.normed},
+                         k.rope_offset, k.rope_dim, dfreq.f32(), af, rc, 0);
+    const auto got = to_host<float>(fused, zeros.size()), want = to_host<float>(ref, zeros.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "width " << w;
+    EXPECT_NE(std::memcmp(got.data(), zeros.data(), got.size() * 4), 0) << "width " << w;  // (it wrote)
+  }
+}
+
 }  // namespace
 }  // namespace nextn

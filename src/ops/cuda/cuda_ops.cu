@@ -340,8 +340,13 @@ __device__ __forceinline__ float split_x16(const float (&xv)[16], unsigned (&hi)
 
 // The split of a pass's x rows, made once by the whole block into shared memory (split_bytes per row) when
 // it fits, instead of by each warp at each of its chunks: for row r and chunk c, 32 hi words (lane quarter
-// t's 8 at 8t), 32 lo words, at word (r · chunks + c) · 64; then the 2^-p of each (r, c).
-__host__ __device__ constexpr int64_t split_bytes(int64_t in) { return in * 4 + in / kMmaChunk * 4; }
+// t's 8 at 8t), 32 lo words, at word r · split_row_words + c · 64; then the 2^-p of each (r, c).
+// A row's words are split_row_words(chunks) apart: 4 more than its 64 a chunk, so that the lanes of two rows
+// reading the same chunk in one 8-lane phase of a 16-byte load fall on different banks.
+__host__ __device__ constexpr int64_t split_row_words(int64_t chunks) { return chunks * 64 + 4; }
+__host__ __device__ constexpr int64_t split_bytes(int64_t in) {
+  return (split_row_words(in / kMmaChunk) + in / kMmaChunk) * 4;
+}
 
 // The weights one launch multiplies x by (projections of the same rows): target i takes the column blocks
 // [first_block[i], first_block[i + 1]) of the grid.
@@ -413,7 +418,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int i = 0; i < TILES; ++i) total[i][0] = total[i][1] = total[i][2] = total[i][3] = 0.f;
     if (m0 > 0) stage_first_chunks();
-    float* split_down = reinterpret_cast<float*>(split_words + int64_t(rows) * chunks * 64);  // [rows][chunks]
+    const int64_t row_words = split_row_words(chunks);
+    float* split_down = reinterpret_cast<float*>(split_words + int64_t(rows) * row_words);  // [rows][chunks]
     if (split_in_smem) {  // item (r, c, quarter q) per thread, groups of 4 in a warp (padded: all shuffle)
       const int64_t items = int64_t(rows) * chunks * 4, padded = (items + 255) / 256 * 256;
       for (int64_t i = threadIdx.x; i < padded; i += kWarpsPerBlock * 32) {
@@ -428,7 +434,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         unsigned hi[8], lo[8];
         const float down = split_x16(xv, hi, lo);
         if (valid) {
-          unsigned* out = split_words + rc * 64 + 8 * q;
+          unsigned* out = split_words + r * row_words + c * 64 + 8 * q;
 #pragma unroll
           for (int e = 0; e < 8; ++e) out[e] = hi[e], out[32 + e] = lo[e];
           if (q == 0) split_down[rc] = down;
@@ -451,7 +457,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       float d0, d1;  // 2^-p of this lane's D columns (activation rows 2t, 2t + 1)
       if (split_in_smem) {
         if (has_x) {
-          const uint4* words = reinterpret_cast<const uint4*>(split_words + (int64_t(g) * chunks + c) * 64 + 8 * t);
+          const uint4* words = reinterpret_cast<const uint4*>(split_words + g * row_words + c * 64 + 8 * t);
           const uint4 h[2] = {words[0], words[1]}, l[2] = {words[8], words[9]};
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
