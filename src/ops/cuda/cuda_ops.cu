@@ -250,9 +250,10 @@ template <WeightKind K>
 void launch(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys, bool vectors,
             bool x_vectors) {
   // (measured on the H200 with bench/cuda: a decode row reads bf16 best with 2 columns per block, FP8 with 4;
-  // a matrix of a few long columns, the iHC mixes' 8 x 8192 in f32, takes a block per column with 4 vectors
-  // in flight per thread: at 2 columns it was 4 blocks on 132 SMs)
-  if (M == 1 && w.out <= 64) return launch_shape<K, 1, 1, 4>(x, M, xs, w, y, ys, vectors, x_vectors);
+  // a matrix of a few long columns, the iHC mixes' 8 x 8192 in f32, takes a block per column and row with 4
+  // vectors in flight per thread, at decode and verify widths: at 2-4 columns a block it was 2-4 blocks on
+  // 132 SMs, the verify's rows in series in them)
+  if (M <= 16 && w.out <= 64) return launch_shape<K, 1, 1, 4>(x, M, xs, w, y, ys, vectors, x_vectors);
   if (M == 1 && K == WeightKind::kFP8) return launch_shape<K, 4, 1, 2>(x, M, xs, w, y, ys, vectors, x_vectors);
   if (M == 1) return launch_shape<K, 2, 1, 2>(x, M, xs, w, y, ys, vectors, x_vectors);
   if (M == 2) return launch_shape<K, 2, 2, 2>(x, M, xs, w, y, ys, vectors, x_vectors);
