@@ -595,9 +595,9 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
     cuda::rope_rows(w.iq.f32(), S, nih, nih * ihd, ihd, ihd - rope, rope, pos, inv_freq, af);
     cuda::write_key_rows(w.ik.f32(), S, ihd, ihd, {dev(ix.k_norm_w), dev(ix.k_norm_b), eps, ihd}, ihd - rope, rope,
                          inv_freq, af, rc_, index_plane);
-    cuda::scale(w.iw.f32(), S * nih, 1.0f / std::sqrt(float(nih)), 1.0f / std::sqrt(float(ihd)));
+    // (the head weights scaled by 1/sqrt(heads) and 1/sqrt(dim) as the scores' kernel reads them)
     cuda::indexer_scores(w.iq.f32(), w.iw.f32(), S, nih, ihd, rc_, index_plane, w.positions, w.scores.f32(),
-                         w.positions);
+                         w.positions, 1.0f / std::sqrt(float(nih)), 1.0f / std::sqrt(float(ihd)));
     cuda::topk_rows(w.scores.f32(), S, w.positions, rc_, K, topk, count);
   }
   if (any_forced_)
@@ -608,8 +608,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
   timer.next(kSparseMla);
   const Linear& kvb = dev(a.kv_b_proj);
   float* qcat = w.qcat.f32();
-  cuda::matmul_transposed_heads(w.q.f32(), S, nh * qkd, qkd, kvb, 0, nope + vd, nope, nh, qcat, nh * kr, kr);
-  cuda::copy_cols(w.q.f32() + nope, S * nh, rope, qkd, qcat + kvl, kr);
+  cuda::matmul_transposed_heads(w.q.f32(), S, nh * qkd, qkd, kvb, 0, nope + vd, nope, nh, qcat, nh * kr, kr, rope);
   cuda::sparse_mla(qcat, S, nh, kvl, rope, topk, K, count, rc_, key_plane, float(c.attn_scale), dev(a.sinks),
                    w.mla_part.f32(), w.olat.f32());
   cuda::matmul_heads(w.olat.f32(), S, nh * kvl, kvl, kvb, nope, nope + vd, vd, nh, w.vout.f32(), nh * vd, vd);

@@ -207,7 +207,7 @@ constexpr int kThCols = 32, kThGroups = 8;
 template <int KIND>
 __global__ void __launch_bounds__(kThCols * kThGroups)
     matmul_transposed_heads_kernel(const float* x, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0, int64_t hrs,
-                                   int64_t rows, float* y, int64_t ys, int64_t yh) {
+                                   int64_t rows, float* y, int64_t ys, int64_t yh, int64_t tail) {
   __shared__ float part[kThGroups][kThCols];
   const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
   const int64_t c = int64_t(blockIdx.x) * kThCols + lane, h = blockIdx.y, m = blockIdx.z;
@@ -217,6 +217,8 @@ __global__ void __launch_bounds__(kThCols * kThGroups)
       asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w.data + ((first + r) * w.row_stride + c - lane) * w.elem_bytes));
   begin_after_predecessor();
   const float* xr = x + m * xs + h * xh;
+  if (blockIdx.x == 0)  // x's elements past the summed rows, passed through after y's columns
+    for (int64_t i = threadIdx.x; i < tail; i += blockDim.x) y[m * ys + h * yh + w.in + i] = xr[rows + i];
   float acc = 0.f;
   if (c < w.in) {
     const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
@@ -345,15 +347,15 @@ __global__ void write_key_rows_kernel(const float* src, int64_t width, int64_t s
 constexpr int kIndexerWarps = 8, kIndexerKeyRegs = 8;  // keys of up to 256 elements stay in registers
 
 __global__ void __launch_bounds__(kIndexerWarps * 32)
-    indexer_scores_kernel(const float* q, const float* w, int64_t heads, int64_t dim, RowCaches rc, int plane,
-                          float* out, int64_t os) {
+    indexer_scores_kernel(const float* q, const float* w, float w_a, float w_b, int64_t heads, int64_t dim,
+                          RowCaches rc, int plane, float* out, int64_t os) {
   begin_after_predecessor();
   extern __shared__ float smem[];
   const int64_t r = blockIdx.y;
   float* qs = smem;                // [heads, dim]
   float* ws = smem + heads * dim;  // [heads]
   for (int64_t i = threadIdx.x; i < heads * dim; i += blockDim.x) qs[i] = q[r * heads * dim + i];
-  for (int64_t i = threadIdx.x; i < heads; i += blockDim.x) ws[i] = w[r * heads + i];
+  for (int64_t i = threadIdx.x; i < heads; i += blockDim.x) ws[i] = w[r * heads + i] * w_a * w_b;  // (as scale())
   __syncthreads();
   const int lane = threadIdx.x & 31;
   const int64_t j = int64_t(blockIdx.x) * kIndexerWarps + (threadIdx.x >> 5);
@@ -804,18 +806,20 @@ void embed_rows(const Linear& w, const int32_t* ids, int64_t rows, int copies, f
 
 void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, const Linear& w,
                              int64_t row0, int64_t head_rows_stride, int64_t rows_per_head, int64_t heads, float* y,
-                             int64_t y_stride, int64_t y_head) {
+                             int64_t y_stride, int64_t y_head, int64_t tail) {
   if (M <= 0 || heads <= 0) return;
   const dim3 grid(blocks_for(w.in, kThCols), unsigned(heads), unsigned(M));
   const dim3 block(kThCols * kThGroups);
   const DeviceWeight d = device_weight(w);
   switch (weight_kind(w)) {
     case 0: launch_kernel(matmul_transposed_heads_kernel<0>, grid, block, 0, "matmul_transposed_heads_kernel", x,
-                          x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head); break;
+                          x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail);
+      break;
     case 1: launch_kernel(matmul_transposed_heads_kernel<1>, grid, block, 0, "matmul_transposed_heads_kernel", x,
-                          x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head); break;
+                          x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail);
+      break;
     default: launch_kernel(matmul_transposed_heads_kernel<2>, grid, block, 0, "matmul_transposed_heads_kernel", x,
-                           x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head);
+                           x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail);
   }
 }
 
@@ -856,12 +860,12 @@ void write_key_rows(const float* src, int64_t rows, int64_t width, int64_t src_s
 }
 
 void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads, int64_t dim, const RowCaches& rc,
-                    int plane, int64_t max_keys, float* out, int64_t out_stride) {
+                    int plane, int64_t max_keys, float* out, int64_t out_stride, float w_a, float w_b) {
   if (rows <= 0 || max_keys <= 0) return;
   const size_t smem = size_t(heads * dim + heads) * sizeof(float);
   allow_smem(indexer_scores_kernel, smem, "indexer scores: shared memory");
   launch_kernel(indexer_scores_kernel, dim3(blocks_for(max_keys, kIndexerWarps), unsigned(rows)), kIndexerWarps * 32,
-                smem, "indexer_scores_kernel", q, w, heads, dim, rc, plane, out, out_stride);
+                smem, "indexer_scores_kernel", q, w, w_a, w_b, heads, dim, rc, plane, out, out_stride);
 }
 
 void topk_rows(const float* scores, int64_t rows, int64_t score_stride, const RowCaches& rc, int64_t k,

@@ -46,10 +46,11 @@ void embed_rows(const Linear& w, const int32_t* ids, int64_t rows, int copies, f
 
 // ---- y[m, h, c] = Σ_r x[m, h, r] · w[row0 + h·head_rows_stride + r, c] for r < rows_per_head, c < w.in:
 // the transposed product per head (MLA weight absorption). x rows x_stride apart, heads x_head floats apart;
-// y likewise. r ascends in one fused multiply-add chain per output.
+// y likewise. r ascends in one fused multiply-add chain per output. With a tail, also y[m, h, w.in + i] =
+// x[m, h, rows_per_head + i] for i < tail (the MLA query's rope part, passed through beside the product).
 void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, const Linear& w,
                              int64_t row0, int64_t head_rows_stride, int64_t rows_per_head, int64_t heads, float* y,
-                             int64_t y_stride, int64_t y_head);
+                             int64_t y_stride, int64_t y_head, int64_t tail = 0);
 
 // ---- iHC: streams [rows, C, H]; mixes [rows, mix_stride] from the mixer's matmul.
 // x[r] = Σ_j pre_j · streams[r, j] with pre_j = sigmoid(mixes[r, j] · inv_rms(streams[r]) · scale0 + base[j]) +
@@ -91,11 +92,12 @@ struct KeyNorm {
 void write_key_rows(const float* src, int64_t rows, int64_t width, int64_t src_stride, const KeyNorm& norm,
                     int64_t rope_offset, int64_t rope_dim, const float* inv_freq, float attention_factor,
                     const RowCaches& rc, int plane);
-// DSA indexer scores: out[r, j] = Σ_h w[r, h] · relu(q[r, h] · key_j) over the index plane's keys j <= slot[r];
-// q [rows, heads, dim], w [rows, heads], out rows out_stride floats apart.
+// DSA indexer scores: out[r, j] = Σ_h w'[r, h] · relu(q[r, h] · key_j) over the index plane's keys j <= slot[r],
+// w'[r, h] = w[r, h] · w_a · w_b (as scale() would leave it); q [rows, heads, dim], w [rows, heads], out rows
+// out_stride floats apart.
 // max_keys bounds every row's slot + 1 (the launch covers that many keys a row).
 void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads, int64_t dim, const RowCaches& rc,
-                    int plane, int64_t max_keys, float* out, int64_t out_stride);
+                    int plane, int64_t max_keys, float* out, int64_t out_stride, float w_a = 1.f, float w_b = 1.f);
 // The k largest of scores[r, 0..slot[r]] (ties: the lower slot), ascending, into topk[r, 0..count[r]) (all
 // the slots when there are at most k); scores are never NaN.
 void topk_rows(const float* scores, int64_t rows, int64_t score_stride, const RowCaches& rc, int64_t k,

@@ -307,30 +307,23 @@ TEST(CudaNn, TransposedHeadsCrossScaleBlocksAsTheCpuDequantizes) {
       }
 }
 
-// write_key_rows against the ops it fuses (a norm, the copy of the unnormalized tail, RoPE, the cache
-// write), bit for bit: an MLA key (RMSNorm over the latent, the rope part raw then rotated) and an indexer
-// key (LayerNorm over the whole row, its last dims rotated), rows at scattered slots of a paged cache.
-TEST(CudaNn, WriteKeyRowsGivesTheBitsOfTheOpsItFuses) {
-  NEXTN_SKIP_WITHOUT_CUDA();
-  const int64_t rows = 5, page = 4, slots = 16;
-  const std::vector<int32_t> span(size_t(rows), 0), slot = {0, 5, 6, 11, 15}, pos = {100, 7, 4096, 0, 33};
-  const std::vector<int32_t> tables = {3, 0, 2, 1}, page_tokens = {int32_t(page)};
-  const std::vector<int64_t> table_offset = {0};
-  const auto dspan = to_device(span), dslot = to_device(slot), dpos = to_device(pos), dtables = to_device(tables),
-             dpt = to_device(page_tokens), doff = to_device(table_offset);
-  struct Case {
-    int64_t width, normed, rope_offset, rope_dim;
-    bool layer_norm;
-  };
-  for (const Case& k : {Case{576, 512, 512, 64, false}, Case{128, 128, 64, 64, true}}) {
-    const int64_t w = k.width;
-    std::vector<float> zeros(size_t(slots * w), 0.f);
-    const auto fused = to_device(zeros), ref = to_device(zeros);
-    const std::vector<float*> planes = {fused.f32(), ref.f32()};
-    const auto dplanes = to_device(planes);
-    const std::vector<float* const*> by_span = {static_cast<float* const*>(dplanes.get())};
-    const auto dby_span = to_device(by_span);
-    cuda::RowCaches rc;
+// A paged cache on the device for the tests below: one span, pages of 4 slots in the order 3, 0, 2, 1, and
+// two planes of 16 slots x `width` floats, zeroed; rows r at slots slot[r], positions pos[r].
+struct PagedCache {
+  static constexpr int64_t kRows = 5, kSlots = 16;
+  const std::vector<int32_t> span = std::vector<int32_t>(size_t(kRows), 0), slot = {0, 5, 6, 11, 15},
+                             pos = {100, 7, 4096, 0, 33};
+  cuda::DeviceBuffer dspan = to_device(span), dslot = to_device(slot), dpos = to_device(pos),
+                     dtables = to_device(std::vector<int32_t>{3, 0, 2, 1}),
+                     dpt = to_device(std::vector<int32_t>{4}), doff = to_device(std::vector<int64_t>{0});
+  std::vector<float> zeros;
+  cuda::DeviceBuffer plane0, plane1, dplanes, dby_span;
+  cuda::RowCaches rc;
+  explicit PagedCache(int64_t width) : zeros(size_t(kSlots * width), 0.f) {
+    plane0 = to_device(zeros);
+    plane1 = to_device(zeros);
+    dplanes = to_device(std::vector<float*>{plane0.f32(), plane1.f32()});
+    dby_span = to_device(std::vector<float* const*>{static_cast<float* const*>(dplanes.get())});
     rc.span = static_cast<const int32_t*>(dspan.get());
     rc.slot = static_cast<const int32_t*>(dslot.get());
     rc.position = static_cast<const int32_t*>(dpos.get());
@@ -338,6 +331,23 @@ TEST(CudaNn, WriteKeyRowsGivesTheBitsOfTheOpsItFuses) {
     rc.page_tokens = static_cast<const int32_t*>(dpt.get());
     rc.tables = static_cast<const int32_t*>(dtables.get());
     rc.planes = static_cast<float* const* const*>(dby_span.get());
+  }
+};
+
+// write_key_rows against the ops it fuses (a norm, the copy of the unnormalized tail, RoPE, the cache
+// write), bit for bit: an MLA key (RMSNorm over the latent, the rope part raw then rotated) and an indexer
+// key (LayerNorm over the whole row, its last dims rotated), rows at scattered slots of a paged cache.
+TEST(CudaNn, WriteKeyRowsGivesTheBitsOfTheOpsItFuses) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const int64_t rows = PagedCache::kRows;
+  struct Case {
+    int64_t width, normed, rope_offset, rope_dim;
+    bool layer_norm;
+  };
+  for (const Case& k : {Case{576, 512, 512, 64, false}, Case{128, 128, 64, 64, true}}) {
+    const int64_t w = k.width;
+    PagedCache cache(w);
+    const cuda::RowCaches& rc = cache.rc;
     const auto src = to_device(normal(size_t(rows * w), 41, 2.f));
     const auto weight = to_device(normal(size_t(k.normed), 42)), bias = to_device(normal(size_t(k.normed), 43));
     std::vector<float> inv_freq(size_t(k.rope_dim / 2));
@@ -355,10 +365,64 @@ TEST(CudaNn, WriteKeyRowsGivesTheBitsOfTheOpsItFuses) {
     cuda::write_cache_rows(key.f32(), rows, w, w, rc, 1);
     cuda::write_key_rows(src.f32(), rows, w, w, {weight.f32(), k.layer_norm ? bias.f32() : nullptr, eps, k.normed},
                          k.rope_offset, k.rope_dim, dfreq.f32(), af, rc, 0);
-    const auto got = to_host<float>(fused, zeros.size()), want = to_host<float>(ref, zeros.size());
+    const auto got = to_host<float>(cache.plane0, cache.zeros.size());
+    const auto want = to_host<float>(cache.plane1, cache.zeros.size());
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "width " << w;
-    EXPECT_NE(std::memcmp(got.data(), zeros.data(), got.size() * 4), 0) << "width " << w;  // (it wrote)
+    EXPECT_NE(std::memcmp(got.data(), cache.zeros.data(), got.size() * 4), 0) << "width " << w;  // (it wrote)
   }
+}
+
+// The indexer's head weights scaled as the scores' kernel reads them give the bits of scale() then the
+// scores; keys of 64 (in registers) and 300 (past them) elements.
+TEST(CudaNn, IndexerScoresScaleTheHeadWeightsAsScaleDoes) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const int64_t rows = PagedCache::kRows, heads = 7;
+  for (int64_t dim : {64, 300}) {
+    PagedCache cache(dim);
+    const auto keys = normal(size_t(PagedCache::kSlots * dim), 51);
+    cache.plane0.upload(keys.data(), keys.size() * 4);
+    const auto q = to_device(normal(size_t(rows * heads * dim), 52));
+    const auto w = normal(size_t(rows * heads), 53);
+    const auto dw = to_device(w), dw_scaled = to_device(w);
+    const float a = 1.0f / std::sqrt(float(heads)), b = 1.0f / std::sqrt(float(dim));
+    cuda::scale(dw_scaled.f32(), rows * heads, a, b);
+    const int64_t max_keys = PagedCache::kSlots;
+    cuda::DeviceBuffer fused(size_t(rows * max_keys) * 4), ref(size_t(rows * max_keys) * 4);
+    const std::vector<float> zeros(size_t(rows * max_keys), 0.f);
+    fused.upload(zeros.data(), zeros.size() * 4);
+    ref.upload(zeros.data(), zeros.size() * 4);
+    cuda::indexer_scores(q.f32(), dw.f32(), rows, heads, dim, cache.rc, 0, max_keys, fused.f32(), max_keys, a, b);
+    cuda::indexer_scores(q.f32(), dw_scaled.f32(), rows, heads, dim, cache.rc, 0, max_keys, ref.f32(), max_keys);
+    const auto got = to_host<float>(fused, zeros.size()), want = to_host<float>(ref, zeros.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "dim " << dim;
+    EXPECT_NE(std::memcmp(got.data(), zeros.data(), got.size() * 4), 0) << "dim " << dim;
+  }
+}
+
+// A tail passed through beside the transposed product: the product keeps its bits, the tail is x's.
+TEST(CudaNn, TransposedHeadsPassTheTailThrough) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const int64_t heads = 3, rows_per_head = 140, tail = 24, in = 200, M = 2, xh = rows_per_head + tail;
+  const cuda_test::HostWeight hw = cuda_test::make_weight(DType::F8_E4M3, DType::F32, heads * 150, in, in, false, 61);
+  const cuda::DeviceLinear dw = cuda::upload(hw.w);
+  const auto x = normal(size_t(M * heads * xh), 62);
+  const auto dx = to_device(x);
+  const int64_t yh = in + tail;
+  cuda::DeviceBuffer with(size_t(M * heads * yh) * 4), without(size_t(M * heads * yh) * 4);
+  const std::vector<float> zeros(size_t(M * heads * yh), 0.f);
+  without.upload(zeros.data(), zeros.size() * 4);
+  cuda::matmul_transposed_heads(dx.f32(), M, heads * xh, xh, dw.w, 0, 150, rows_per_head, heads, with.f32(),
+                                heads * yh, yh, tail);
+  cuda::matmul_transposed_heads(dx.f32(), M, heads * xh, xh, dw.w, 0, 150, rows_per_head, heads, without.f32(),
+                                heads * yh, yh);
+  const auto got = to_host<float>(with, zeros.size()), plain = to_host<float>(without, zeros.size());
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t h = 0; h < heads; ++h) {
+      const size_t y0 = size_t((m * heads + h) * yh);
+      EXPECT_EQ(std::memcmp(got.data() + y0, plain.data() + y0, size_t(in) * 4), 0) << "m " << m << " h " << h;
+      EXPECT_EQ(std::memcmp(got.data() + y0 + in, x.data() + (m * heads + h) * xh + rows_per_head, size_t(tail) * 4), 0)
+          << "m " << m << " h " << h;
+    }
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ void DeviceBuffer::upload(const void*, size_t, size_t) { unavailable(); }
 void DeviceBuffer::download(void*, size_t, size_t) const { unavailable(); }
 DeviceLinear upload(const Linear&) { unavailable(); }
 void matmul(const float*, int64_t, const Linear&, float*, int64_t, int64_t) { unavailable(); }
+void matmul_shared_input(const float*, int64_t, std::initializer_list<MatmulOutput>) { unavailable(); }
 WeightTable weight_table(const Linear* const*, int64_t) { unavailable(); }
 void grouped_matmul(const float*, const WeightTable&, const int32_t*, int64_t, float*, int64_t, int64_t) { unavailable(); }
 void rms_norm(const float*, int64_t, int64_t, const float*, float, float*) { unavailable(); }
@@ -53,7 +54,7 @@ void rope_rows(float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, con
 }
 void embed_rows(const Linear&, const int32_t*, int64_t, int, float*, int64_t) { unavailable(); }
 void matmul_transposed_heads(const float*, int64_t, int64_t, int64_t, const Linear&, int64_t, int64_t, int64_t,
-                             int64_t, float*, int64_t, int64_t) {
+                             int64_t, float*, int64_t, int64_t, int64_t) {
   unavailable();
 }
 void hc_pre(const float*, const float*, int64_t, int64_t, int64_t, int64_t, const float*, float, float, float, float,
@@ -62,8 +63,12 @@ void hc_pre(const float*, const float*, int64_t, int64_t, int64_t, int64_t, cons
 }
 void hc_post(float*, const float*, const float*, int64_t, int64_t, int64_t) { unavailable(); }
 void write_cache_rows(const float*, int64_t, int64_t, int64_t, const RowCaches&, int) { unavailable(); }
+void write_key_rows(const float*, int64_t, int64_t, int64_t, const KeyNorm&, int64_t, int64_t, const float*, float,
+                    const RowCaches&, int) {
+  unavailable();
+}
 void indexer_scores(const float*, const float*, int64_t, int64_t, int64_t, const RowCaches&, int, int64_t, float*,
-                    int64_t) {
+                    int64_t, float, float) {
   unavailable();
 }
 void topk_rows(const float*, int64_t, int64_t, const RowCaches&, int64_t, int32_t*, int32_t*) {
