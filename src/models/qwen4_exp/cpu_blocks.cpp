@@ -239,14 +239,16 @@ void Qwen4CpuBlocks::gated_residual(const GatedResidualWeights& g, const float* 
   for (int64_t i = 0; i < S * r; ++i) mid[i] = silu(mid[i] / static_cast<float>(C));
   float* wgt = b_.rows_out.data();
   ops::matmul(pool_, mid, S, g.mix_up, wgt);  // [S, C·H]
+  // Each stream gated by the sigmoid of its weights (vectorized: S·C·H exponentials were a tenth of a step
+  // of the bundled model), then the mean over the streams, in stream order.
+  ops::mul_sigmoid(Xn, wgt, S * CH, wgt);
   for (int64_t s = 0; s < S; ++s) {
     const float* w = wgt + s * CH;
-    const float* xn = Xn + s * CH;
     float* x = x_out + s * H;
     for (int64_t h = 0; h < H; ++h) {
       float acc = 0;
-      for (int64_t c = 0; c < C; ++c) acc += ops::sigmoid(w[c * H + h]) * xn[c * H + h];
-      x[h] = acc / static_cast<float>(C);  // the mean over the streams
+      for (int64_t c = 0; c < C; ++c) acc += w[c * H + h];
+      x[h] = acc / static_cast<float>(C);
     }
   }
   if (!inj_out) return;
