@@ -137,17 +137,49 @@ unsigned row_slices(int64_t n, bool in_place) {
 }
 bool overlaps(const float* a, int64_t a_len, const float* b, int64_t b_len) { return a < b + b_len && b < a + a_len; }
 
+// The norms' statistics over a row's first d elements, each thread's elements in order then the block's tree:
+// every kernel that normalizes a row (alone, or fused with what follows) takes them from here.
+__device__ __forceinline__ float rms_inv(const float* xr, int64_t d, float eps) {
+  float s = 0.f;
+  for (int64_t k = threadIdx.x; k < d; k += kThreads) s = fmaf(xr[k], xr[k], s);
+  return 1.0f / sqrtf(block_all(s, SumOp()) / float(d) + eps);
+}
+struct MeanInv {
+  float mean, inv;
+};
+__device__ __forceinline__ MeanInv layer_norm_stats(const float* xr, int64_t d, float eps) {
+  float s = 0.f;
+  for (int64_t k = threadIdx.x; k < d; k += kThreads) s = s + xr[k];
+  const float mean = block_all(s, SumOp()) / float(d);
+  float v = 0.f;
+  for (int64_t k = threadIdx.x; k < d; k += kThreads) v = v + (xr[k] - mean) * (xr[k] - mean);
+  return {mean, 1.0f / sqrtf(block_all(v, SumOp()) / float(d) + eps)};
+}
+__device__ __forceinline__ float rms_normed(float x, float inv, const float* weight, int64_t k) {
+  return weight ? x * inv * weight[k] : x * inv;
+}
+__device__ __forceinline__ float layer_normed(float x, MeanInv st, const float* weight, const float* bias, int64_t k) {
+  return (x - st.mean) * st.inv * weight[k] + bias[k];
+}
+
+// RoPE ("rotate half") of the pair (a, b) = (v[i], v[i + half]) at a position: cos/sin of inv_freq[i] · position
+// times the attention factor.
+__device__ __forceinline__ void rope_pair(float a, float b, float inv_freq_i, int32_t position, float af, float* lo,
+                                          float* hi) {
+  const float f = inv_freq_i * float(position);
+  const float c = cosf(f) * af, s = sinf(f) * af;
+  *lo = a * c - b * s;
+  *hi = b * c + a * s;
+}
+
 __global__ void rms_norm_rows_kernel(const float* x, int64_t d, int64_t xs, const float* weight, float eps, float* out,
                                      int64_t os) {
   begin_after_predecessor();
   const float* xr = x + int64_t(blockIdx.x) * xs;
   float* o = out + int64_t(blockIdx.x) * os;
-  float s = 0.f;
-  for (int64_t k = threadIdx.x; k < d; k += kThreads) s = fmaf(xr[k], xr[k], s);
-  const float inv = 1.0f / sqrtf(block_all(s, SumOp()) / float(d) + eps);
+  const float inv = rms_inv(xr, d, eps);
   const Slice sl = block_slice(d);
-  for (int64_t k = sl.begin + threadIdx.x; k < sl.end; k += kThreads)
-    o[k] = weight ? xr[k] * inv * weight[k] : xr[k] * inv;
+  for (int64_t k = sl.begin + threadIdx.x; k < sl.end; k += kThreads) o[k] = rms_normed(xr[k], inv, weight, k);
 }
 
 __global__ void layer_norm_rows_kernel(const float* x, int64_t d, const float* weight, const float* bias, float eps,
@@ -155,13 +187,8 @@ __global__ void layer_norm_rows_kernel(const float* x, int64_t d, const float* w
   begin_after_predecessor();
   const float* xr = x + int64_t(blockIdx.x) * d;
   float* o = out + int64_t(blockIdx.x) * d;
-  float s = 0.f;
-  for (int64_t k = threadIdx.x; k < d; k += kThreads) s = s + xr[k];
-  const float mean = block_all(s, SumOp()) / float(d);
-  float v = 0.f;
-  for (int64_t k = threadIdx.x; k < d; k += kThreads) v = v + (xr[k] - mean) * (xr[k] - mean);
-  const float inv = 1.0f / sqrtf(block_all(v, SumOp()) / float(d) + eps);
-  for (int64_t k = threadIdx.x; k < d; k += kThreads) o[k] = (xr[k] - mean) * inv * weight[k] + bias[k];
+  const MeanInv st = layer_norm_stats(xr, d, eps);
+  for (int64_t k = threadIdx.x; k < d; k += kThreads) o[k] = layer_normed(xr[k], st, weight, bias, k);
 }
 
 // ---- RoPE, embeddings, absorption ------------------------------------------------------------------------
@@ -171,13 +198,8 @@ __global__ void rope_rows_kernel(float* x, int64_t rs, int64_t hs, int64_t offse
   begin_after_predecessor();
   const int64_t r = blockIdx.x, h = blockIdx.y;
   float* v = x + r * rs + h * hs + offset;
-  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
-    const float f = inv_freq[i] * float(pos[r]);
-    const float c = cosf(f) * af, s = sinf(f) * af;
-    const float a = v[i], b = v[i + half];
-    v[i] = a * c - b * s;
-    v[i + half] = b * c + a * s;
-  }
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x)
+    rope_pair(v[i], v[i + half], inv_freq[i], pos[r], af, &v[i], &v[i + half]);
 }
 
 __global__ void embed_rows_kernel(DeviceWeight w, int kind, const int32_t* ids, int copies, float* out, int64_t os) {
@@ -259,9 +281,7 @@ __global__ void hc_pre_kernel(const float* streams, const float* mixes, int64_t 
   begin_after_predecessor();
   const int64_t r = blockIdx.x;
   const float* X = streams + r * C * H;
-  float s = 0.f;
-  for (int64_t k = threadIdx.x; k < C * H; k += kThreads) s = fmaf(X[k], X[k], s);
-  const float inv = 1.0f / sqrtf(block_all(s, SumOp()) / float(C * H) + eps);
+  const float inv = rms_inv(X, C * H, eps);
   __shared__ float pre[kMaxStreams];
   if (threadIdx.x < C) {
     const int64_t j = threadIdx.x;
@@ -301,43 +321,27 @@ __global__ void write_cache_rows_kernel(const float* src, int64_t width, int64_t
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[c] = src[r * ss + c];
 }
 
-// Block r: the norm's statistics over the row's first norm.width elements in rms_norm_rows_kernel's /
-// layer_norm_rows_kernel's loops and tree, each element normalized by their expressions, RoPE by
-// rope_rows_kernel's, and the result stored straight into the cache slot.
+// Block r: the norm's statistics over the row's first norm.width elements, each element normalized and the
+// rotated pairs turned as the unfused kernels do (the same helpers), stored straight into the cache slot.
 __global__ void write_key_rows_kernel(const float* src, int64_t width, int64_t ss, KeyNorm norm, int64_t rope_offset,
                                       int64_t half, const float* inv_freq, float af, RowCaches rc, int plane) {
   begin_after_predecessor();
   const int64_t r = blockIdx.x, d = norm.width;
   const float* xr = src + r * ss;
-  float mean = 0.f, inv;
-  if (norm.bias) {
-    float s = 0.f;
-    for (int64_t k = threadIdx.x; k < d; k += kThreads) s = s + xr[k];
-    mean = block_all(s, SumOp()) / float(d);
-    float v = 0.f;
-    for (int64_t k = threadIdx.x; k < d; k += kThreads) v = v + (xr[k] - mean) * (xr[k] - mean);
-    inv = 1.0f / sqrtf(block_all(v, SumOp()) / float(d) + norm.eps);
-  } else {
-    float s = 0.f;
-    for (int64_t k = threadIdx.x; k < d; k += kThreads) s = fmaf(xr[k], xr[k], s);
-    inv = 1.0f / sqrtf(block_all(s, SumOp()) / float(d) + norm.eps);
-  }
+  MeanInv st{0.f, 0.f};
+  if (norm.bias) st = layer_norm_stats(xr, d, norm.eps);
+  else st.inv = rms_inv(xr, d, norm.eps);
   auto value = [&](int64_t k) {
     if (k >= d) return xr[k];
-    if (norm.bias) return (xr[k] - mean) * inv * norm.weight[k] + norm.bias[k];
-    return norm.weight ? xr[k] * inv * norm.weight[k] : xr[k] * inv;
+    return norm.bias ? layer_normed(xr[k], st, norm.weight, norm.bias, k) : rms_normed(xr[k], st.inv, norm.weight, k);
   };
   const int span = rc.span[r];
   float* dst = rc.planes[span][plane] + physical(rc, span, rc.slot[r]) * width;
   for (int64_t k = threadIdx.x; k < width; k += kThreads)
     if (k < rope_offset || k >= rope_offset + 2 * half) dst[k] = value(k);
-  for (int64_t i = threadIdx.x; i < half; i += kThreads) {
-    const float f = inv_freq[i] * float(rc.position[r]);
-    const float c = cosf(f) * af, s = sinf(f) * af;
-    const float a = value(rope_offset + i), b = value(rope_offset + i + half);
-    dst[rope_offset + i] = a * c - b * s;
-    dst[rope_offset + i + half] = b * c + a * s;
-  }
+  for (int64_t i = threadIdx.x; i < half; i += kThreads)
+    rope_pair(value(rope_offset + i), value(rope_offset + i + half), inv_freq[i], rc.position[r], af,
+              &dst[rope_offset + i], &dst[rope_offset + i + half]);
 }
 
 // A warp per key: Σ_h w_h · relu(q_h · key), with q and w of the row in shared memory; lane l holds the key's
