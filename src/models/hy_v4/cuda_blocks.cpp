@@ -563,22 +563,21 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
   const float* xn = w.xn.f32();
 
   // The projections of xn in one launch where the kernels allow (the indexer's key and head weights too).
-  const cuda::MatmulOutput gate{&dev(a.gate_proj), w.gate.f32()};   // [S, nh*v]
-  const cuda::MatmulOutput q_a{&dev(a.q_a_proj), w.q_resid.f32()};  // [S, q_lora]
-  const cuda::MatmulOutput kv_a{&dev(a.kv_a_proj), w.kv_a.f32()};   // [S, kvl + rope]
-  if (run_indexer)
-    cuda::matmul_shared_input(xn, S, {gate, q_a, kv_a, {&dev(a.indexer.wk), w.ik.f32()},  // [S, ihd]
-                                      {&dev(a.indexer.weights_proj), w.iw.f32()}});       // [S, nih]
-  else
-    cuda::matmul_shared_input(xn, S, {gate, q_a, kv_a});
+  ops::MatmulOut xn_outs[5] = {{&dev(a.gate_proj), w.gate.f32()},     // [S, nh*v]
+                               {&dev(a.q_a_proj), w.q_resid.f32()},   // [S, q_lora]
+                               {&dev(a.kv_a_proj), w.kv_a.f32()}};    // [S, kvl + rope]
+  int64_t n_xn = 3;
+  if (run_indexer) {
+    xn_outs[n_xn++] = {&dev(a.indexer.wk), w.ik.f32()};            // [S, ihd]
+    xn_outs[n_xn++] = {&dev(a.indexer.weights_proj), w.iw.f32()};  // [S, nih]
+  }
+  cuda::matmul_many(xn, S, xn_outs, n_xn);
   cuda::rms_norm_rows(w.q_resid.f32(), S, c.q_lora_rank, c.q_lora_rank, dev(a.q_a_norm), eps, w.q_resid.f32(),
                       c.q_lora_rank);
   // q_b and the indexer's query weights read the same normalized rows: one launch where the kernels allow.
-  const cuda::MatmulOutput q_b{&dev(a.q_b_proj), w.q.f32()};  // [S, nh*qkd]
-  if (run_indexer)
-    cuda::matmul_shared_input(w.q_resid.f32(), S, {q_b, {&dev(a.indexer.wq_b), w.iq.f32()}});  // [S, nih*ihd]
-  else
-    cuda::matmul_shared_input(w.q_resid.f32(), S, {q_b});
+  ops::MatmulOut q_outs[2] = {{&dev(a.q_b_proj), w.q.f32()}};  // [S, nh*qkd]
+  if (run_indexer) q_outs[1] = {&dev(a.indexer.wq_b), w.iq.f32()};  // [S, nih*ihd]
+  cuda::matmul_many(w.q_resid.f32(), S, q_outs, run_indexer ? 2 : 1);
   cuda::rope_rows(w.q.f32(), S, nh, nh * qkd, qkd, nope, rope, pos, inv_freq, af);
   // The cached key [kr]: kv_a_layernorm(latent) | rotated rope part, written at each row's slot.
   cuda::write_key_rows(w.kv_a.f32(), S, kr, kr, {dev(a.kv_a_norm), nullptr, eps, kvl}, kvl, rope, inv_freq, af, rc_,
@@ -650,7 +649,8 @@ void HYV4CudaBlocks::read_selections() {
 void HYV4CudaBlocks::swiglu_mlp(const Linear& g, const Linear& u, const Linear& d, float limit, const float* in,
                                 int64_t rows, float* a, float* b, float* out) {
   const Linear &gd = dev(g), &ud = dev(u);
-  cuda::matmul_shared_input(in, rows, {{&gd, a}, {&ud, b}});  // [rows, I] each
+  const ops::MatmulOut outs[] = {{&gd, a}, {&ud, b}};  // [rows, I] each
+  cuda::matmul_many(in, rows, outs, 2);
   cuda::swiglu(a, b, rows * gd.out, limit, a);
   cuda::matmul(a, rows, dev(d), out);  // [rows, H]
 }

@@ -733,7 +733,7 @@ void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stri
   }
 }
 
-void matmul_shared_input(const float* x, int64_t M, std::initializer_list<MatmulOutput> outputs) {
+void matmul_many(const float* x, int64_t M, const ops::MatmulOut* outs, int64_t n_outs) {
   if (M <= 0) return;
   DeviceWeight descs[kMaxMmaTargets]{};
   const DeviceWeight* group[kMaxMmaTargets];
@@ -746,17 +746,18 @@ void matmul_shared_input(const float* x, int64_t M, std::initializer_list<Matmul
     launch_fp8_mma(x, M, in, group, ys, strides, n, reinterpret_cast<uintptr_t>(x) % 16 == 0 && in % 4 == 0);
     n = 0;
   };
-  for (const MatmulOutput& o : outputs) {
+  for (int64_t i = 0; i < n_outs; ++i) {
+    const ops::MatmulOut& o = outs[i];
     const DeviceWeight d = device_weight(*o.w);
     if (o.w->dtype != DType::F8_E4M3 || !fp8_mma_takes(d) || (n > 0 && d.in != descs[0].in)) {
-      matmul(x, M, *o.w, o.y);
+      matmul(x, M, *o.w, o.y, -1, o.y_stride);
       continue;
     }
     if (n == kMaxMmaTargets) launch_group();
     descs[n] = d;
     group[n] = &descs[n];
     ys[n] = o.y;
-    strides[n] = d.out;
+    strides[n] = o.y_stride < 0 ? d.out : o.y_stride;
     ++n;
   }
   launch_group();

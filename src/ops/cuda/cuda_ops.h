@@ -12,7 +12,6 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <initializer_list>
 #include <string>
 
 #include "ops/ops.h"
@@ -60,14 +59,10 @@ DeviceLinear upload(const Linear& w);
 // y_stride floats apart (default w.in, w.out). For decode and verify widths (any M; the weights are read
 // once per 8 rows). Asynchronous on the default stream: synchronize() before reading y on the host.
 void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride = -1, int64_t y_stride = -1);
-// Several matmuls of the same x [M, in] (a layer's projections of its normalized rows), y_i = x · w_iᵀ with
-// rows w_i.out floats apart, in as few launches as the kernels allow: the FP8 ones that take the tensor-core
-// path share one, the others get one each. Each y_i gets the bits matmul(x, M, *w_i, y_i) gives it.
-struct MatmulOutput {
-  const Linear* w;
-  float* y;
-};
-void matmul_shared_input(const float* x, int64_t M, std::initializer_list<MatmulOutput> outputs);
+// ops::matmul_many on the device: several matmuls of the same x [M, in] (a layer's projections of its
+// normalized rows), y_i = x · w_iᵀ, in as few launches as the kernels allow: the FP8 ones that take the
+// tensor-core path share one, the others get one each. Each y_i gets the bits matmul() gives it.
+void matmul_many(const float* x, int64_t M, const ops::MatmulOut* outs, int64_t n_outs);
 // Weights of one shape and dtype (a layer's MoE experts) as a table on the device, for grouped_matmul. The
 // Linears are device ones (from upload()).
 struct WeightTable {

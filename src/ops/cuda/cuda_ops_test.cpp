@@ -138,7 +138,7 @@ TEST(CudaOps, MatmulRowsDoNotDependOnTheBatch) {
 
 // Projections of the same rows in one launch: each output must get the bits of its own matmul() call, for
 // FP8 weights (one launch, 1 and 2 tiles a block, more weights than one launch takes) and others mixed in.
-TEST(CudaOps, SharedInputMatmulsGiveEachOutputItsOwnBits) {
+TEST(CudaOps, MatmulManyGivesEachOutputItsOwnBits) {
   NEXTN_SKIP_WITHOUT_CUDA();
   const int64_t in = 1024;
   std::vector<HostWeight> hosts;
@@ -159,7 +159,8 @@ TEST(CudaOps, SharedInputMatmulsGiveEachOutputItsOwnBits) {
       cuda::matmul(dx.f32(), M, d.w, alone.back().f32());
     }
     // the two small ones alone (1 tile a block), then all eight (2 tiles a block, over two launches)
-    cuda::matmul_shared_input(dx.f32(), M, {{&dev[0].w, shared[0].f32()}, {&dev[5].w, shared[5].f32()}});
+    const ops::MatmulOut two[] = {{&dev[0].w, shared[0].f32()}, {&dev[5].w, shared[5].f32()}};
+    cuda::matmul_many(dx.f32(), M, two, 2);
     std::vector<float> a, b;
     auto same = [&](size_t i) {
       const size_t n = size_t(M * dev[i].w.out);
@@ -172,10 +173,11 @@ TEST(CudaOps, SharedInputMatmulsGiveEachOutputItsOwnBits) {
     cuda::synchronize();
     EXPECT_TRUE(same(0)) << "M=" << M;
     EXPECT_TRUE(same(5)) << "M=" << M;
-    cuda::matmul_shared_input(dx.f32(), M,
-                              {{&dev[0].w, shared[0].f32()}, {&dev[1].w, shared[1].f32()}, {&dev[2].w, shared[2].f32()},
-                               {&dev[7].w, shared[7].f32()}, {&dev[3].w, shared[3].f32()}, {&dev[4].w, shared[4].f32()},
-                               {&dev[5].w, shared[5].f32()}, {&dev[6].w, shared[6].f32()}});
+    const ops::MatmulOut all[] = {{&dev[0].w, shared[0].f32()}, {&dev[1].w, shared[1].f32()},
+                                  {&dev[2].w, shared[2].f32()}, {&dev[7].w, shared[7].f32()},
+                                  {&dev[3].w, shared[3].f32()}, {&dev[4].w, shared[4].f32()},
+                                  {&dev[5].w, shared[5].f32()}, {&dev[6].w, shared[6].f32()}};
+    cuda::matmul_many(dx.f32(), M, all, 8);
     cuda::synchronize();
     for (size_t i = 0; i < dev.size(); ++i) EXPECT_TRUE(same(i)) << "weight " << i << " M=" << M;
   }

@@ -24,7 +24,7 @@ void DeviceBuffer::upload(const void*, size_t, size_t) { unavailable(); }
 void DeviceBuffer::download(void*, size_t, size_t) const { unavailable(); }
 DeviceLinear upload(const Linear&) { unavailable(); }
 void matmul(const float*, int64_t, const Linear&, float*, int64_t, int64_t) { unavailable(); }
-void matmul_shared_input(const float*, int64_t, std::initializer_list<MatmulOutput>) { unavailable(); }
+void matmul_many(const float*, int64_t, const ops::MatmulOut*, int64_t) { unavailable(); }
 WeightTable weight_table(const Linear* const*, int64_t) { unavailable(); }
 void grouped_matmul(const float*, const WeightTable&, const int32_t*, int64_t, float*, int64_t, int64_t) { unavailable(); }
 void rms_norm(const float*, int64_t, int64_t, const float*, float, float*) { unavailable(); }
