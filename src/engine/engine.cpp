@@ -83,7 +83,7 @@ void Engine::step() {
   // of its own per arrival, which plain rounds never use; caught up over the deferral window if the
   // sequence drafts later). While k > 0 runs, the arrivals' MTP prefill is charged to k > 0.
   plain_now_ = tuner && k_batch == 0 && !tuner->probing();
-  arrival_draft_seconds_ = 0;
+  arrival_draft_seconds_ = arrival_draft_tokens_ = 0;
   const uint64_t one_offs = model_.one_off_forwards();
 
   draft_all(k_batch);
@@ -122,8 +122,10 @@ void Engine::step() {
   // The engine's first decoding step is no measure either: it runs with cold caches and first-touched KV
   // pages (on the bundled model, up to 3x the next steps), and, as the first probe of k = 0, it would make
   // plain decoding look slower than it is.
+  // (Nor when no time could change the tuner's choice: at 32 server clients, where smaller batches had ruled
+  // drafting out, every fifth step still ran its arrivals apart for a time nothing used.)
   const bool timed = tuner && rounds > 0 && decoded_ &&
-                     (!prompts || tuner->probing() || unmeasured_steps_ >= kMaxUnmeasured);
+                     (!prompts || tuner->probing() || (unmeasured_steps_ >= kMaxUnmeasured && tuner->needs_times()));
   decoded_ = decoded_ || rounds > 0;
   // And a step whose drafts or rounds' forward did one-off work (on the GPU: a shape's first run and its
   // graph recording, several times a replay) is none either: charged to a probe, it ended k = 1's probes
@@ -142,7 +144,7 @@ void Engine::step() {
     unmeasured_steps_ = measured ? 0 : unmeasured_steps_ + 1;
     record_tuner(*tuner, timed ? seconds_since(t0) - prefill_seconds : -1.0, one_off);
     // (the arrivals' MTP prefill is a cost of the k > 0 this step ran; deferred under plain decoding)
-    if (k_batch > 0) tuner->record_arrival_overhead(arrival_draft_seconds_, double(rounds));
+    if (k_batch > 0) tuner->record_arrival_overhead(arrival_draft_seconds_, arrival_draft_tokens_);
   }
   retire_finished();
 }
@@ -205,7 +207,10 @@ void Engine::run_forward(size_t begin, size_t end) {
     try {
       if (s.phase() == Sequence::Phase::kPrefill) {
         s.finish_prefill(logits, hidden, forward_seconds, plain_now_);
-        if (s.tuned()) arrival_draft_seconds_ += s.draft_prefill_seconds();
+        if (s.tuned() && s.draft_prefill_seconds() > 0) {
+          arrival_draft_seconds_ += s.draft_prefill_seconds();
+          arrival_draft_tokens_ += double(s.max_tokens());
+        }
       } else {
         s.finish_round(logits, hidden, forward_seconds);
       }
@@ -236,7 +241,15 @@ KTuner& Engine::tuner_for(int64_t tuned_sequences) {
     else
       tuners_[bucket].emplace(k_max);
   }
-  return *tuners_[bucket];
+  // What the smaller batches' rounds cost bounds this one's from below (k_tuner.h): the largest of their floors.
+  KTuner& tuner = *tuners_[bucket];
+  cost_floor_.assign(size_t(tuner.k_max()) + 1, 0.0);
+  for (size_t b = 0; b < bucket; ++b)
+    if (tuners_[b])
+      for (int k = 1; k <= std::min(tuner.k_max(), tuners_[b]->k_max()); ++k)
+        cost_floor_[k] = std::max(cost_floor_[k], tuners_[b]->round_cost_floor(k));
+  tuner.set_round_cost_floor(cost_floor_);
+  return tuner;
 }
 
 // The batch's k is judged by the step's time per decoding sequence (prompts' time excluded: a step with
@@ -283,6 +296,10 @@ std::vector<Engine::TunerClass> Engine::tuner_classes() const {
     c.max_sequences = b + 1 < kTunerBuckets ? 2 * c.min_sequences - 1 : std::numeric_limits<int64_t>::max();
     for (int k = 0; k <= tuners_[b]->k_max(); ++k) c.seconds_per_token.push_back(tuners_[b]->seconds_per_token(k));
     c.rounds = tuners_[b]->rounds();
+    c.best_k = tuners_[b]->best();
+    c.noise = tuners_[b]->noise();
+    c.budget_tokens = tuners_[b]->budget_tokens();
+    for (int k = 0; k <= tuners_[b]->k_max(); ++k) c.hopeless.push_back(tuners_[b]->hopeless(k));
     out.push_back(std::move(c));
   }
   return out;

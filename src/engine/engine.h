@@ -65,6 +65,10 @@ class Engine {
     bool contains(int64_t sequences) const { return min_sequences <= sequences && sequences <= max_sequences; }
     std::vector<double> seconds_per_token;   // per k (0: never measured)
     std::vector<int64_t> rounds;             // sequence-rounds run at each k
+    int best_k = 0;                          // what it runs when not probing
+    double noise = 0;                        // its rounds' relative spread (k_tuner.h)
+    double budget_tokens = 0;                // its probe budget, in plain tokens
+    std::vector<char> hopeless;              // per k: ruled out by smaller batches' costs (k_tuner.h)
   };
   std::vector<TunerClass> tuner_classes() const;
 
@@ -88,13 +92,15 @@ class Engine {
   int64_t next_id_ = 0, steps_ = 0;
   bool decoded_ = false;           // a step with decoding rounds ran
   bool plain_now_ = false;         // this step's tuner chose plain decoding, not as a probe (see step())
-  double arrival_draft_seconds_ = 0;  // this step's prompts' MTP prefill (KTuner::record_arrival_overhead)
+  double arrival_draft_seconds_ = 0;  // this step's prompts' MTP prefill (KTuner::record_arrival_overhead),
+  double arrival_draft_tokens_ = 0;   // and the tokens they may generate
   int64_t unmeasured_steps_ = 0;  // tuned steps since the last one the tuner could time (see step())
   std::deque<Entry> waiting_;
   std::vector<Entry> active_;
   std::vector<std::pair<int64_t, GenerationResult>> finished_;
   static constexpr size_t kTunerBuckets = 8;  // batch size classes 1, 2-3, 4-7, ..., 128+
   std::array<std::optional<KTuner>, kTunerBuckets> tuners_;
+  std::vector<double> cost_floor_;  // (tuner_for's, kept to not allocate per step)
   // One step's batch (capacity kept between steps: decode does not allocate).
   std::vector<BatchSegment> segments_;
   std::vector<Sequence*> members_;

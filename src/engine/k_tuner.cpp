@@ -49,8 +49,8 @@ constexpr double kPriorNoiseWeight = 2.0;
 constexpr double kProbeAllowance = 0.005;
 constexpr double kDebtTokens = 1.0;
 constexpr double kBudgetCapTokens = 32.0;
-// Arrivals are sporadic (one every few steps at 64 sequences): their per-round cost is averaged over the last
-// ~50 steps at k > 0.
+// Arrivals are sporadic (one every few steps at 64 sequences): their cost per token is averaged over the last
+// ~50 steps at k > 0 that had any.
 constexpr double kArrivalDecay = 0.98;
 // A re-measure of a k that has not run since its last probe starts its time average afresh but for this
 // much of one observation (enough to keep the outlier clamp's anchor, 1% of a 3-round average): with the old average at full weight,
@@ -95,8 +95,8 @@ double KTuner::expected_tokens(int k) const {
 
 double KTuner::seconds_per_token(int k) const {
   if (k < 0 || k > k_max_ || weight_[k] <= 0) return 0.0;
-  const double arrivals = k > 0 && arrival_rounds_ > 0 ? arrival_seconds_ / arrival_rounds_ : 0.0;
-  return (seconds_[k] / weight_[k] * drift(k) + arrivals) / expected_tokens(k);
+  const double arrivals = k > 0 && arrival_tokens_ > 0 ? arrival_seconds_ / arrival_tokens_ : 0.0;
+  return seconds_[k] / weight_[k] * drift(k) / expected_tokens(k) + arrivals;
 }
 
 // A k > 0 was last measured when plain rounds took plain_at_[k]; rounds of every k slow down together as the
@@ -111,10 +111,10 @@ double KTuner::drift(int k) const {
   return std::max(1.0, seconds_[0] / weight_[0] / plain_at_[k] - kDriftDeadband);
 }
 
-void KTuner::record_arrival_overhead(double seconds, double rounds) {
-  if (!(seconds >= 0) || !(rounds > 0)) return;
+void KTuner::record_arrival_overhead(double seconds, double tokens) {
+  if (!(seconds >= 0) || !(tokens > 0)) return;
   arrival_seconds_ = arrival_seconds_ * kArrivalDecay + seconds;
-  arrival_rounds_ = arrival_rounds_ * kArrivalDecay + rounds;
+  arrival_tokens_ = arrival_tokens_ * kArrivalDecay + tokens;
 }
 
 double KTuner::noise() const {
@@ -150,7 +150,30 @@ double KTuner::budget_tokens() const {
   return b > 0 ? budget_ / b : 0.0;
 }
 
-bool KTuner::may_probe(int k) const { return k == 0 || budget_ >= 0 || plain_seconds_per_token() <= 0; }
+bool KTuner::may_probe(int k) const {
+  return k == 0 || (!hopeless(k) && (budget_ >= 0 || plain_seconds_per_token() <= 0));
+}
+
+double KTuner::round_cost_floor(int k) const {
+  if (k < 1 || k > k_max_ || weight_[k] <= 0 || weight_[0] <= 0 || rescale_k_ >= 0 || plain_probe_after_rescale_)
+    return 0.0;
+  const double plain = seconds_[0] / weight_[0];  // (the arrivals' share left out: a lower bound)
+  return seconds_[k] / weight_[k] * drift(k) / plain * (1.0 - noise_margin(k, 0));
+}
+
+// (With plain decoding best, k = 1 is the only k a climb or a re-measure goes to next.)
+bool KTuner::needs_times() const { return probing() || best() > 0 || (k_max_ > 0 && !hopeless(1)); }
+
+void KTuner::set_round_cost_floor(const std::vector<double>& floor) {
+  cost_floor_.assign(floor.begin(), floor.begin() + std::min<std::ptrdiff_t>(floor.size(), k_max_ + 1));
+}
+
+// (A round at k also costs at least what a round at any smaller k costs: it drafts and verifies more.)
+bool KTuner::hopeless(int k) const {
+  double floor = 0;
+  for (int j = 1; j <= std::min<int>(k, int(cost_floor_.size()) - 1); ++j) floor = std::max(floor, cost_floor_[j]);
+  return k > 0 && floor >= (1.0 - kPlainMargin) * expected_tokens(k);
+}
 
 void KTuner::charge(int k, double seconds, int emitted, double weight) {
   const double b = plain_seconds_per_token();

@@ -28,6 +28,13 @@
 // time in debt (its own catch-up, spent whatever follows, does not stop it). Gains bank up to kBudgetCapTokens
 // plain tokens (k_tuner.cpp), so a long-lived server's tuner cannot spend hours of old gains on probes that
 // lose.
+//
+// Classes of larger batches know less and probe at a higher price (a catch-up step at 32 CPU sequences costs
+// 1.6 plain ones), but a round at k costs relatively more the larger the batch: its k + 1 verify rows and
+// draft steps share fewer weight reads with the other sequences' rows. So what a smaller batch measured
+// bounds a larger one's cost from below (round_cost_floor), and a k that cannot beat plain decoding even at
+// that cost, given this class's own acceptance, is not probed (set_round_cost_floor): at 32 server clients
+// the re-measures of k = 1 that the 8-15 sequence class already found losing cost 0.4-1.7% of the run.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -60,10 +67,13 @@ class KTuner {
   // last step, and a probe would last a single step).
   void record(int k, double seconds, int emitted, bool drafts_judged = true, double weight = 1.0);
   // What speculation costs a batch outside its rounds' times: the MTP layers' pass over each prompt that
-  // arrives while k > 0 runs (the engine defers it while plain decoding runs). seconds: this step's, over
-  // `rounds` sequence-rounds (as record's times are per sequence); a decaying average per round is added
-  // to every k > 0's time (no round's time shows that cost, which only speculation pays).
-  void record_arrival_overhead(double seconds, double rounds);
+  // arrives while k > 0 runs (the engine defers it while plain decoding runs). seconds: this step's, for
+  // arrivals that may generate `tokens` tokens in all; each arrival's pass is paid for by its own tokens, so
+  // a decaying average of seconds per token is added to every k > 0's time per token (no round's time shows
+  // that cost, which only speculation pays). (Spread over the step's own rounds, a burst of prompts that
+  // arrived while one sequence decoded made k > 0 look 4.5x slower than plain decoding in the 1-sequence
+  // class of a server, for good: those prompts decode in larger batches, and the class saw few steps after.)
+  void record_arrival_overhead(double seconds, double tokens);
   // A round of a step that did one-off work (a GPU backend's first run of a shape, its graph recording, a
   // catch-up of positions deferred by plain rounds): its time is no measure of k, but what it cost is paid
   // from the probe budget (it does not stop a probe, as a catch-up does not); its drafts count as any.
@@ -74,13 +84,25 @@ class KTuner {
   const std::vector<int64_t>& rounds() const { return rounds_; }  // rounds run at each k
   // The probe budget in plain tokens' time (see above); 0 until k = 0 was measured.
   double budget_tokens() const;
+  double noise() const;  // the rounds' relative spread (standard deviation / mean) of late
+  // A lower bound on a round's time at k in plain rounds' time (1 + what drafting and verifying k add),
+  // from this class's own measurements: the measured ratio less its noise margin; 0 when k or this class's
+  // own plain time is not measured.
+  double round_cost_floor(int k) const;
+  // What a larger batch's round at k costs at least (from smaller classes' round_cost_floor; 0: unknown),
+  // per k in 0..k_max. A k > 0 whose floor leaves it no chance to beat plain decoding by the margin with
+  // this class's expected tokens is not probed, neither by the climb nor by re-measures.
+  void set_round_cost_floor(const std::vector<double>& floor);
+  bool hopeless(int k) const;  // see set_round_cost_floor
+  // Whether its rounds' times can still change a choice: not while plain decoding is best, nothing is probed
+  // and k = 1 is hopeless (then the engine need not run a step's arriving prompts apart to time its rounds).
+  bool needs_times() const;
 
  private:
   int k_max_, probe_rounds_, reprobe_interval_;
   double expected_tokens(int k) const;  // 1 + Σ_j Π_{i<=j} accept rate of position i, j <= k
   double plain_seconds_per_token() const;  // k = 0's, scaled as a pending rescale will (0: not measured)
   bool may_probe(int k) const;  // the budget allows starting a probe of k
-  double noise() const;         // the rounds' relative spread (standard deviation / mean) of late
   double noise_margin(int k, int j) const;  // the share by which k's and j's times may differ by chance
   double plain_margin(int k) const;  // how much faster than plain decoding k must look to be best
   bool valid_round(int k, double seconds, int emitted, double weight) const;  // (NaN seconds: not valid)
@@ -105,8 +127,9 @@ class KTuner {
   double rescale_from_ = 0;
   bool plain_after_rescale_ = false;  // seeded: measure k = 0 right after the re-measure of the best,
   bool plain_probe_after_rescale_ = false;  // and that measure is running (see end_probe)
+  std::vector<double> cost_floor_;  // see set_round_cost_floor (empty: none)
   double budget_ = 0;        // seconds (per round, as the round times), see the header comment
-  double arrival_seconds_ = 0, arrival_rounds_ = 0;  // decaying sums, see record_arrival_overhead
+  double arrival_seconds_ = 0, arrival_tokens_ = 0;  // decaying sums, see record_arrival_overhead
   double probe_overhead_ = 0;  // the current probe's one-off catch-ups (they do not stop it)
   double noise_sq_ = 0, noise_weight_ = 0;  // decaying sums: squared relative deviations, rounds (see noise())
 };

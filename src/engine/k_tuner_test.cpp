@@ -340,13 +340,17 @@ TEST(KTuner, ArrivalsMtpPrefillCountsAgainstSpeculation) {
   const std::vector<double> accept = {1.0};
   drive(t, 60, [](int k, int64_t) { return k == 0 ? 1.0 : 1.8; }, accept, 1);  // k = 1: 0.9 s per token
   ASSERT_EQ(t.best(), 1);
-  for (int step = 0; step < 200; ++step) t.record_arrival_overhead(0.4, 2.0);  // 0.2 s per round
-  EXPECT_NEAR(t.seconds_per_token(1), (1.8 + 0.2) / 2.0, 0.01);
+  for (int step = 0; step < 200; ++step) t.record_arrival_overhead(0.4, 4.0);  // 0.1 s per token
+  EXPECT_NEAR(t.seconds_per_token(1), 1.8 / 2.0 + 0.1, 0.01);
   EXPECT_NEAR(t.seconds_per_token(0), 1.0, 1e-9);  // plain decoding pays none
   EXPECT_EQ(t.best(), 0);
   t.record_arrival_overhead(-1.0, 1.0);  // ignored
   t.record_arrival_overhead(1.0, 0.0);
   EXPECT_NEAR(t.seconds_per_token(1), 1.0, 0.01);
+  // a burst: prompts that will generate 10 000 tokens, their MTP pass 5 s, costs 0.5 ms a token, not 5 s a round
+  for (int step = 0; step < 200; ++step) t.record_arrival_overhead(0.0, 100.0);
+  t.record_arrival_overhead(5.0, 10000.0);
+  EXPECT_LT(t.seconds_per_token(1), 0.9 + 0.01);
 }
 
 TEST(KTuner, SeededTunerStartsFromItsNeighboursBest) {
@@ -431,6 +435,44 @@ TEST(KTuner, ASeededClassCarriesItsKFromItsOwnPlainTime) {
   EXPECT_NEAR(big.seconds_per_token(0), 1.2, 1e-3);
   EXPECT_GT(big.seconds_per_token(1), 1.08 * 1.15);
   EXPECT_EQ(big.best(), 0);
+}
+
+// A larger batch's round at k costs at least what a smaller one's did, in plain rounds (k_tuner.h): a k that
+// a smaller class measured too dear for this class's acceptance is never probed, by the climb or by
+// re-measures; one that a smaller class found cheap is.
+TEST(KTuner, AKThatASmallerBatchFoundTooDearIsNotProbed) {
+  const std::vector<double> accept = {0.8, 0.6};
+  auto small_class = [&](double k1_round) {
+    KTuner small(2, 3, 32);
+    drive(small, 200, [&](int k, int64_t) { return 1.0 + (k1_round - 1.0) * k; }, accept, 3);
+    return small;
+  };
+  const KTuner dear = small_class(1.9);  // 1.8 tokens a k = 1 round: plain decoding wins
+  ASSERT_EQ(dear.best(), 0);
+  ASSERT_GT(dear.rounds()[1], 0);
+  EXPECT_GT(dear.round_cost_floor(1), 1.8);
+  EXPECT_LE(dear.round_cost_floor(1), 1.9);
+  EXPECT_EQ(dear.round_cost_floor(0), 0.0);
+  EXPECT_EQ(KTuner(2).round_cost_floor(1), 0.0);  // nothing measured
+
+  // In the larger batch k = 1 would win (its rounds are timed as the small class's), but the floor rules it out
+  KTuner big(2, 3, 32);
+  big.set_round_cost_floor({0.0, dear.round_cost_floor(1), dear.round_cost_floor(2)});
+  EXPECT_TRUE(big.hopeless(1));
+  // (k = 2 might yield enough more tokens to pay for its cost, but a climb that cannot pass k = 1 never gets there)
+  EXPECT_FALSE(big.hopeless(0));
+  auto rounds = drive(big, 300, [](int k, int64_t) { return 1.0 + 0.2 * k; }, accept, 4);
+  EXPECT_EQ(rounds[1] + rounds[2], 0);
+  EXPECT_FALSE(big.needs_times());  // (no time could change its choice)
+
+  const KTuner cheap = small_class(1.2);
+  ASSERT_GE(cheap.best(), 1);
+  KTuner other(2, 3, 32);
+  other.set_round_cost_floor({0.0, cheap.round_cost_floor(1), cheap.round_cost_floor(2)});
+  EXPECT_FALSE(other.hopeless(1));
+  EXPECT_TRUE(other.needs_times());
+  rounds = drive(other, 300, [](int k, int64_t) { return 1.0 + 0.2 * k; }, accept, 4);
+  EXPECT_GT(rounds[1] + rounds[2], 200);
 }
 
 }  // namespace

@@ -35,6 +35,7 @@ class Sequence final : private DraftPicker {
   bool drafting() const { return speculate_; }
   // Positions its memory must hold: prompt + max_tokens + the rows of one round.
   int64_t capacity() const { return capacity_; }
+  int64_t max_tokens() const { return max_tokens_; }  // the most it generates (max_tokens, cut to the context)
   int64_t prompt_tokens() const { return int64_t(request_.prompt.size()); }
   // Greedy with tuned k: the engine picks k for the whole batch.
   bool tuned() const { return tuned_; }

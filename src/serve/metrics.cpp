@@ -159,6 +159,31 @@ std::string Metrics::render() const {
   for (const Engine::TunerClass& c : tuners_)
     for (size_t k = 0; k < c.rounds.size(); ++k)
       sample(out, "nextn:spec_decode_tuner_rounds_total", tuner_labels(c, k), double(c.rounds[k]));
+  // (why a class runs what it runs: the margin a k > 0 must win by grows with the noise; probes wait for a
+  // budget that is not negative; a k that smaller batches' costs rule out is never probed)
+  const auto class_labels = [&](const Engine::TunerClass& c) {
+    return L + ",batch_class=\"" + std::to_string(c.min_sequences) + "\"";
+  };
+  const struct {
+    const char* name;
+    const char* help;
+    double Engine::TunerClass::*field;
+  } gauges[] = {{"nextn:spec_decode_tuner_noise", "The relative spread of the tuner's round times, per batch size class.",
+                 &Engine::TunerClass::noise},
+                {"nextn:spec_decode_tuner_budget_tokens",
+                 "The tuner's probe budget in plain tokens' time, per batch size class.",
+                 &Engine::TunerClass::budget_tokens}};
+  for (const auto& g : gauges) {
+    header(out, g.name, "gauge", g.help);
+    for (const Engine::TunerClass& c : tuners_) sample(out, g.name, class_labels(c), c.*g.field);
+  }
+  header(out, "nextn:spec_decode_tuner_best_k", "gauge", "The k the tuner runs when not probing, per batch size class.");
+  for (const Engine::TunerClass& c : tuners_) sample(out, "nextn:spec_decode_tuner_best_k", class_labels(c), c.best_k);
+  header(out, "nextn:spec_decode_tuner_ruled_out", "gauge",
+         "1 for a k that smaller batches' measured costs rule out (never probed), per batch size class.");
+  for (const Engine::TunerClass& c : tuners_)
+    for (size_t k = 0; k < c.hopeless.size(); ++k)
+      sample(out, "nextn:spec_decode_tuner_ruled_out", tuner_labels(c, k), c.hopeless[k] ? 1.0 : 0.0);
   const auto histogram = [&](const char* name, const char* help, const Histogram& h) {
     header(out, name, "histogram", help);
     h.render(out, name, L);

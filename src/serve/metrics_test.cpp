@@ -51,13 +51,18 @@ TEST(Metrics, CountersGaugesAndHistogramsUseVllmNames) {
 
 TEST(Metrics, TheKTunersEstimatesPerBatchClass) {
   Metrics m("tiny");
-  m.set_tuners({{8, 15, {0.0005, 0.000625, 0.0}, {300, 40, 0}}});
+  m.set_tuners({{8, 15, {0.0005, 0.000625, 0.0}, {300, 40, 0}, 0, 0.25, -1.5, {0, 1, 0}}});
   const std::string text = m.render();
   const std::string L = "model_name=\"tiny\",engine=\"0\",batch_class=\"8\"";
   EXPECT_TRUE(has_line(text, "# TYPE nextn:spec_decode_tuner_seconds_per_token gauge")) << text;
   EXPECT_TRUE(has_line(text, "nextn:spec_decode_tuner_seconds_per_token{" + L + ",k=\"1\"} 0.000625")) << text;
   EXPECT_TRUE(has_line(text, "nextn:spec_decode_tuner_seconds_per_token{" + L + ",k=\"2\"} 0"));
   EXPECT_TRUE(has_line(text, "nextn:spec_decode_tuner_rounds_total{" + L + ",k=\"0\"} 300"));
+  EXPECT_TRUE(has_line(text, "nextn:spec_decode_tuner_noise{" + L + "} 0.25")) << text;
+  EXPECT_TRUE(has_line(text, "nextn:spec_decode_tuner_budget_tokens{" + L + "} -1.5"));
+  EXPECT_TRUE(has_line(text, "nextn:spec_decode_tuner_best_k{" + L + "} 0"));
+  EXPECT_TRUE(has_line(text, "nextn:spec_decode_tuner_ruled_out{" + L + ",k=\"1\"} 1"));
+  EXPECT_TRUE(has_line(text, "nextn:spec_decode_tuner_ruled_out{" + L + ",k=\"2\"} 0"));
   m.set_tuners({});
   EXPECT_EQ(m.render().find("batch_class"), std::string::npos);  // (a new set replaces the old)
 }
