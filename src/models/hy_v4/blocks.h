@@ -42,6 +42,10 @@ struct HYV4RowSpan {
 // The [S, H] activations a forward names (x: a block's input before its norm, and the residual of MTP
 // blocks; xn: the normed input; y: a block's output; hidden: the final hidden state).
 enum class HYV4Act { kX, kXn, kY, kHidden };
+// Where a block's output goes: y itself, added into x (the MTP layers' residual), or into the streams through
+// the sublayer's post gates (the target's hyper-connection post: streams[s, j] += post[s, j] · output[s]). A
+// backend may do the last two in the block's last kernel (CUDA: one launch and one [S, H] pass fewer each).
+enum class HYV4Out { kY, kAddToX, kHyperPost };
 
 class HYV4Blocks {
  public:
@@ -55,11 +59,12 @@ class HYV4Blocks {
 
   // Target forward. streams [S, C, H] = C copies of embed(tokens).
   virtual void embed_streams(const Linear& embed) = 0;
-  // streams -> x [S, H] (weighted by the pre gates), and the sublayer's post gates [S, C].
-  virtual void hyper_pre(const HyperConnectionWeights& hc) = 0;
-  virtual void hyper_post() = 0;  // streams[s, j] += post[s, j] · y[s]
-  // streams -> x [S, H] with the head's sigmoid gates.
-  virtual void hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale) = 0;
+  // streams -> x [S, H] (weighted by the pre gates) -> xn = rms_norm(x) · norm, and the sublayer's post gates
+  // [S, C] (for its HYV4Out::kHyperPost).
+  virtual void hyper_pre(const HyperConnectionWeights& hc, const std::vector<float>& norm) = 0;
+  // streams -> x [S, H] with the head's sigmoid gates -> hidden = rms_norm(x) · norm.
+  virtual void hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale,
+                       const std::vector<float>& norm) = 0;
 
   // MTP layer input: x [S, H] = eh_proj(concat(enorm(embed(token)), hnorm(h_prev))) of every request's rows,
   // in order (the embedding zeroed at absolute position 0).
@@ -67,12 +72,11 @@ class HYV4Blocks {
                          size_t count) = 0;
 
   virtual void rms_norm(HYV4Act in, const std::vector<float>& weight, HYV4Act out) = 0;
-  virtual void add(HYV4Act into, HYV4Act other) = 0;  // into += other
-  // xn -> y: sparse MLA with its DSA indexer (or the forced selections), rows written to cache layer `layer`
+  // xn -> out: sparse MLA with its DSA indexer (or the forced selections), rows written to cache layer `layer`
   // at their slots; spans with last_topk receive their last row's selection.
-  virtual void attention(const DecoderLayerWeights& L, size_t layer) = 0;
-  // xn -> y: dense SwiGLU MLP or MoE. Returns the bytes of routed expert weights it read.
-  virtual size_t ffn(const FfnWeights& F) = 0;
+  virtual void attention(const DecoderLayerWeights& L, size_t layer, HYV4Out out) = 0;
+  // xn -> out: dense SwiGLU MLP or MoE. Returns the bytes of routed expert weights it read.
+  virtual size_t ffn(const FfnWeights& F, HYV4Out out) = 0;
 
   // Every block of the forward has been called; what follows reads its results (a backend that records
   // forwards, the CUDA one, closes or replays the recording here).

@@ -77,8 +77,9 @@ void HYV4CpuBlocks::embed_streams(const Linear& embed) {
   }
 }
 
-// HC head: collapse the streams with sigmoid gates.
-void HYV4CpuBlocks::hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale) {
+// HC head: collapse the streams with sigmoid gates, then the final norm.
+void HYV4CpuBlocks::hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale,
+                            const std::vector<float>& norm) {
   const int64_t S = S_, H = cfg_.hidden_size, C = cfg_.hc_mult;
   const float eps = static_cast<float>(cfg_.rms_norm_eps), hc_eps = static_cast<float>(cfg_.hc_eps);
   ops::matmul(pool_, ws_.streams.data(), S, fn, ws_.mixes.data());  // [S, C]
@@ -92,6 +93,28 @@ void HYV4CpuBlocks::hc_head(const Linear& fn, const std::vector<float>& base, co
       for (int64_t i = 0; i < H; ++i) x[i] += pre * X[j * H + i];
     }
   }
+  rms_norm(HYV4Act::kX, norm, HYV4Act::kHidden);
+}
+
+void HYV4CpuBlocks::hyper_pre(const HyperConnectionWeights& hc, const std::vector<float>& norm) {
+  hyper_pre(hc);
+  rms_norm(HYV4Act::kX, norm, HYV4Act::kXn);
+}
+
+void HYV4CpuBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4Out out) {
+  attention(L, layer);
+  deliver(out);
+}
+
+size_t HYV4CpuBlocks::ffn(const FfnWeights& F, HYV4Out out) {
+  const size_t bytes = ffn(F);
+  deliver(out);
+  return bytes;
+}
+
+void HYV4CpuBlocks::deliver(HYV4Out out) {
+  if (out == HYV4Out::kAddToX) add(HYV4Act::kX, HYV4Act::kY);
+  if (out == HYV4Out::kHyperPost) hyper_post();
 }
 
 void HYV4CpuBlocks::mtp_input(const MtpLayerWeights& m, const Linear& embed, DraftRequest* const* requests,

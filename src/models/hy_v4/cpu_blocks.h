@@ -82,20 +82,26 @@ class HYV4CpuBlocks final : public HYV4Blocks {
   void reserve(int64_t rows, int64_t positions) override;
   void begin(const HYV4RowSpan* spans, size_t count) override;
   void embed_streams(const Linear& embed) override;
-  void hyper_pre(const HyperConnectionWeights& hc) override;
-  void hyper_post() override;
-  void hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale) override;
+  void hyper_pre(const HyperConnectionWeights& hc, const std::vector<float>& norm) override;
+  void hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale,
+               const std::vector<float>& norm) override;
   void mtp_input(const MtpLayerWeights& m, const Linear& embed, DraftRequest* const* requests, size_t count) override;
   void rms_norm(HYV4Act in, const std::vector<float>& weight, HYV4Act out) override;
-  void add(HYV4Act into, HYV4Act other) override;
-  void attention(const DecoderLayerWeights& L, size_t layer) override;
-  size_t ffn(const FfnWeights& F) override;
+  void attention(const DecoderLayerWeights& L, size_t layer, HYV4Out out) override;
+  size_t ffn(const FfnWeights& F, HYV4Out out) override;
   void read_hidden(int64_t first, int64_t rows, float* out) override;
   void logits(const Linear& lm_head, float* out) override;
   void lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out, int32_t* argmax,
                     int64_t argmax_rows) override;
 
  private:
+  // The blocks as the seam's first version had them: into x, xn or y, then the output moved (deliver).
+  void hyper_pre(const HyperConnectionWeights& hc);   // streams -> x, post gates
+  void hyper_post();                                  // streams[s, j] += post[s, j] · y[s]
+  void add(HYV4Act into, HYV4Act other);              // into += other
+  void attention(const DecoderLayerWeights& L, size_t layer);  // xn -> y
+  size_t ffn(const FfnWeights& F);                             // xn -> y
+  void deliver(HYV4Out out);                                   // y -> out
   void ensure_workspace(int64_t S, int64_t max_seq);
   // Row stride of the top-k selections: index_topk, but never more than the workspace's positions (a query
   // cannot select more keys than there are).

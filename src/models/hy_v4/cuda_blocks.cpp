@@ -473,30 +473,44 @@ void HYV4CudaBlocks::embed_streams(const Linear& embed) {
   cuda::embed_rows(dev(embed), as<int32_t>(ws_->meta_i32), S_, int(C), ws_->streams.f32(), C * H);  // [S, C, H]
 }
 
-void HYV4CudaBlocks::hyper_pre(const HyperConnectionWeights& hc) {
+// streams -> xn [S, H] (the pre-mix normed in the same kernel), post gates [S, C]
+void HYV4CudaBlocks::hyper_pre(const HyperConnectionWeights& hc, const std::vector<float>& norm) {
   if (skipping()) return;
   const BlockTimer timer(kHyper);
   const HYV4Config& c = cfg_;
   const int64_t C = c.hc_mult;
+  const float eps = float(c.rms_norm_eps);
   cuda::matmul(ws_->streams.f32(), S_, dev(hc.fn), ws_->mixes.f32());  // [S, 2C]
+  const cuda::HcNorm normed{dev(norm), eps, ws_->xn.f32()};
   cuda::hc_pre(ws_->streams.f32(), ws_->mixes.f32(), 2 * C, S_, C, c.hidden_size, dev(hc.base), hc.scale[0],
-               hc.scale[1], float(c.rms_norm_eps), float(c.hc_eps), float(c.hc_magnitude), ws_->x.f32(),
-               ws_->post.f32());
+               hc.scale[1], eps, float(c.hc_eps), float(c.hc_magnitude), ws_->x.f32(), ws_->post.f32(), &normed);
 }
 
-void HYV4CudaBlocks::hyper_post() {
-  if (skipping()) return;
-  const BlockTimer timer(kHyper);
-  cuda::hc_post(ws_->streams.f32(), ws_->post.f32(), ws_->y.f32(), S_, cfg_.hc_mult, cfg_.hidden_size);
-}
-
-void HYV4CudaBlocks::hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale) {
+// streams -> hidden [S, H]
+void HYV4CudaBlocks::hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale,
+                             const std::vector<float>& norm) {
   if (skipping()) return;
   const BlockTimer timer(kHyper);
   const HYV4Config& c = cfg_;
+  const float eps = float(c.rms_norm_eps);
   cuda::matmul(ws_->streams.f32(), S_, dev(fn), ws_->mixes.f32());  // [S, C]
+  const cuda::HcNorm normed{dev(norm), eps, ws_->hidden.f32()};
   cuda::hc_pre(ws_->streams.f32(), ws_->mixes.f32(), c.hc_mult, S_, c.hc_mult, c.hidden_size, dev(base), scale[0],
-               0.0f, float(c.rms_norm_eps), float(c.hc_eps), 0.0f, ws_->x.f32(), nullptr);
+               0.0f, eps, float(c.hc_eps), 0.0f, ws_->x.f32(), nullptr, &normed);
+}
+
+// kY: y itself; kAddToX: x += output (stored into x); kHyperPost: y, and the streams through the post gates.
+cuda::OutputSink HYV4CudaBlocks::sink_for(HYV4Out out, float** y) {
+  cuda::OutputSink sink;
+  *y = out == HYV4Out::kAddToX ? ws_->x.f32() : ws_->y.f32();
+  sink.accumulate = out == HYV4Out::kAddToX;
+  if (out == HYV4Out::kHyperPost) {
+    sink.streams = ws_->streams.f32();
+    sink.post = ws_->post.f32();
+    sink.C = cfg_.hc_mult;
+    sink.H = cfg_.hidden_size;
+  }
+  return sink;
 }
 
 void HYV4CudaBlocks::mtp_input(const MtpLayerWeights& m, const Linear& embed, DraftRequest* const* requests,
@@ -537,16 +551,11 @@ void HYV4CudaBlocks::rms_norm(HYV4Act in, const std::vector<float>& weight, HYV4
   cuda::rms_norm_rows(act(in), S_, H, H, dev(weight), float(cfg_.rms_norm_eps), act(out), H);
 }
 
-void HYV4CudaBlocks::add(HYV4Act into, HYV4Act other) {
-  if (skipping()) return;
-  const BlockTimer timer(kNorms);
-  cuda::add(act(into), act(other), S_ * cfg_.hidden_size);
-}
 
 // ---- attention -----------------------------------------------------------------------------------------------
 
-// xn [S, H] -> y [S, H]: the CPU backend's sparse MLA (cpu_blocks.cpp says what each step is), on the device.
-void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
+// xn [S, H] -> out: the CPU backend's sparse MLA (cpu_blocks.cpp says what each step is), on the device.
+void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4Out out) {
   if (skipping()) return;
   BlockTimer timer(kProjections);
   const HYV4Config& c = cfg_;
@@ -612,7 +621,9 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer) {
                    w.mla_part.f32(), w.olat.f32());
   cuda::matmul_heads(w.olat.f32(), S, nh * kvl, kvl, kvb, nope, nope + vd, vd, nh, w.vout.f32(), nh * vd, vd);
   cuda::mul_sigmoid(w.vout.f32(), w.gate.f32(), S * nh * vd, w.attn.f32());
-  cuda::matmul(w.attn.f32(), S, dev(a.o_proj), w.y.f32());  // [S, H]
+  float* y = nullptr;
+  const cuda::OutputSink sink = sink_for(out, &y);
+  cuda::matmul(w.attn.f32(), S, dev(a.o_proj), y, -1, -1, sink);  // [S, H]
 
 }
 
@@ -647,24 +658,26 @@ void HYV4CudaBlocks::read_selections() {
 // ---- MLP and MoE ---------------------------------------------------------------------------------------------
 
 void HYV4CudaBlocks::swiglu_mlp(const Linear& g, const Linear& u, const Linear& d, float limit, const float* in,
-                                int64_t rows, float* a, float* b, float* out) {
+                                int64_t rows, float* a, float* b, float* out, const cuda::OutputSink& sink) {
   const Linear &gd = dev(g), &ud = dev(u);
   const ops::MatmulOut outs[] = {{&gd, a}, {&ud, b}};  // [rows, I] each
   cuda::matmul_many(in, rows, outs, 2);
   cuda::swiglu(a, b, rows * gd.out, limit, a);
-  cuda::matmul(a, rows, dev(d), out);  // [rows, H]
+  cuda::matmul(a, rows, dev(d), out, -1, -1, sink);  // [rows, H]
 }
 
-// xn [S, H] -> y [S, H]
-size_t HYV4CudaBlocks::ffn(const FfnWeights& F) {
+// xn [S, H] -> out
+size_t HYV4CudaBlocks::ffn(const FfnWeights& F, HYV4Out out) {
   if (skipping()) return 0;
   const BlockTimer timer(F.sparse ? kMoe : kMlp);
   const HYV4Config& c = cfg_;
   Workspace& w = *ws_;
   const int64_t S = S_, H = c.hidden_size;
   const float* x = w.xn.f32();
+  float* y = nullptr;
+  const cuda::OutputSink sink = sink_for(out, &y);
   if (!F.sparse) {
-    swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), w.y.f32());
+    swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), y, sink);
     return 0;
   }
   // Routing and dispatch on the device (no host round trip): each token's k experts, the tokens grouped by
@@ -686,7 +699,7 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F) {
   if (F.has_shared)
     swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), w.shared_out.f32());
   cuda::moe_combine(w.expert_out.f32(), row_of, w.moe_f32.f32(), S, k, H, F.has_shared ? w.shared_out.f32() : nullptr,
-                    w.y.f32());
+                    y, sink);
   return 0;  // (which experts ran stays on the device: bench's verify bytes do not count them here)
 }
 

@@ -29,14 +29,13 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   void reserve(int64_t rows, int64_t positions) override;
   void begin(const HYV4RowSpan* spans, size_t count) override;
   void embed_streams(const Linear& embed) override;
-  void hyper_pre(const HyperConnectionWeights& hc) override;
-  void hyper_post() override;
-  void hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale) override;
+  void hyper_pre(const HyperConnectionWeights& hc, const std::vector<float>& norm) override;
+  void hc_head(const Linear& fn, const std::vector<float>& base, const std::vector<float>& scale,
+               const std::vector<float>& norm) override;
   void mtp_input(const MtpLayerWeights& m, const Linear& embed, DraftRequest* const* requests, size_t count) override;
   void rms_norm(HYV4Act in, const std::vector<float>& weight, HYV4Act out) override;
-  void add(HYV4Act into, HYV4Act other) override;
-  void attention(const DecoderLayerWeights& L, size_t layer) override;
-  size_t ffn(const FfnWeights& F) override;
+  void attention(const DecoderLayerWeights& L, size_t layer, HYV4Out out) override;
+  size_t ffn(const FfnWeights& F, HYV4Out out) override;
   void finish() override;
   void read_hidden(int64_t first, int64_t rows, float* out) override;
   void logits(const Linear& lm_head, float* out) override;
@@ -55,8 +54,10 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   PoolMirror& mirror(const KVCache& cache);
   PoolMirror& pad_mirror(const KVCache& like);  // planes shaped as like's pool's, for padding rows
   void ensure_workspace(int64_t rows, int64_t positions);
+  // Where a block's last kernel stores its output (blocks.h, HYV4Out): *y and the sink to store through.
+  cuda::OutputSink sink_for(HYV4Out out, float** y);
   void swiglu_mlp(const Linear& g, const Linear& u, const Linear& d, float limit, const float* in, int64_t rows,
-                  float* a, float* b, float* out);
+                  float* a, float* b, float* out, const cuda::OutputSink& sink = {});
   int64_t topk_stride() const;
 
   const HYV4Config& cfg_;

@@ -321,17 +321,12 @@ void HYV4Model::forward(const CacheSegment* segments, size_t count, float* logit
   blocks_->embed_streams(w_.embed);  // streams [S, C, H]
   for (size_t li = 0; li < w_.layers.size(); ++li) {
     const DecoderLayerWeights& L = w_.layers[li];
-    blocks_->hyper_pre(L.attn_hc);  // x [S, H]
-    blocks_->rms_norm(HYV4Act::kX, L.input_norm, HYV4Act::kXn);
-    blocks_->attention(L, li);      // y [S, H]
-    blocks_->hyper_post();
-    blocks_->hyper_pre(L.ffn_hc);
-    blocks_->rms_norm(HYV4Act::kX, L.post_attn_norm, HYV4Act::kXn);
-    routed_bytes += blocks_->ffn(L.ffn);
-    blocks_->hyper_post();
+    blocks_->hyper_pre(L.attn_hc, L.input_norm);  // xn [S, H]
+    blocks_->attention(L, li, HYV4Out::kHyperPost);  // into the streams
+    blocks_->hyper_pre(L.ffn_hc, L.post_attn_norm);
+    routed_bytes += blocks_->ffn(L.ffn, HYV4Out::kHyperPost);
   }
-  blocks_->hc_head(w_.hc_head_fn, w_.hc_head_base, w_.hc_head_scale);  // x [S, H]
-  blocks_->rms_norm(HYV4Act::kX, w_.final_norm, HYV4Act::kHidden);
+  blocks_->hc_head(w_.hc_head_fn, w_.hc_head_base, w_.hc_head_scale, w_.final_norm);  // hidden [S, H]
   blocks_->finish();
   for (const HYV4RowSpan& sp : spans_) sp.cache->advance(sp.rows);
   last_routed_bytes_ = routed_bytes;
@@ -388,11 +383,9 @@ void HYV4Model::draft_forward_batch(int layer, DraftRequest* const* requests, si
   blocks_->begin(spans_.data(), spans_.size());
   blocks_->mtp_input(m, w_.embed, requests, count);  // x [S, H]
   blocks_->rms_norm(HYV4Act::kX, m.block.input_norm, HYV4Act::kXn);
-  blocks_->attention(m.block, 0);  // y [S, H]; the spans' last_topk filled
-  blocks_->add(HYV4Act::kX, HYV4Act::kY);
+  blocks_->attention(m.block, 0, HYV4Out::kAddToX);  // x += attention; the spans' last_topk filled
   blocks_->rms_norm(HYV4Act::kX, m.block.post_attn_norm, HYV4Act::kXn);
-  blocks_->ffn(m.block.ffn);
-  blocks_->add(HYV4Act::kX, HYV4Act::kY);
+  blocks_->ffn(m.block.ffn, HYV4Out::kAddToX);
   blocks_->rms_norm(HYV4Act::kX, m.final_norm, HYV4Act::kHidden);
   blocks_->finish();
   for (size_t i = 0; i < count; ++i) {

@@ -15,6 +15,7 @@
 #include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/device_weight.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/output_sink.cuh"
 
 namespace nextn::cuda {
 
@@ -132,6 +133,7 @@ __device__ __forceinline__ Slice block_slice(int64_t n) {
 
 // Slices for rows of n elements: one per 1024 (at most 8), a single one where the output overwrites the input
 // (its blocks would read elements another block has written).
+constexpr size_t kHcNormSmemBytes = 48 * 1024;  // hc_pre's fused norm: rows up to 12288 wide (no opt-in)
 unsigned row_slices(int64_t n, bool in_place) {
   return in_place ? 1u : unsigned(std::clamp<int64_t>(n / 1024, 1, 8));
 }
@@ -139,20 +141,36 @@ bool overlaps(const float* a, int64_t a_len, const float* b, int64_t b_len) { re
 
 // The norms' statistics over a row's first d elements, each thread's elements in order then the block's tree:
 // every kernel that normalizes a row (alone, or fused with what follows) takes them from here.
+//
+// A thread folds its elements k = threadIdx.x, + kThreads, ... in that order, kLoadsAhead loads issued before
+// they are used: a decode row is one block's work, and with one load in flight a thread a 8192-wide row's
+// statistics took a chain of 32 memory latencies (hc_pre ran 7-8 us at batch 1). The order of the operations
+// is the loop's, so the bits are.
+constexpr int kLoadsAhead = 8;
+template <typename Step>
+__device__ __forceinline__ float strided_fold(const float* xr, int64_t d, float s, Step step) {
+  int64_t k = threadIdx.x;
+  for (; k + (kLoadsAhead - 1) * kThreads < d; k += kLoadsAhead * kThreads) {
+    float v[kLoadsAhead];
+#pragma unroll
+    for (int u = 0; u < kLoadsAhead; ++u) v[u] = xr[k + u * kThreads];
+#pragma unroll
+    for (int u = 0; u < kLoadsAhead; ++u) s = step(s, v[u]);
+  }
+  for (; k < d; k += kThreads) s = step(s, xr[k]);
+  return s;
+}
 __device__ __forceinline__ float rms_inv(const float* xr, int64_t d, float eps) {
-  float s = 0.f;
-  for (int64_t k = threadIdx.x; k < d; k += kThreads) s = fmaf(xr[k], xr[k], s);
+  const float s = strided_fold(xr, d, 0.f, [](float acc, float v) { return fmaf(v, v, acc); });
   return 1.0f / sqrtf(block_all(s, SumOp()) / float(d) + eps);
 }
 struct MeanInv {
   float mean, inv;
 };
 __device__ __forceinline__ MeanInv layer_norm_stats(const float* xr, int64_t d, float eps) {
-  float s = 0.f;
-  for (int64_t k = threadIdx.x; k < d; k += kThreads) s = s + xr[k];
+  const float s = strided_fold(xr, d, 0.f, [](float acc, float v) { return acc + v; });
   const float mean = block_all(s, SumOp()) / float(d);
-  float v = 0.f;
-  for (int64_t k = threadIdx.x; k < d; k += kThreads) v = v + (xr[k] - mean) * (xr[k] - mean);
+  const float v = strided_fold(xr, d, 0.f, [mean](float acc, float x) { return acc + (x - mean) * (x - mean); });
   return {mean, 1.0f / sqrtf(block_all(v, SumOp()) / float(d) + eps)};
 }
 __device__ __forceinline__ float rms_normed(float x, float inv, const float* weight, int64_t k) {
@@ -179,6 +197,7 @@ __global__ void rms_norm_rows_kernel(const float* x, int64_t d, int64_t xs, cons
   float* o = out + int64_t(blockIdx.x) * os;
   const float inv = rms_inv(xr, d, eps);
   const Slice sl = block_slice(d);
+#pragma unroll 4
   for (int64_t k = sl.begin + threadIdx.x; k < sl.end; k += kThreads) o[k] = rms_normed(xr[k], inv, weight, k);
 }
 
@@ -275,9 +294,12 @@ __global__ void __launch_bounds__(kThCols * kThGroups)
 
 constexpr int kMaxStreams = 64;
 
+// With norm.out (HcNorm, a null weight: none), each of the row's blocks computes the whole of x into shared
+// memory (the same expression per element), takes its statistics as rms_norm_rows_kernel takes them from x, and
+// writes its slice of the normed row: x itself is never stored.
 __global__ void hc_pre_kernel(const float* streams, const float* mixes, int64_t ms, int64_t C, int64_t H,
                               const float* base, float scale0, float scale1, float eps, float hc_eps, float mag,
-                              float* x, float* post) {
+                              float* x, float* post, HcNorm norm) {
   begin_after_predecessor();
   const int64_t r = blockIdx.x;
   const float* X = streams + r * C * H;
@@ -290,12 +312,33 @@ __global__ void hc_pre_kernel(const float* streams, const float* mixes, int64_t 
     if (post && blockIdx.y == 0) post[r * C + j] = mag * sigmoidf(m[C + j] * inv * scale1 + base[C + j]) + hc_eps;
   }
   __syncthreads();
-  const Slice sl = block_slice(H);
-  for (int64_t i = sl.begin + threadIdx.x; i < sl.end; i += kThreads) {
+  auto mixed = [&](int64_t i) {  // (up to 8 streams: their loads issued before the sum uses them)
     float acc = 0.f;
+    if (C <= 8) {
+      float v[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) v[j] = j < C ? X[j * H + i] : 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j)
+        if (j < C) acc = acc + pre[j] * v[j];
+      return acc;
+    }
     for (int64_t j = 0; j < C; ++j) acc = acc + pre[j] * X[j * H + i];
-    x[r * H + i] = acc;
+    return acc;
+  };
+  const Slice sl = block_slice(H);
+  if (!norm.out) {
+#pragma unroll 4
+    for (int64_t i = sl.begin + threadIdx.x; i < sl.end; i += kThreads) x[r * H + i] = mixed(i);
+    return;
   }
+  extern __shared__ float xs[];  // [H]
+#pragma unroll 4
+  for (int64_t i = threadIdx.x; i < H; i += kThreads) xs[i] = mixed(i);
+  __syncthreads();
+  const float x_inv = rms_inv(xs, H, norm.eps);
+  for (int64_t k = sl.begin + threadIdx.x; k < sl.end; k += kThreads)
+    norm.out[r * H + k] = rms_normed(xs[k], x_inv, norm.weight, k);
 }
 
 __global__ void hc_post_kernel(float* streams, const float* post, const float* y, int64_t C, int64_t H, int64_t n) {
@@ -689,7 +732,7 @@ __global__ void moe_dispatch_kernel(const int32_t* ids, int64_t n_all, int64_t E
 }
 
 __global__ void moe_combine_kernel(const float* eo, const int32_t* rows, const float* wts, int64_t k, int64_t H,
-                                   const float* shared, float* out) {
+                                   const float* shared, float* out, OutputSink sink) {
   begin_after_predecessor();
   const int64_t t = blockIdx.x;
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
@@ -699,7 +742,7 @@ __global__ void moe_combine_kernel(const float* eo, const int32_t* rows, const f
       if (row >= 0) acc = acc + eo[int64_t(row) * H + i] * wts[t * k + q];
     }
     if (shared) acc = acc + shared[t * H + i];
-    out[t * H + i] = acc;
+    store_out(sink, out, H, t, i, acc);
   }
 }
 
@@ -831,12 +874,17 @@ void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_
 
 void hc_pre(const float* streams, const float* mixes, int64_t mix_stride, int64_t rows, int64_t C, int64_t H,
             const float* base, float scale0, float scale1, float eps, float hc_eps, float mag, float* x,
-            float* post) {
+            float* post, const HcNorm* norm) {
   if (rows <= 0) return;
   if (C > kMaxStreams) throw Error("cuda::hc_pre: more than 64 hyper-connection streams");
-  const bool in_place = overlaps(streams, rows * C * H, x, rows * H);
-  launch_kernel(hc_pre_kernel, dim3(unsigned(rows), row_slices(H, in_place)), kThreads, 0, "hc_pre_kernel", streams,
-                mixes, mix_stride, C, H, base, scale0, scale1, eps, hc_eps, mag, x, post);
+  const size_t row_bytes = size_t(H) * sizeof(float);
+  const bool fused = norm && row_bytes <= kHcNormSmemBytes;
+  float* out = fused ? norm->out : x;
+  const bool in_place = overlaps(streams, rows * C * H, out, rows * H);
+  launch_kernel(hc_pre_kernel, dim3(unsigned(rows), row_slices(H, in_place)), kThreads, fused ? row_bytes : 0,
+                "hc_pre_kernel", streams, mixes, mix_stride, C, H, base, scale0, scale1, eps, hc_eps, mag, x, post,
+                fused ? *norm : HcNorm{nullptr, 0.f, nullptr});
+  if (norm && !fused) rms_norm_rows(x, rows, H, H, norm->weight, norm->eps, norm->out, H);
 }
 void hc_post(float* streams, const float* post, const float* y, int64_t rows, int64_t C, int64_t H) {
   const int64_t n = rows * C * H;
@@ -935,10 +983,10 @@ void moe_dispatch(const int32_t* ids, int64_t S, int64_t k, int64_t E, int32_t* 
 }
 
 void moe_combine(const float* expert_out, const int32_t* rows, const float* weights, int64_t tokens, int64_t k,
-                 int64_t H, const float* shared, float* out) {
+                 int64_t H, const float* shared, float* out, const OutputSink& sink) {
   if (tokens <= 0) return;
   launch_kernel(moe_combine_kernel, unsigned(tokens), kThreads, 0, "moe_combine_kernel", expert_out, rows, weights, k,
-                H, shared, out);
+                H, shared, out, sink);
 }
 
 // ---- argmax ------------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "ops/cuda/cuda_ops.h"
 #include "ops/ops.h"
 
 namespace nextn::cuda {
@@ -55,10 +56,17 @@ void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_
 // ---- iHC: streams [rows, C, H]; mixes [rows, mix_stride] from the mixer's matmul.
 // x[r] = Σ_j pre_j · streams[r, j] with pre_j = sigmoid(mixes[r, j] · inv_rms(streams[r]) · scale0 + base[j]) +
 // hc_eps; when post is not null also post[r, j] = mag · sigmoid(mixes[r, C + j] · inv_rms · scale1 +
-// base[C + j]) + hc_eps. base is a device array.
+// base[C + j]) + hc_eps. base is a device array. With `norm`, norm->out[r] = rms_norm(x[r]) · norm->weight
+// instead of x (the bits of rms_norm_rows over x; x is then left unwritten, unless H is too wide for the fused
+// kernel's shared memory: x is then written and normed by a second kernel).
+struct HcNorm {
+  const float* weight;
+  float eps;
+  float* out;
+};
 void hc_pre(const float* streams, const float* mixes, int64_t mix_stride, int64_t rows, int64_t C, int64_t H,
             const float* base, float scale0, float scale1, float eps, float hc_eps, float mag, float* x,
-            float* post);
+            float* post, const HcNorm* norm = nullptr);
 // streams[r, j] = post[r, j] · y[r] + streams[r, j]
 void hc_post(float* streams, const float* post, const float* y, int64_t rows, int64_t C, int64_t H);
 
@@ -137,9 +145,9 @@ void moe_dispatch(const int32_t* ids, int64_t S, int64_t k, int64_t E, int32_t* 
                   int32_t* row_of, const int32_t* real_tokens = nullptr);
 
 // ---- MoE: out[t] = Σ_i w[t, i] · expert_out[rows[t, i]] in i order (i < k), then out[t] += shared[t] when
-// shared is not null.
+// shared is not null; stored through `sink` (cuda_ops.h).
 void moe_combine(const float* expert_out, const int32_t* rows, const float* weights, int64_t tokens, int64_t k,
-                 int64_t H, const float* shared, float* out);
+                 int64_t H, const float* shared, float* out, const OutputSink& sink = {});
 
 // ---- out[r] = the lowest index of the largest value of x's row r ([rows, n]), or -1 when the row holds a NaN or
 // inf (core/finite.h's finite_argmax): greedy tokens come back as ids instead of vocabulary-wide rows.

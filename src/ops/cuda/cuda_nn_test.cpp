@@ -425,5 +425,93 @@ TEST(CudaNn, TransposedHeadsPassTheTailThrough) {
     }
 }
 
+// The residual updates fused into a block's last kernel (cuda::OutputSink) give the bits of the ops they
+// replace: a matmul then add (the MTP residual) or then hc_post (the hyper-connection post), on each matmul
+// path (FP8 tensor cores, FP8 and bf16 on the CUDA cores with a bias, an f32 matrix of <= 64 columns) and row
+// counts that split into row chunks; and the MoE combine likewise.
+TEST(CudaNn, OutputSinksGiveTheBitsOfTheOpsTheyFuse) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  using cuda_test::HostWeight;
+  using cuda_test::make_weight;
+  const int64_t C = 3;
+  std::vector<HostWeight> weights;
+  weights.push_back(make_weight(DType::F8_E4M3, DType::F32, 256, 1024, 1024, false, 51));  // tensor cores
+  weights.push_back(make_weight(DType::F8_E4M3, DType::BF16, 200, 1040, 1040, true, 52));  // CUDA cores
+  weights.push_back(make_weight(DType::BF16, DType::F32, 160, 512, 512, true, 53));
+  weights.push_back(make_weight(DType::F32, DType::F32, 40, 700, 700, false, 54));
+  auto same = [](const cuda::DeviceBuffer& a, const cuda::DeviceBuffer& b, size_t n) {
+    return std::memcmp(to_host<float>(a, n).data(), to_host<float>(b, n).data(), n * 4) == 0;
+  };
+  for (const HostWeight& h : weights) {
+    const cuda::DeviceLinear d = cuda::upload(h.w);
+    const int64_t H = d.w.out;
+    for (int64_t M : {1, 4, 9, 70}) {
+      const auto dx = to_device(normal(size_t(M * d.w.in), uint32_t(60 + M)));
+      const auto residual = normal(size_t(M * H), uint32_t(70 + M)), streams = normal(size_t(M * C * H), 80);
+      const auto post = normal(size_t(M * C), 81);
+      const auto dpost = to_device(post);
+      // the separate ops
+      cuda::DeviceBuffer y(size_t(M * H) * 4);
+      auto sum = to_device(residual), mixed = to_device(streams);
+      cuda::matmul(dx.f32(), M, d.w, y.f32());
+      cuda::add(sum.f32(), y.f32(), M * H);
+      cuda::hc_post(mixed.f32(), dpost.f32(), y.f32(), M, C, H);
+      // fused
+      auto sum2 = to_device(residual), mixed2 = to_device(streams);
+      cuda::DeviceBuffer y2(size_t(M * H) * 4);
+      cuda::OutputSink acc;
+      acc.accumulate = true;
+      cuda::matmul(dx.f32(), M, d.w, sum2.f32(), -1, -1, acc);
+      const cuda::OutputSink hc{false, mixed2.f32(), dpost.f32(), C, H};
+      cuda::matmul(dx.f32(), M, d.w, y2.f32(), -1, -1, hc);
+      const std::string at = std::string(dtype_name(h.w.dtype)) + " " + std::to_string(H) + "x" +
+                             std::to_string(d.w.in) + " M=" + std::to_string(M);
+      EXPECT_TRUE(same(sum, sum2, size_t(M * H))) << "add, " << at;
+      EXPECT_TRUE(same(y, y2, size_t(M * H))) << "y, " << at;
+      EXPECT_TRUE(same(mixed, mixed2, size_t(M * C * H))) << "hc_post, " << at;
+    }
+  }
+  // MoE combine: 5 tokens, 2 choices each over 7 expert rows (one choice unused), a shared expert
+  const int64_t T = 5, k = 2, H = 300;
+  const auto eo = to_device(normal(size_t(7 * H), 90)), shared = to_device(normal(size_t(T * H), 91));
+  const auto rows = to_device(std::vector<int32_t>{0, 3, 1, -1, 2, 4, 5, 6, 6, 0});
+  const auto wts = to_device(normal(size_t(T * k), 92));
+  const auto streams = normal(size_t(T * C * H), 93);
+  const auto dpost = to_device(normal(size_t(T * C), 94));
+  cuda::DeviceBuffer y(size_t(T * H) * 4), y2(size_t(T * H) * 4);
+  auto mixed = to_device(streams), mixed2 = to_device(streams);
+  cuda::moe_combine(eo.f32(), static_cast<const int32_t*>(rows.get()), wts.f32(), T, k, H, shared.f32(), y.f32());
+  cuda::hc_post(mixed.f32(), dpost.f32(), y.f32(), T, C, H);
+  cuda::moe_combine(eo.f32(), static_cast<const int32_t*>(rows.get()), wts.f32(), T, k, H, shared.f32(), y2.f32(),
+                    cuda::OutputSink{false, mixed2.f32(), dpost.f32(), C, H});
+  EXPECT_TRUE(same(y, y2, size_t(T * H)));
+  EXPECT_TRUE(same(mixed, mixed2, size_t(T * C * H)));
+}
+
+// hc_pre with the norm fused (the pre-mix kept in shared memory, normed there) gives the bits of hc_pre then
+// rms_norm_rows, for rows split over several blocks and one; rows too wide for the fused kernel's shared
+// memory fall back to the two kernels.
+TEST(CudaNn, HcPreWithItsNormGivesTheBitsOfTheTwoOps) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const int64_t rows = 3, C = 4;
+  for (int64_t H : {256, 2100, 7168, 13000}) {
+    const auto streams = to_device(normal(size_t(rows * C * H), 101)), mixes = to_device(normal(size_t(rows * 2 * C), 102));
+    const auto base = to_device(normal(size_t(2 * C), 103)), weight = to_device(normal(size_t(H), 104));
+    const float scale0 = 0.7f, scale1 = 1.3f, eps = 1e-6f, hc_eps = 1e-3f, mag = 2.f;
+    cuda::DeviceBuffer x(size_t(rows * H) * 4), xn(size_t(rows * H) * 4), post(size_t(rows * C) * 4);
+    cuda::DeviceBuffer x2(size_t(rows * H) * 4), xn2(size_t(rows * H) * 4), post2(size_t(rows * C) * 4);
+    cuda::hc_pre(streams.f32(), mixes.f32(), 2 * C, rows, C, H, base.f32(), scale0, scale1, eps, hc_eps, mag, x.f32(),
+                 post.f32());
+    cuda::rms_norm_rows(x.f32(), rows, H, H, weight.f32(), eps, xn.f32(), H);
+    const cuda::HcNorm norm{weight.f32(), eps, xn2.f32()};
+    cuda::hc_pre(streams.f32(), mixes.f32(), 2 * C, rows, C, H, base.f32(), scale0, scale1, eps, hc_eps, mag,
+                 x2.f32(), post2.f32(), &norm);
+    const auto want = to_host<float>(xn, size_t(rows * H)), got = to_host<float>(xn2, size_t(rows * H));
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), got.size() * 4), 0) << "H=" << H;
+    const auto p1 = to_host<float>(post, size_t(rows * C)), p2 = to_host<float>(post2, size_t(rows * C));
+    EXPECT_EQ(std::memcmp(p1.data(), p2.data(), p1.size() * 4), 0) << "H=" << H;
+  }
+}
+
 }  // namespace
 }  // namespace nextn

@@ -14,6 +14,7 @@
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/device_weight.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/output_sink.cuh"
 
 namespace nextn::cuda {
 
@@ -109,7 +110,7 @@ __device__ __forceinline__ void load_x(const float* xr, bool x_vectors, float* o
 template <WeightKind K, int C, int R, int U>
 __device__ __forceinline__ void matmul_tile(const float* __restrict__ x, int64_t M, int64_t xs, const DeviceWeight& w,
                                             float* __restrict__ y, int64_t ys, bool vectors, bool x_vectors,
-                                            int64_t n0) {
+                                            int64_t n0, const OutputSink& sink) {
   using V = Vec<K>;
   constexpr int E = V::kElems, kThreads = kWarpsPerBlock * 32;
   __shared__ float part[kWarpsPerBlock][C][R];
@@ -175,7 +176,7 @@ __device__ __forceinline__ void matmul_tile(const float* __restrict__ x, int64_t
       if (c < cols && r < rows) {
         float s = part[0][c][r];
         for (int wi = 1; wi < kWarpsPerBlock; ++wi) s += part[wi][c][r];
-        y[(m0 + r) * ys + n0 + c] = w.bias ? s + w.bias[n0 + c] : s;
+        store_out(sink, y, ys, m0 + r, n0 + c, w.bias ? s + w.bias[n0 + c] : s);
       }
     }
     __syncthreads();
@@ -187,12 +188,12 @@ __device__ __forceinline__ void matmul_tile(const float* __restrict__ x, int64_t
 template <WeightKind K, int C, int R, int U>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     matmul_kernel(const float* __restrict__ x, int64_t M, int64_t xs, DeviceWeight w, float* __restrict__ y,
-                  int64_t ys, bool vectors, bool x_vectors, int64_t rows_per_y) {
+                  int64_t ys, bool vectors, bool x_vectors, int64_t rows_per_y, OutputSink sink) {
   if (blockIdx.y == 0) prefetch_weight_rows(w, int64_t(blockIdx.x) * C, C);  // (the row chunks share columns)
   begin_after_predecessor();
   const int64_t r0 = int64_t(blockIdx.y) * rows_per_y;
   matmul_tile<K, C, R, U>(x + r0 * xs, M - r0 < rows_per_y ? M - r0 : rows_per_y, xs, w, y + r0 * ys, ys, vectors,
-                          x_vectors, int64_t(blockIdx.x) * C);
+                          x_vectors, int64_t(blockIdx.x) * C, rows_from(sink, r0));
 }
 
 // Block (column block, expert e, row chunk z): the rows [first[e] + z · rows_per_z, +rows_per_z) of expert
@@ -207,7 +208,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int64_t r0 = first[blockIdx.y] + z0, M = first[blockIdx.y + 1] - r0;
   if (M <= 0) return;
   matmul_tile<K, C, R, U>(x + r0 * xs, M < rows_per_z ? M : rows_per_z, xs, table[blockIdx.y], y + r0 * ys, ys,
-                          vectors, x_vectors, int64_t(blockIdx.x) * C);
+                          vectors, x_vectors, int64_t(blockIdx.x) * C, OutputSink{});
 }
 
 // The rows of an M-row call split into chunks of whole passes (multiples of `pass` rows), one per grid.y, so
@@ -238,27 +239,27 @@ RowChunks row_chunks(int64_t col_blocks, int64_t M, int64_t pass) {
 
 template <WeightKind K, int C, int R, int U>
 void launch_shape(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys, bool vectors,
-                  bool x_vectors) {
+                  bool x_vectors, const OutputSink& sink) {
   const int64_t col_blocks = (w.out + C - 1) / C;
   const RowChunks rc = row_chunks(col_blocks, M, R);
   const dim3 grid(unsigned(col_blocks), rc.chunks), block(kWarpsPerBlock * 32);
   launch_kernel(matmul_kernel<K, C, R, U>, grid, block, 0, "matmul_kernel", x, M, xs, w, y, ys, vectors, x_vectors,
-                rc.rows_per_chunk);
+                rc.rows_per_chunk, sink);
 }
 
 template <WeightKind K>
 void launch(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys, bool vectors,
-            bool x_vectors) {
+            bool x_vectors, const OutputSink& sink) {
   // (measured on the H200 with bench/cuda: a decode row reads bf16 best with 2 columns per block, FP8 with 4;
   // a matrix of a few long columns, the iHC mixes' 8 x 8192 in f32, takes a block per column and row with 4
   // vectors in flight per thread, at decode and verify widths: at 2-4 columns a block it was 2-4 blocks on
   // 132 SMs, the verify's rows in series in them)
-  if (M <= 16 && w.out <= 64) return launch_shape<K, 1, 1, 4>(x, M, xs, w, y, ys, vectors, x_vectors);
-  if (M == 1 && K == WeightKind::kFP8) return launch_shape<K, 4, 1, 2>(x, M, xs, w, y, ys, vectors, x_vectors);
-  if (M == 1) return launch_shape<K, 2, 1, 2>(x, M, xs, w, y, ys, vectors, x_vectors);
-  if (M == 2) return launch_shape<K, 2, 2, 2>(x, M, xs, w, y, ys, vectors, x_vectors);
-  if (M <= 4) return launch_shape<K, 4, 4, 1>(x, M, xs, w, y, ys, vectors, x_vectors);
-  launch_shape<K, 4, 8, 1>(x, M, xs, w, y, ys, vectors, x_vectors);
+  if (M <= 16 && w.out <= 64) return launch_shape<K, 1, 1, 4>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
+  if (M == 1 && K == WeightKind::kFP8) return launch_shape<K, 4, 1, 2>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
+  if (M == 1) return launch_shape<K, 2, 1, 2>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
+  if (M == 2) return launch_shape<K, 2, 2, 2>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
+  if (M <= 4) return launch_shape<K, 4, 4, 1>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
+  launch_shape<K, 4, 8, 1>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
 }
 
 // ---- FP8 weights on the tensor cores ---------------------------------------------------------------------
@@ -360,10 +361,10 @@ struct MmaTargets {
   int n;
 };
 
-template <int TILES>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+template <int TILES, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
     fp8_mma_kernel(const __grid_constant__ MmaTargets targets, const float* __restrict__ x, int64_t M, int64_t xs,
-                   bool x_vectors, int64_t rows_per_y, bool split_in_smem) {
+                   bool x_vectors, int64_t rows_per_y, bool split_in_smem, OutputSink sink) {
   int target = 0;
   while (target + 1 < targets.n && blockIdx.x >= targets.first_block[target + 1]) ++target;
   const DeviceWeight& w = targets.w[target];
@@ -373,13 +374,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     const int64_t r0 = int64_t(blockIdx.y) * rows_per_y;
     x += r0 * xs;
     y += r0 * ys;
+    sink = rows_from(sink, r0);
     M = M - r0 < rows_per_y ? M - r0 : rows_per_y;
   }
-  __shared__ float part[kWarpsPerBlock][TILES][kMmaTileRows][kMmaCols];
+  __shared__ float part[WARPS][TILES][kMmaTileRows][kMmaCols];
   // [warp][stage][tile][row g, g + 8][lane] (fp8_mma_staged_bytes), then the pass's split x (split_in_smem)
   extern __shared__ uint4 dynamic_smem[];
   auto staged = reinterpret_cast<uint4(*)[kMmaStages][TILES][2][32]>(dynamic_smem);
-  unsigned* split_words = reinterpret_cast<unsigned*>(dynamic_smem + kWarpsPerBlock * kMmaStages * TILES * 2 * 32);
+  unsigned* split_words = reinterpret_cast<unsigned*>(dynamic_smem + WARPS * kMmaStages * TILES * 2 * 32);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t n0 = int64_t(blockIdx.x - targets.first_block[target]) * (kMmaTileRows * TILES);
   const int64_t chunks = w.in / kMmaChunk;
@@ -405,7 +407,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   };
   auto stage_first_chunks = [&] {
 #pragma unroll
-    for (int s = 0; s < kMmaStages - 1; ++s) stage_chunk(warp + int64_t(s) * kWarpsPerBlock, s);
+    for (int s = 0; s < kMmaStages - 1; ++s) stage_chunk(warp + int64_t(s) * WARPS, s);
   };
   // Weights only until the predecessor is done: the first pass's chunks staged, the block's rows asked of L2.
   if (M > 0) stage_first_chunks();
@@ -423,7 +425,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     float* split_down = reinterpret_cast<float*>(split_words + int64_t(rows) * row_words);  // [rows][chunks]
     if (split_in_smem) {  // item (r, c, quarter q) per thread, groups of 4 in a warp (padded: all shuffle)
       const int64_t items = int64_t(rows) * chunks * 4, padded = (items + 255) / 256 * 256;
-      for (int64_t i = threadIdx.x; i < padded; i += kWarpsPerBlock * 32) {
+      for (int64_t i = threadIdx.x; i < padded; i += WARPS * 32) {
         const bool valid = i < items;
         const int64_t rc = valid ? i / 4 : 0, r = rc / chunks, c = rc - r * chunks;
         const int q = int(i & 3);
@@ -444,8 +446,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       __syncthreads();
     }
     int stage = 0;
-    for (int64_t c = warp; c < chunks; c += kWarpsPerBlock) {
-      stage_chunk(c + int64_t(kMmaStages - 1) * kWarpsPerBlock, (stage + kMmaStages - 1) % kMmaStages);
+    for (int64_t c = warp; c < chunks; c += WARPS) {
+      stage_chunk(c + int64_t(kMmaStages - 1) * WARPS, (stage + kMmaStages - 1) % kMmaStages);
       cp_async_wait<kMmaStages - 1>();  // chunk c has landed
       uint4 wv[TILES][2];
 #pragma unroll
@@ -511,13 +513,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       part[warp][i][g + 8][2 * t + 1] = total[i][3];
     }
     __syncthreads();
-    for (int idx = threadIdx.x; idx < TILES * kMmaTileRows * kMmaCols; idx += kWarpsPerBlock * 32) {
+    for (int idx = threadIdx.x; idx < TILES * kMmaTileRows * kMmaCols; idx += WARPS * 32) {
       const int i = idx / (kMmaTileRows * kMmaCols), r = idx / kMmaCols % kMmaTileRows, m = idx % kMmaCols;
       const int64_t n = n0 + kMmaTileRows * i + r;
       if (m >= rows || n >= w.out) continue;
       float sum = part[0][i][r][m];
-      for (int wi = 1; wi < kWarpsPerBlock; ++wi) sum += part[wi][i][r][m];
-      y[(m0 + m) * ys + n] = w.bias ? sum + w.bias[n] : sum;
+      for (int wi = 1; wi < WARPS; ++wi) sum += part[wi][i][r][m];
+      store_out(sink, y, ys, m0 + m, n, w.bias ? sum + w.bias[n] : sum);
     }
     __syncthreads();
   }
@@ -526,15 +528,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // Whether a weight takes the tensor-core path: whole 64-k chunks inside scale blocks, 16-row tiles inside
 // scale rows, 16-byte aligned rows. Chosen by the weight alone (never by M), so that every row of every
 // call on it runs the same instructions.
-template <int TILES>
-constexpr size_t fp8_mma_staged_bytes = size_t(kWarpsPerBlock) * kMmaStages * TILES * 2 * 32 * sizeof(uint4);
+template <int TILES, int WARPS>
+constexpr size_t fp8_mma_staged_bytes = size_t(WARPS) * kMmaStages * TILES * 2 * 32 * sizeof(uint4);
 constexpr size_t kMmaSplitSmemBytes = 40 * 1024;  // a pass's split x in shared memory up to this size
 
-template <int TILES>
-void launch_fp8_mma_tiles(const MmaTargets& targets, const float* x, int64_t M, int64_t xs, bool x_vectors) {
-  constexpr size_t staged = fp8_mma_staged_bytes<TILES>;
+template <int TILES, int WARPS>
+void launch_fp8_mma_tiles(const MmaTargets& targets, const float* x, int64_t M, int64_t xs, bool x_vectors,
+                          const OutputSink& sink) {
+  constexpr size_t staged = fp8_mma_staged_bytes<TILES, WARPS>;
   static const bool configured = [] {  // (over the 48 KB a launch may take without asking)
-    check(cudaFuncSetAttribute(fp8_mma_kernel<TILES>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check(cudaFuncSetAttribute(fp8_mma_kernel<TILES, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(staged + kMmaSplitSmemBytes)),
           "cudaFuncSetAttribute");
     return true;
@@ -545,8 +548,8 @@ void launch_fp8_mma_tiles(const MmaTargets& targets, const float* x, int64_t M, 
   // (where the split is made changes no bit of it: split_x16 either way)
   const size_t split = size_t(std::min<int64_t>(M, kMmaCols) * split_bytes(targets.w[0].in));
   const bool split_in_smem = split <= kMmaSplitSmemBytes;
-  launch_kernel(fp8_mma_kernel<TILES>, grid, dim3(kWarpsPerBlock * 32), staged + (split_in_smem ? split : 0),
-                "fp8_mma_kernel", targets, x, M, xs, x_vectors, rc.rows_per_chunk, split_in_smem);
+  launch_kernel(fp8_mma_kernel<TILES, WARPS>, grid, dim3(WARPS * 32), staged + (split_in_smem ? split : 0),
+                "fp8_mma_kernel", targets, x, M, xs, x_vectors, rc.rows_per_chunk, split_in_smem, sink);
 }
 
 bool fp8_mma_takes(const DeviceWeight& w) {
@@ -558,13 +561,23 @@ bool fp8_mma_takes(const DeviceWeight& w) {
          w.scale_row0 % kMmaTileRows == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_stride % 16 == 0;
 }
 
+// The warps of a block, which split a weight row's 64-k chunks between them (so they set the order of its sums):
+// chosen by the weight's shape alone, so that a weight's outputs have the same bits in every launch. A matrix
+// too narrow to give every SM two 2-tile blocks (the attention's projections, the MLP's down projection) runs
+// one block of 32 warps a tile (1024 threads; 1 tile a block, as 2 need more registers than that leaves), a
+// wide one 8 warps a block (2 blocks an SM at 128 registers a thread). At M = 1 on the H200: 2048 x 5632 read
+// 0.24 / 0.29 / 0.32 of the copy bandwidth with 8 / 16 / 32 warps, 2048 x 2048 0.18 / 0.21 / 0.21; 11264 x 2048
+// 0.42 with 8 and 0.37 with 16 (docs/performance.md, twenty-fourth session).
+int mma_warps(const DeviceWeight& w) { return w.out < 2 * kMmaTileRows * int64_t(multiprocessors()) ? 32 : 8; }
+
 // One launch for up to kMaxMmaTargets weights of x's width (each taking the tensor-core path), 2 weight tiles
 // per block (1 and 4 measured slower on large matrices: docs/performance.md, "Fourteenth session"), but 1
 // where 2 leave SMs without a block: the attention's 0.6-2 MB projections ran on 9-48 blocks of 132. A
 // tile's sums depend neither on the tiles beside it nor on the weights sharing the launch: every output
-// gets the bits of its own one-weight launch.
+// gets the bits of its own one-weight launch (the weights share a warp count, mma_warps). A sink applies to
+// the first weight's outputs (a launch of one weight: cuda::matmul's).
 void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight* const* w, float* const* y,
-                    const int64_t* ys, int n, bool x_vectors) {
+                    const int64_t* ys, int n, bool x_vectors, const OutputSink& sink = {}) {
   MmaTargets targets{};
   targets.n = n;
   auto fill = [&](int64_t rows_per_block) {
@@ -579,11 +592,15 @@ void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight* c
     targets.first_block[n] = blocks;
     return blocks;
   };
-  if (fill(2 * kMmaTileRows) < unsigned(multiprocessors())) {
+  const int warps = mma_warps(*w[0]);  // (matmul_many groups weights of the same count)
+  if (warps == 32) {
     fill(kMmaTileRows);
-    launch_fp8_mma_tiles<1>(targets, x, M, xs, x_vectors);
+    launch_fp8_mma_tiles<1, 32>(targets, x, M, xs, x_vectors, sink);
+  } else if (fill(2 * kMmaTileRows) < unsigned(multiprocessors())) {
+    fill(kMmaTileRows);
+    launch_fp8_mma_tiles<1, 8>(targets, x, M, xs, x_vectors, sink);
   } else {
-    launch_fp8_mma_tiles<2>(targets, x, M, xs, x_vectors);
+    launch_fp8_mma_tiles<2, 8>(targets, x, M, xs, x_vectors, sink);
   }
 }
 
@@ -706,7 +723,8 @@ DeviceLinear upload(const Linear& w) {
 
 // ---- ops -------------------------------------------------------------------------------------------------
 
-void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride, int64_t y_stride) {
+void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride, int64_t y_stride,
+            const OutputSink& sink) {
   if (M <= 0) return;
   const int64_t xs = x_stride < 0 ? w.in : x_stride, ys = y_stride < 0 ? w.out : y_stride;
   const DeviceWeight dw = device_weight(w);
@@ -719,14 +737,14 @@ void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stri
   const bool x_vectors = reinterpret_cast<uintptr_t>(x) % 16 == 0 && xs % 4 == 0;
   // The launch shape follows M (launch()): for verify rows, more columns share x and rows share the weights.
   switch (w.dtype) {
-    case DType::F32: launch<WeightKind::kF32>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
-    case DType::BF16: launch<WeightKind::kBF16>(x, M, xs, dw, y, ys, vectors, x_vectors); break;
+    case DType::F32: launch<WeightKind::kF32>(x, M, xs, dw, y, ys, vectors, x_vectors, sink); break;
+    case DType::BF16: launch<WeightKind::kBF16>(x, M, xs, dw, y, ys, vectors, x_vectors, sink); break;
     case DType::F8_E4M3:
       if (fp8_mma_takes(dw)) {
         const DeviceWeight* one = &dw;
-        launch_fp8_mma(x, M, xs, &one, &y, &ys, 1, x_vectors);
+        launch_fp8_mma(x, M, xs, &one, &y, &ys, 1, x_vectors, sink);
       } else {
-        launch<WeightKind::kFP8>(x, M, xs, dw, y, ys, vectors, x_vectors);
+        launch<WeightKind::kFP8>(x, M, xs, dw, y, ys, vectors, x_vectors, sink);
       }
       break;
     default: throw Error(std::string("cuda::matmul: weights of dtype ") + dtype_name(w.dtype) + " are not supported");
@@ -749,7 +767,8 @@ void matmul_many(const float* x, int64_t M, const ops::MatmulOut* outs, int64_t 
   for (int64_t i = 0; i < n_outs; ++i) {
     const ops::MatmulOut& o = outs[i];
     const DeviceWeight d = device_weight(*o.w);
-    if (o.w->dtype != DType::F8_E4M3 || !fp8_mma_takes(d) || (n > 0 && d.in != descs[0].in)) {
+    if (o.w->dtype != DType::F8_E4M3 || !fp8_mma_takes(d) ||
+        (n > 0 && (d.in != descs[0].in || mma_warps(d) != mma_warps(descs[0])))) {
       matmul(x, M, *o.w, o.y, -1, o.y_stride);
       continue;
     }

@@ -55,10 +55,24 @@ struct DeviceLinear {
 // do not take (F32, BF16 and F8_E4M3 with F32, BF16 or E8M0 scales are taken).
 DeviceLinear upload(const Linear& w);
 
+// What a kernel does with each output value v of row m, column n besides y[m, n] = v: the residual updates
+// that follow a block's last matmul, done as it stores (each saves a launch and a pass over the rows). With
+// `accumulate`, y[m, n] = y[m, n] + v (a residual add into y); with `streams`, after the store, streams[m, j,
+// n] = post[m, j] · y[m, n] + streams[m, j, n] for j < C (the hyper-connection post; streams [M, C, H], post
+// [M, C]). Each value gets the bits of the separate ops (cuda::add, cuda::hc_post).
+struct OutputSink {
+  bool accumulate = false;
+  float* streams = nullptr;
+  const float* post = nullptr;
+  int64_t C = 0, H = 0;
+};
+
 // y[M, w.out] = x[M, w.in] · wᵀ (+ bias), all pointers on the device (w from upload()), rows x_stride and
-// y_stride floats apart (default w.in, w.out). For decode and verify widths (any M; the weights are read
-// once per 8 rows). Asynchronous on the default stream: synchronize() before reading y on the host.
-void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride = -1, int64_t y_stride = -1);
+// y_stride floats apart (default w.in, w.out), stored through `sink`. For decode and verify widths (any M; the
+// weights are read once per 8 rows). Asynchronous on the default stream: synchronize() before reading y on
+// the host.
+void matmul(const float* x, int64_t M, const Linear& w, float* y, int64_t x_stride = -1, int64_t y_stride = -1,
+            const OutputSink& sink = {});
 // ops::matmul_many on the device: several matmuls of the same x [M, in] (a layer's projections of its
 // normalized rows), y_i = x · w_iᵀ, in as few launches as the kernels allow: the FP8 ones that take the
 // tensor-core path share one, the others get one each. Each y_i gets the bits matmul() gives it.

@@ -23,7 +23,7 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&&) noexcept = default;
 void DeviceBuffer::upload(const void*, size_t, size_t) { unavailable(); }
 void DeviceBuffer::download(void*, size_t, size_t) const { unavailable(); }
 DeviceLinear upload(const Linear&) { unavailable(); }
-void matmul(const float*, int64_t, const Linear&, float*, int64_t, int64_t) { unavailable(); }
+void matmul(const float*, int64_t, const Linear&, float*, int64_t, int64_t, const OutputSink&) { unavailable(); }
 void matmul_many(const float*, int64_t, const ops::MatmulOut*, int64_t) { unavailable(); }
 WeightTable weight_table(const Linear* const*, int64_t) { unavailable(); }
 void grouped_matmul(const float*, const WeightTable&, const int32_t*, int64_t, float*, int64_t, int64_t) { unavailable(); }
@@ -58,7 +58,7 @@ void matmul_transposed_heads(const float*, int64_t, int64_t, int64_t, const Line
   unavailable();
 }
 void hc_pre(const float*, const float*, int64_t, int64_t, int64_t, int64_t, const float*, float, float, float, float,
-            float, float*, float*) {
+            float, float*, float*, const HcNorm*) {
   unavailable();
 }
 void hc_post(float*, const float*, const float*, int64_t, int64_t, int64_t) { unavailable(); }
@@ -88,7 +88,8 @@ void moe_route(const float*, const float*, int64_t, const MoeRouting&, int32_t*,
 void moe_dispatch(const int32_t*, int64_t, int64_t, int64_t, int32_t*, int32_t*, int32_t*, const int32_t*) {
   unavailable();
 }
-void moe_combine(const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, const float*, float*) {
+void moe_combine(const float*, const int32_t*, const float*, int64_t, int64_t, int64_t, const float*, float*,
+                 const OutputSink&) {
   unavailable();
 }
 void row_argmax(const float*, int64_t, int64_t, int32_t*) { unavailable(); }
