@@ -168,8 +168,8 @@ std::string Metrics::render() const {
     const char* name;
     const char* help;
     double Engine::TunerClass::*field;
-  } gauges[] = {{"nextn:spec_decode_tuner_noise", "The relative spread of the tuner's round times, per batch size class.",
-                 &Engine::TunerClass::noise},
+  } gauges[] = {{"nextn:spec_decode_tuner_noise",
+                 "The relative spread of the tuner's round times, per batch size class.", &Engine::TunerClass::noise},
                 {"nextn:spec_decode_tuner_budget_tokens",
                  "The tuner's probe budget in plain tokens' time, per batch size class.",
                  &Engine::TunerClass::budget_tokens}};
@@ -177,7 +177,8 @@ std::string Metrics::render() const {
     header(out, g.name, "gauge", g.help);
     for (const Engine::TunerClass& c : tuners_) sample(out, g.name, class_labels(c), c.*g.field);
   }
-  header(out, "nextn:spec_decode_tuner_best_k", "gauge", "The k the tuner runs when not probing, per batch size class.");
+  header(out, "nextn:spec_decode_tuner_best_k", "gauge",
+         "The k the tuner runs when not probing, per batch size class.");
   for (const Engine::TunerClass& c : tuners_) sample(out, "nextn:spec_decode_tuner_best_k", class_labels(c), c.best_k);
   header(out, "nextn:spec_decode_tuner_ruled_out", "gauge",
          "1 for a k that smaller batches' measured costs rule out (never probed), per batch size class.");

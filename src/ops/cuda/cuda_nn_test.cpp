@@ -495,7 +495,8 @@ TEST(CudaNn, HcPreWithItsNormGivesTheBitsOfTheTwoOps) {
   NEXTN_SKIP_WITHOUT_CUDA();
   const int64_t rows = 3, C = 4;
   for (int64_t H : {256, 2100, 7168, 13000}) {
-    const auto streams = to_device(normal(size_t(rows * C * H), 101)), mixes = to_device(normal(size_t(rows * 2 * C), 102));
+    const auto streams = to_device(normal(size_t(rows * C * H), 101));
+    const auto mixes = to_device(normal(size_t(rows * 2 * C), 102));
     const auto base = to_device(normal(size_t(2 * C), 103)), weight = to_device(normal(size_t(H), 104));
     const float scale0 = 0.7f, scale1 = 1.3f, eps = 1e-6f, hc_eps = 1e-3f, mag = 2.f;
     cuda::DeviceBuffer x(size_t(rows * H) * 4), xn(size_t(rows * H) * 4), post(size_t(rows * C) * 4);
