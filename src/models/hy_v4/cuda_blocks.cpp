@@ -551,7 +551,6 @@ void HYV4CudaBlocks::rms_norm(HYV4Act in, const std::vector<float>& weight, HYV4
   cuda::rms_norm_rows(act(in), S_, H, H, dev(weight), float(cfg_.rms_norm_eps), act(out), H);
 }
 
-
 // ---- attention -----------------------------------------------------------------------------------------------
 
 // xn [S, H] -> out: the CPU backend's sparse MLA (cpu_blocks.cpp says what each step is), on the device.

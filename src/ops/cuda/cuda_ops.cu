@@ -570,38 +570,29 @@ bool fp8_mma_takes(const DeviceWeight& w) {
 // 0.42 with 8 and 0.37 with 16 (docs/performance.md, twenty-fourth session).
 int mma_warps(const DeviceWeight& w) { return w.out < 2 * kMmaTileRows * int64_t(multiprocessors()) ? 32 : 8; }
 
-// One launch for up to kMaxMmaTargets weights of x's width (each taking the tensor-core path), 2 weight tiles
-// per block (1 and 4 measured slower on large matrices: docs/performance.md, "Fourteenth session"), but 1
-// where 2 leave SMs without a block: the attention's 0.6-2 MB projections ran on 9-48 blocks of 132. A
-// tile's sums depend neither on the tiles beside it nor on the weights sharing the launch: every output
-// gets the bits of its own one-weight launch (the weights share a warp count, mma_warps). A sink applies to
-// the first weight's outputs (a launch of one weight: cuda::matmul's).
+// One launch for up to kMaxMmaTargets weights of x's width (each taking the tensor-core path) and one warp count
+// (mma_warps; matmul_many groups them so): wide weights 2 tiles a block of 8 warps (1 and 4 tiles measured
+// slower on large matrices: docs/performance.md, "Fourteenth session"), narrow ones 1 tile a block of 32 warps
+// (with 2 the attention's 0.6-2 MB projections ran on 9-48 blocks of 132). A tile's sums depend neither on the
+// tiles beside it nor on the weights sharing the launch: every output gets the bits of its own one-weight
+// launch. A sink applies to the first weight's outputs (a launch of one weight: cuda::matmul's).
 void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight* const* w, float* const* y,
                     const int64_t* ys, int n, bool x_vectors, const OutputSink& sink = {}) {
   MmaTargets targets{};
   targets.n = n;
-  auto fill = [&](int64_t rows_per_block) {
-    unsigned blocks = 0;
-    for (int i = 0; i < n; ++i) {
-      targets.w[i] = *w[i];
-      targets.y[i] = y[i];
-      targets.ys[i] = ys[i];
-      targets.first_block[i] = blocks;
-      blocks += unsigned((w[i]->out + rows_per_block - 1) / rows_per_block);
-    }
-    targets.first_block[n] = blocks;
-    return blocks;
-  };
-  const int warps = mma_warps(*w[0]);  // (matmul_many groups weights of the same count)
-  if (warps == 32) {
-    fill(kMmaTileRows);
-    launch_fp8_mma_tiles<1, 32>(targets, x, M, xs, x_vectors, sink);
-  } else if (fill(2 * kMmaTileRows) < unsigned(multiprocessors())) {
-    fill(kMmaTileRows);
-    launch_fp8_mma_tiles<1, 8>(targets, x, M, xs, x_vectors, sink);
-  } else {
-    launch_fp8_mma_tiles<2, 8>(targets, x, M, xs, x_vectors, sink);
+  const bool narrow = mma_warps(*w[0]) == 32;
+  const int64_t rows_per_block = narrow ? kMmaTileRows : 2 * kMmaTileRows;
+  unsigned blocks = 0;
+  for (int i = 0; i < n; ++i) {
+    targets.w[i] = *w[i];
+    targets.y[i] = y[i];
+    targets.ys[i] = ys[i];
+    targets.first_block[i] = blocks;
+    blocks += unsigned((w[i]->out + rows_per_block - 1) / rows_per_block);
   }
+  targets.first_block[n] = blocks;
+  if (narrow) launch_fp8_mma_tiles<1, 32>(targets, x, M, xs, x_vectors, sink);
+  else launch_fp8_mma_tiles<2, 8>(targets, x, M, xs, x_vectors, sink);
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------------
