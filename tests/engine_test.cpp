@@ -378,5 +378,47 @@ TEST(EngineTuner, ClassesSayWhichBatchSizesTheyHold) {
   EXPECT_GT(rounds, 0);
 }
 
+// Requests sent together into an idle engine (a wave: equal requests that finished together are followed by
+// the next ones at once) skip the MTP layers' pass over their prompts once the class they decode in has
+// settled on plain decoding, as prompts arriving while the batch decodes plainly do; the output stays exact.
+TEST(EngineTuner, AWaveOfPromptsSkipsItsMtpPrefillWhereItsClassSettledOnPlain) {
+  ThreadPool pool(2);
+  auto model = load_model(fixture_dir("a_fp32"), &pool);
+  const ModelFacts& f = model->facts();
+  ASSERT_GE(f.num_mtp_layers, 1);
+  auto tuned = [&](uint64_t seed, int max_tokens) {
+    Request r;
+    r.prompt = random_prompt(6, f.vocab_size, seed);
+    r.params.max_tokens = max_tokens;
+    r.spec.num_speculative_tokens = 2;
+    r.spec.tune_k = true;
+    // (every drafting round costs ten plain tokens' time: plain decoding is the fastest k)
+    r.spec.round_seconds_for_tests = [](int k, int emitted) { return k == 0 ? 1.0 * emitted : 10.0; };
+    return r;
+  };
+  Engine engine(*model);
+  std::map<int64_t, uint64_t> seed_of;
+  auto run_wave = [&](uint64_t seed0, int max_tokens) {
+    for (uint64_t seed = seed0; seed < seed0 + 3; ++seed) seed_of[engine.submit(tuned(seed, max_tokens))] = seed;
+    while (!engine.idle()) engine.step();
+    return engine.take_finished();
+  };
+  const auto first = run_wave(60, 64);
+  ASSERT_EQ(first.size(), 3u);
+  for (const auto& [id, res] : first) EXPECT_GE(res.stats.draft_forwards, 1) << "request " << id;  // (prefill)
+  const auto classes = engine.tuner_classes();
+  const auto c3 = std::find_if(classes.begin(), classes.end(), [](const auto& c) { return c.contains(3); });
+  ASSERT_NE(c3, classes.end());
+  ASSERT_EQ(c3->best_k, 0);
+  const auto second = run_wave(70, 6);
+  ASSERT_EQ(second.size(), 3u);
+  for (const auto& [id, res] : second) {
+    EXPECT_EQ(res.stats.draft_forwards, 0) << "request " << id;
+    Request alone = tuned(seed_of.at(id), 6);
+    alone.spec.enabled = false;
+    EXPECT_EQ(res.ids, run_alone(*model, std::move(alone)).ids) << "request " << id;
+  }
+}
+
 }  // namespace
 }  // namespace nextn

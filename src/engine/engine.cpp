@@ -74,15 +74,23 @@ void Engine::step() {
   if (active_.empty()) return;
   ++steps_;
   const auto t0 = Clock::now();
-  int64_t tuned_decoding = 0;
-  for (const Entry& e : active_) tuned_decoding += e.seq->tuned() && e.seq->phase() == Sequence::Phase::kDecoding;
-  const bool any_tuned = tuned_decoding > 0;
-  KTuner* tuner = any_tuned ? &tuner_for(tuned_decoding) : nullptr;
+  int64_t tuned_decoding = 0, tuned_prompts = 0;
+  for (const Entry& e : active_) {
+    if (!e.seq->tuned()) continue;
+    tuned_decoding += e.seq->phase() == Sequence::Phase::kDecoding;
+    tuned_prompts += e.seq->phase() == Sequence::Phase::kPrefill;
+  }
+  KTuner* tuner = tuned_decoding > 0 ? &tuner_for(tuned_decoding) : nullptr;
   const int k_batch = tuner ? tuner->next() : 0;
   // While plain decoding is what the tuner chose, arriving tuned prompts skip their MTP prefill (a forward
   // of its own per arrival, which plain rounds never use; caught up over the deferral window if the
-  // sequence drafts later). While k > 0 runs, the arrivals' MTP prefill is charged to k > 0.
-  plain_now_ = tuner && k_batch == 0 && !tuner->probing();
+  // sequence drafts later). While k > 0 runs, the arrivals' MTP prefill is charged to k > 0. Prompts that
+  // arrive with nothing tuned decoding (a wave of requests sent together, as equal requests that finished
+  // together are followed) skip it when the class they will decode in has settled on plain decoding: at
+  // 32 server clients every wave paid the MTP layers over its 32 prompts that plain rounds then never used.
+  const KTuner* arrivals_class =
+      tuned_decoding == 0 && tuned_prompts > 0 ? existing_tuner_for(tuned_prompts) : nullptr;
+  plain_now_ = tuner ? k_batch == 0 && !tuner->probing() : arrivals_class && arrivals_class->settled_on_plain();
   arrival_draft_seconds_ = arrival_draft_tokens_ = 0;
   const uint64_t one_offs = model_.one_off_forwards();
 
@@ -225,9 +233,19 @@ void Engine::run_forward(size_t begin, size_t end) {
 // The best k depends on the batch: a verify of many sequences' k + 1 rows each costs more per row as the batch
 // grows (MoE experts and attention stop being shared reads), so each batch size class (1, 2-3, 4-7, ...
 // sequences) has a tuner of its own, created with the largest k a tuned sequence of the batch allows.
-KTuner& Engine::tuner_for(int64_t tuned_sequences) {
+size_t Engine::tuner_bucket(int64_t tuned_sequences) {
   size_t bucket = 0;
   while (bucket + 1 < kTunerBuckets && (int64_t(2) << bucket) <= tuned_sequences) ++bucket;
+  return bucket;
+}
+
+const KTuner* Engine::existing_tuner_for(int64_t tuned_sequences) const {
+  const auto& t = tuners_[tuner_bucket(tuned_sequences)];
+  return t ? &*t : nullptr;
+}
+
+KTuner& Engine::tuner_for(int64_t tuned_sequences) {
+  const size_t bucket = tuner_bucket(tuned_sequences);
   if (!tuners_[bucket]) {
     int k_max = 0;
     for (const Entry& e : active_) k_max = std::max(k_max, e.seq->tuned() ? e.seq->k_max() : 0);

@@ -82,6 +82,9 @@ class Engine {
   void run_forward(size_t begin, size_t end);
   void draft_all(int k_batch);
   KTuner& tuner_for(int64_t tuned_sequences);
+  // The tuner of the class `tuned_sequences` form, if it exists (none is made).
+  const KTuner* existing_tuner_for(int64_t tuned_sequences) const;
+  static size_t tuner_bucket(int64_t tuned_sequences);
   // step_seconds < 0: the step is not a measurement (its rounds only count in the sequences' stats);
   // one_off: it did one-off work (Model::one_off_forwards), and its time only pays from the probe budget (as
   // does a step with a backlog catch-up).

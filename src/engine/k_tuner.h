@@ -59,6 +59,9 @@ class KTuner {
 
   int next();                                   // k for the coming round
   bool probing() const { return probe_left_ > 0; }  // the coming round (re)measures a k
+  // Plain decoding is what the coming rounds run: no probe under way, k = 0 the best, and the first climb
+  // over or waiting for a probe of k = 1 the budget does not allow (a later re-measure may still draft).
+  bool settled_on_plain() const { return !probing() && best() == 0 && (climbed_ || k_max_ == 0 || !may_probe(1)); }
   // What the round at k cost and yielded. drafts_judged: false when the round stopped early (end of
   // output) or drafted fewer than k, so that its tokens say nothing about the acceptance of the positions.
   // weight: the round's share of one observation. A batch of n sequences records n rounds per step at

@@ -26,6 +26,9 @@ const maxTokens = Number(args['max-tokens'] ?? 96);
 // between runs (a 2-vCPU VM swung 1.0-1.8k tok/s within minutes) moves both runs of a pair together.
 const repeat = Number(args.repeat ?? 1);
 const specK = args['spec-k'] === undefined ? undefined : Number(args['spec-k']);  // fixed k instead of the tuned
+// --control: the "on" runs send plain requests as well (an A/A control): the spread of the pairs' ratios is then
+// the machine's own, the noise an on / off ratio has to be read against.
+const control = 'control' in args;
 
 // Python openings the bundled models continue (they were trained on Python code).
 const prompts = [
@@ -39,7 +42,8 @@ const prompts = [
   'class Node:\n    def __init__(self, value, next=None):\n',
 ];
 
-async function one(prompt, spec) {
+async function one(prompt, on) {
+  const spec = on && !control;
   const body = { prompt, max_tokens: maxTokens, temperature: 0, stream: true, ignore_eos: true,
                  return_token_ids: true, ...(spec ? (specK === undefined ? {} : { num_speculative_tokens: specK })
                                                  : { num_speculative_tokens: 0 }) };
@@ -132,7 +136,9 @@ for (const r of rows) {
   const ratio = r.speculation && r.pair_ratios.length > 1 ? r.pair_ratio_median : r.tokens_per_s / plain.tokens_per_s;
   const steadyRatio = r.speculation && r.pair_ratios.length > 1
     ? r.steady_pair_ratio_median : r.steady_tokens_per_s_median / plain.steady_tokens_per_s_median;
-  console.log(`| ${r.concurrency} | ${r.speculation ? (specK === undefined ? 'MTP (server default)' : `MTP k = ${specK}`) : 'off'} | ${r.requests} | ` +
+  const mode = !r.speculation ? 'off' : control ? 'off (A/A control)'
+    : specK === undefined ? 'MTP (server default)' : `MTP k = ${specK}`;
+  console.log(`| ${r.concurrency} | ${mode} | ${r.requests} | ` +
               `${r.tokens_per_s.toFixed(1)} | ${ratio.toFixed(2)}x | ` +
               `${r.steady_tokens_per_s_median.toFixed(1)} | ${steadyRatio.toFixed(2)}x | ` +
               `${ms(r.ttft_p50_s)} / ${ms(r.ttft_p95_s)} | ${ms(r.itl_p50_s)} / ${ms(r.itl_p95_s)} | ${ms(r.tpot_mean_s)} |`);
