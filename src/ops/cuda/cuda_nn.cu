@@ -173,8 +173,48 @@ __device__ __forceinline__ MeanInv layer_norm_stats(const float* xr, int64_t d, 
   const float v = strided_fold(xr, d, 0.f, [mean](float acc, float x) { return acc + (x - mean) * (x - mean); });
   return {mean, 1.0f / sqrtf(block_all(v, SumOp()) / float(d) + eps)};
 }
+__device__ __forceinline__ float rms_scaled(float x, float inv, bool weighted, float w) {
+  return weighted ? x * inv * w : x * inv;
+}
 __device__ __forceinline__ float rms_normed(float x, float inv, const float* weight, int64_t k) {
-  return weight ? x * inv * weight[k] : x * inv;
+  return rms_scaled(x, inv, weight != nullptr, weight ? weight[k] : 0.f);
+}
+
+// A norm's weight is no kernel's output, so a kernel reads it before begin_after_predecessor: read after the
+// statistics, hc_pre's last loop waited on DRAM for it (the step's weights had evicted it from L2; a fifth of
+// the kernel's warp-state samples). A thread's first kHeldWeights elements of its block's slice,
+// k = begin + threadIdx.x + u · kThreads, are held in registers, the rest of the slice asked of L2.
+constexpr int kHeldWeights = 4;
+// n floats from p asked of L2, a 128-byte line a thread of the block (a hint: nothing waits for it).
+__device__ __forceinline__ void prefetch_lines_l2(const float* p, int64_t n) {
+  for (int64_t i = int64_t(threadIdx.x) * 32; i < n; i += int64_t(blockDim.x) * 32)
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p + i));
+}
+struct HeldWeights {
+  float v[kHeldWeights];
+};
+__device__ __forceinline__ HeldWeights hold_weights(const float* weight, Slice sl) {
+  HeldWeights h;
+#pragma unroll
+  for (int u = 0; u < kHeldWeights; ++u) {
+    const int64_t k = sl.begin + threadIdx.x + int64_t(u) * kThreads;
+    h.v[u] = weight && k < sl.end ? weight[k] : 0.f;
+  }
+  const int64_t rest = sl.begin + int64_t(kHeldWeights) * kThreads;
+  if (weight && rest < sl.end) prefetch_lines_l2(weight + rest, sl.end - rest);
+  return h;
+}
+// f(k, weight[k]) for the thread's elements of the slice, the held ones first (no order matters: each element
+// is its own).
+template <typename F>
+__device__ __forceinline__ void for_slice(Slice sl, const HeldWeights& h, const float* weight, F f) {
+#pragma unroll
+  for (int u = 0; u < kHeldWeights; ++u) {
+    const int64_t k = sl.begin + threadIdx.x + int64_t(u) * kThreads;
+    if (k < sl.end) f(k, h.v[u]);
+  }
+  for (int64_t k = sl.begin + threadIdx.x + int64_t(kHeldWeights) * kThreads; k < sl.end; k += kThreads)
+    f(k, weight ? weight[k] : 0.f);
 }
 __device__ __forceinline__ float layer_normed(float x, MeanInv st, const float* weight, const float* bias, int64_t k) {
   return (x - st.mean) * st.inv * weight[k] + bias[k];
@@ -192,13 +232,13 @@ __device__ __forceinline__ void rope_pair(float a, float b, float inv_freq_i, in
 
 __global__ void rms_norm_rows_kernel(const float* x, int64_t d, int64_t xs, const float* weight, float eps, float* out,
                                      int64_t os) {
+  const Slice sl = block_slice(d);
+  const HeldWeights held = hold_weights(weight, sl);
   begin_after_predecessor();
   const float* xr = x + int64_t(blockIdx.x) * xs;
   float* o = out + int64_t(blockIdx.x) * os;
   const float inv = rms_inv(xr, d, eps);
-  const Slice sl = block_slice(d);
-#pragma unroll 4
-  for (int64_t k = sl.begin + threadIdx.x; k < sl.end; k += kThreads) o[k] = rms_normed(xr[k], inv, weight, k);
+  for_slice(sl, held, weight, [&](int64_t k, float w) { o[k] = rms_scaled(xr[k], inv, weight != nullptr, w); });
 }
 
 __global__ void layer_norm_rows_kernel(const float* x, int64_t d, const float* weight, const float* bias, float eps,
@@ -300,16 +340,20 @@ constexpr int kMaxStreams = 64;
 __global__ void hc_pre_kernel(const float* streams, const float* mixes, int64_t ms, int64_t C, int64_t H,
                               const float* base, float scale0, float scale1, float eps, float hc_eps, float mag,
                               float* x, float* post, HcNorm norm) {
+  const Slice sl = block_slice(H);
+  const HeldWeights held = hold_weights(norm.out ? norm.weight : nullptr, sl);
+  const bool mixer = threadIdx.x < C;
+  const float base_pre = mixer ? base[threadIdx.x] : 0.f, base_post = mixer ? base[C + threadIdx.x] : 0.f;
   begin_after_predecessor();
   const int64_t r = blockIdx.x;
   const float* X = streams + r * C * H;
   const float inv = rms_inv(X, C * H, eps);
   __shared__ float pre[kMaxStreams];
-  if (threadIdx.x < C) {
+  if (mixer) {
     const int64_t j = threadIdx.x;
     const float* m = mixes + r * ms;
-    pre[j] = sigmoidf(m[j] * inv * scale0 + base[j]) + hc_eps;
-    if (post && blockIdx.y == 0) post[r * C + j] = mag * sigmoidf(m[C + j] * inv * scale1 + base[C + j]) + hc_eps;
+    pre[j] = sigmoidf(m[j] * inv * scale0 + base_pre) + hc_eps;
+    if (post && blockIdx.y == 0) post[r * C + j] = mag * sigmoidf(m[C + j] * inv * scale1 + base_post) + hc_eps;
   }
   __syncthreads();
   auto mixed = [&](int64_t i) {  // (up to 8 streams: their loads issued before the sum uses them)
@@ -326,7 +370,6 @@ __global__ void hc_pre_kernel(const float* streams, const float* mixes, int64_t 
     for (int64_t j = 0; j < C; ++j) acc = acc + pre[j] * X[j * H + i];
     return acc;
   };
-  const Slice sl = block_slice(H);
   if (!norm.out) {
 #pragma unroll 4
     for (int64_t i = sl.begin + threadIdx.x; i < sl.end; i += kThreads) x[r * H + i] = mixed(i);
@@ -337,8 +380,8 @@ __global__ void hc_pre_kernel(const float* streams, const float* mixes, int64_t 
   for (int64_t i = threadIdx.x; i < H; i += kThreads) xs[i] = mixed(i);
   __syncthreads();
   const float x_inv = rms_inv(xs, H, norm.eps);
-  for (int64_t k = sl.begin + threadIdx.x; k < sl.end; k += kThreads)
-    norm.out[r * H + k] = rms_normed(xs[k], x_inv, norm.weight, k);
+  for_slice(sl, held, norm.weight,
+            [&](int64_t k, float w) { norm.out[r * H + k] = rms_scaled(xs[k], x_inv, norm.weight != nullptr, w); });
 }
 
 __global__ void hc_post_kernel(float* streams, const float* post, const float* y, int64_t C, int64_t H, int64_t n) {
@@ -368,6 +411,9 @@ __global__ void write_cache_rows_kernel(const float* src, int64_t width, int64_t
 // rotated pairs turned as the unfused kernels do (the same helpers), stored straight into the cache slot.
 __global__ void write_key_rows_kernel(const float* src, int64_t width, int64_t ss, KeyNorm norm, int64_t rope_offset,
                                       int64_t half, const float* inv_freq, float af, RowCaches rc, int plane) {
+  if (norm.weight) prefetch_lines_l2(norm.weight, norm.width);  // (weights: before the wait, as hold_weights)
+  if (norm.bias) prefetch_lines_l2(norm.bias, norm.width);
+  prefetch_lines_l2(inv_freq, half);
   begin_after_predecessor();
   const int64_t r = blockIdx.x, d = norm.width;
   const float* xr = src + r * ss;
