@@ -187,6 +187,7 @@ __device__ __forceinline__ float rms_normed(float x, float inv, const float* wei
 constexpr int kHeldWeights = 4;
 // n floats from p asked of L2, a 128-byte line a thread of the block (a hint: nothing waits for it).
 __device__ __forceinline__ void prefetch_lines_l2(const float* p, int64_t n) {
+  if (!p) return;
   for (int64_t i = int64_t(threadIdx.x) * 32; i < n; i += int64_t(blockDim.x) * 32)
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p + i));
 }
@@ -243,6 +244,8 @@ __global__ void rms_norm_rows_kernel(const float* x, int64_t d, int64_t xs, cons
 
 __global__ void layer_norm_rows_kernel(const float* x, int64_t d, const float* weight, const float* bias, float eps,
                                        float* out) {
+  prefetch_lines_l2(weight, d);  // (weights: before the wait, as hold_weights)
+  prefetch_lines_l2(bias, d);
   begin_after_predecessor();
   const float* xr = x + int64_t(blockIdx.x) * d;
   float* o = out + int64_t(blockIdx.x) * d;
@@ -254,6 +257,7 @@ __global__ void layer_norm_rows_kernel(const float* x, int64_t d, const float* w
 
 __global__ void rope_rows_kernel(float* x, int64_t rs, int64_t hs, int64_t offset, int64_t half, const int32_t* pos,
                                  const float* inv_freq, float af) {
+  prefetch_lines_l2(inv_freq, half);  // (weights: before the wait)
   begin_after_predecessor();
   const int64_t r = blockIdx.x, h = blockIdx.y;
   float* v = x + r * rs + h * hs + offset;
@@ -622,10 +626,10 @@ __global__ void __launch_bounds__(kMlaThreads)
 // ascending, M the largest of the runs' maxima and the sink.
 __global__ void __launch_bounds__(kMlaThreads)
     sparse_mla_combine_kernel(const float* part, int64_t heads, int64_t kvl, const float* sinks, float* o_lat) {
-  begin_after_predecessor();
   const int64_t h = blockIdx.x, r = blockIdx.y;
+  const float sink = sinks[h];  // (a weight: read before the wait)
+  begin_after_predecessor();
   const float* in = part + (r * heads + h) * kMlaSplits * (kvl + 2);
-  const float sink = sinks[h];
   float M = sink;
   for (int sp = 0; sp < kMlaSplits; ++sp) M = fmaxf(M, in[sp * (kvl + 2) + kvl]);
   float wts[kMlaSplits];
@@ -686,6 +690,7 @@ constexpr int kMaxExperts = 1024, kMaxGroups = 256;
 
 // Block t, thread 0: the host's route_tokens for token t.
 __global__ void moe_route_kernel(const float* logits, const float* e_bias, MoeRouting r, int32_t* ids, float* wts) {
+  prefetch_lines_l2(e_bias, r.experts);  // (weights: before the wait)
   begin_after_predecessor();
   if (threadIdx.x != 0) return;
   const int64_t t = blockIdx.x;
