@@ -274,8 +274,9 @@ void launch(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float*
 // are added in warp order, and a row's values never meet another row's (its p is its own), so a row gets
 // the same bits whatever M, as in the kernel above.
 // The split is made per pass by the whole block into shared memory when the pass's rows fit there (at M = 1,
-// rows up to ~10k wide), else by each warp at each chunk: the same function either way, so the same bits;
-// made once, it leaves the chunk loop its weight conversions and MMAs (+5% decode on the 48-layer synthetic).
+// rows up to ~10k wide) and the block's warps have several chunks each (8-warp blocks), else by each warp at each
+// chunk: the same function either way, so the same bits; made once, it leaves the chunk loop its weight
+// conversions and MMAs (+5% decode on the 48-layer synthetic).
 //
 // Fragment layout (PTX ISA, mma.m16n8k16, lane = 4 g + t): A regs {row g, row g + 8} x {k 2t..2t+1,
 // 2t+8..2t+9}; B regs k {2t..2t+1, 2t+8..2t+9} of column g; D {row g, g + 8} x {column 2t, 2t + 1}. The sum
