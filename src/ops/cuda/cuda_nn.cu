@@ -347,7 +347,8 @@ __global__ void hc_pre_kernel(const float* streams, const float* mixes, int64_t 
   const Slice sl = block_slice(H);
   const HeldWeights held = hold_weights(norm.out ? norm.weight : nullptr, sl);
   const bool mixer = threadIdx.x < C;
-  const float base_pre = mixer ? base[threadIdx.x] : 0.f, base_post = mixer ? base[C + threadIdx.x] : 0.f;
+  // (base holds C biases, 2C with post gates: hc_head's has C)
+  const float base_pre = mixer ? base[threadIdx.x] : 0.f, base_post = mixer && post ? base[C + threadIdx.x] : 0.f;
   begin_after_predecessor();
   const int64_t r = blockIdx.x;
   const float* X = streams + r * C * H;
