@@ -44,6 +44,7 @@ struct LocalGroup::Shared {
   int arrived = 0;
   uint64_t generation = 0;
   bool failed = false;
+  int first_failed = -1;  // the rank whose failure poisoned the group (the others' errors follow from it)
   std::vector<const void*> src;
   std::vector<int64_t> bytes;
   std::vector<int> root;
@@ -62,8 +63,9 @@ struct LocalGroup::Shared {
     // (a round that completed stands, though a rank fails right after it)
     if (generation == gen) throw Error("LocalGroup: another rank failed");
   }
-  void fail() {
+  void fail(int rank) {
     const std::lock_guard<std::mutex> lock(mu);
+    if (!failed) first_failed = rank;
     failed = true;
     cv.notify_all();
   }
@@ -129,6 +131,7 @@ void LocalGroup::run(const std::function<void(Communicator&)>& fn) {
     const std::lock_guard<std::mutex> lock(s.mu);
     s.arrived = 0;
     s.failed = false;
+    s.first_failed = -1;
   }
   std::vector<std::exception_ptr> errors(size_t(s.ranks));
   auto body = [&](int r) {
@@ -137,7 +140,7 @@ void LocalGroup::run(const std::function<void(Communicator&)>& fn) {
       fn(comm);
     } catch (...) {
       errors[size_t(r)] = std::current_exception();
-      s.fail();
+      s.fail(r);
     }
   };
   std::vector<std::thread> threads;
@@ -145,30 +148,15 @@ void LocalGroup::run(const std::function<void(Communicator&)>& fn) {
   try {
     for (int r = 1; r < s.ranks; ++r) threads.emplace_back(body, r);
   } catch (const std::system_error& e) {  // (a thread or process limit: release the ranks already started)
-    s.fail();
+    s.fail(0);
     for (std::thread& t : threads) t.join();
     throw Error("LocalGroup: could start only " + std::to_string(threads.size() + 1) + " of " +
                 std::to_string(s.ranks) + " rank threads (" + e.what() + ")");
   }
   body(0);
   for (std::thread& t : threads) t.join();
-  // The first rank's own failure, not a "another rank failed" it caused elsewhere.
-  std::exception_ptr first;
-  for (const std::exception_ptr& e : errors) {
-    if (!e) continue;
-    try {
-      std::rethrow_exception(e);
-    } catch (const Error& err) {
-      if (std::string(err.what()) == "LocalGroup: another rank failed") {
-        if (!first) first = e;
-        continue;
-      }
-      std::rethrow_exception(e);
-    } catch (...) {
-      std::rethrow_exception(e);
-    }
-  }
-  if (first) std::rethrow_exception(first);
+  // (only a rank that failed on its own fails first: the others throw once the group is poisoned)
+  if (s.first_failed >= 0) std::rethrow_exception(errors[size_t(s.first_failed)]);
 }
 
 }  // namespace nextn
