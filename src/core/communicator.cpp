@@ -63,6 +63,12 @@ struct LocalGroup::Shared {
     // (a round that completed stands, though a rank fails right after it)
     if (generation == gen) throw Error("LocalGroup: another rank failed");
   }
+  void reset() {
+    const std::lock_guard<std::mutex> lock(mu);
+    arrived = 0;
+    failed = false;
+    first_failed = -1;
+  }
   void fail(int rank) {
     const std::lock_guard<std::mutex> lock(mu);
     if (!failed) first_failed = rank;
@@ -102,6 +108,7 @@ class LocalComm final : public Communicator {
     s_.wait_all();
   }
   void barrier() override { s_.wait_all(); }
+  void abort() override { s_.fail(rank_); }
 
  private:
   void publish(const void* p, int64_t bytes, int root) {
@@ -116,23 +123,29 @@ class LocalComm final : public Communicator {
 
 }  // namespace
 
+struct LocalGroup::Started {
+  std::function<void(Communicator&)> fn;
+  std::unique_ptr<LocalComm> rank0;
+  std::vector<std::thread> threads;
+  std::vector<std::exception_ptr> errors;
+};
+
 LocalGroup::LocalGroup(int ranks) {
   if (ranks < 1 || ranks > 1024) throw Error("LocalGroup: needs 1 to 1024 ranks, got " + std::to_string(ranks));
   shared_ = std::make_unique<Shared>(ranks);
 }
 
-LocalGroup::~LocalGroup() = default;
+LocalGroup::~LocalGroup() {
+  if (!started_) return;
+  for (std::thread& t : started_->threads) t.join();
+}
 
 int LocalGroup::size() const { return shared_->ranks; }
 
 void LocalGroup::run(const std::function<void(Communicator&)>& fn) {
+  if (started_) throw Error("LocalGroup::run: the group is started (join it first)");
   Shared& s = *shared_;
-  {
-    const std::lock_guard<std::mutex> lock(s.mu);
-    s.arrived = 0;
-    s.failed = false;
-    s.first_failed = -1;
-  }
+  s.reset();
   std::vector<std::exception_ptr> errors(size_t(s.ranks));
   auto body = [&](int r) {
     LocalComm comm(s, r);
@@ -157,6 +170,48 @@ void LocalGroup::run(const std::function<void(Communicator&)>& fn) {
   for (std::thread& t : threads) t.join();
   // (only a rank that failed on its own fails first: the others throw once the group is poisoned)
   if (s.first_failed >= 0) std::rethrow_exception(errors[size_t(s.first_failed)]);
+}
+
+}  // namespace nextn
+
+namespace nextn {
+
+Communicator& LocalGroup::start(std::function<void(Communicator&)> fn) {
+  if (started_) throw Error("LocalGroup::start: the group is already started");
+  Shared& s = *shared_;
+  s.reset();
+  auto st = std::make_unique<Started>();
+  st->fn = std::move(fn);
+  st->rank0 = std::make_unique<LocalComm>(s, 0);
+  st->errors.resize(size_t(s.ranks));
+  Started* p = st.get();
+  try {
+    for (int r = 1; r < s.ranks; ++r)
+      st->threads.emplace_back([p, &s, r] {
+        LocalComm comm(s, r);
+        try {
+          p->fn(comm);
+        } catch (...) {
+          p->errors[size_t(r)] = std::current_exception();
+          s.fail(r);
+        }
+      });
+  } catch (const std::system_error& e) {
+    s.fail(0);
+    for (std::thread& t : st->threads) t.join();
+    throw Error("LocalGroup: could start only " + std::to_string(st->threads.size() + 1) + " of " +
+                std::to_string(s.ranks) + " rank threads (" + e.what() + ")");
+  }
+  started_ = std::move(st);
+  return *started_->rank0;
+}
+
+void LocalGroup::join() {
+  if (!started_) return;
+  std::unique_ptr<Started> st = std::move(started_);
+  for (std::thread& t : st->threads) t.join();
+  const int first = shared_->first_failed;
+  if (first > 0 && st->errors[size_t(first)]) std::rethrow_exception(st->errors[size_t(first)]);
 }
 
 }  // namespace nextn

@@ -26,6 +26,9 @@ class Communicator {
   // Rank root's `bytes` at data to every rank's data (every rank must pass the same count and root).
   virtual void broadcast(void* data, int64_t bytes, int root) = 0;
   virtual void barrier() = 0;
+  // This rank gives up (an error it cannot share): every rank's pending and later collectives throw
+  // nextn::Error instead of waiting for it (NCCL: ncclCommAbort).
+  virtual void abort() = 0;
 };
 
 // data[i] = Σ over ranks r = 0, 1, ... of rank r's data[i], added in rank order on every rank (see above).
@@ -52,11 +55,19 @@ class LocalGroup {
   LocalGroup& operator=(const LocalGroup&) = delete;
   int size() const;
   void run(const std::function<void(Communicator&)>& fn);
+  // The form a long-lived group takes (TensorParallelModel): ranks 1.. run fn on threads of their own, and the
+  // calling thread gets rank 0's communicator to use as it goes. join() waits for those threads and rethrows
+  // the error of the first rank that failed on its own (none: returns). One start at a time; the destructor
+  // joins a group still started (after rank 0 has told the others to stop, or aborted).
+  Communicator& start(std::function<void(Communicator&)> fn);
+  void join();
 
   struct Shared;
 
  private:
   std::unique_ptr<Shared> shared_;
+  struct Started;
+  std::unique_ptr<Started> started_;
 };
 
 }  // namespace nextn

@@ -18,6 +18,7 @@
 namespace nextn {
 
 class ThreadPool;
+class Communicator;
 
 // Facts about a loaded checkpoint that the engine, `inspect` and `bench` use.
 struct ModelFacts {
@@ -111,6 +112,15 @@ class Model {
     if (device != Device::kCpu) throw Error(facts().model_type + ": the CUDA backend does not run this family yet");
   }
   virtual Device device() const { return Device::kCpu; }
+
+  // Makes this model rank comm.rank() of a tensor-parallel group of comm.size() ranks (docs/parallel.md):
+  // before the first sequence; every rank's model must then run the same target forwards in the same order
+  // (TensorParallelModel, models/common/tensor_parallel.h, sees to it). Throws nextn::Error for a family
+  // that does not shard.
+  virtual void make_tensor_parallel_rank(Communicator& comm) {
+    (void)comm;
+    throw Error(facts().model_type + ": tensor parallelism is not implemented for this family yet");
+  }
 
   // Sizes the shared KV memory (before the first sequence; later calls throw).
   virtual void configure_memory(const MemoryOptions& options) = 0;

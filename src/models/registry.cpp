@@ -2,6 +2,7 @@
 
 #include "core/error.h"
 #include "models/common/config_json.h"
+#include "models/common/tensor_parallel.h"
 #include "models/hy_v4/family.h"
 #include "models/hy_v4/synthetic.h"
 #include "models/qwen4_exp/family.h"
@@ -46,6 +47,15 @@ std::vector<std::string> supported_model_types() {
 }
 
 std::unique_ptr<Model> load_model(const std::string& dir, ThreadPool* pool) { return family_of(dir).load(dir, pool); }
+
+std::unique_ptr<Model> load_model(const std::string& dir, ThreadPool* pool, int tensor_parallel) {
+  if (tensor_parallel < 1 || tensor_parallel > 64)
+    throw Error("--tensor-parallel " + std::to_string(tensor_parallel) + ": must be 1 to 64 ranks");
+  if (tensor_parallel == 1) return load_model(dir, pool);
+  std::vector<std::unique_ptr<Model>> ranks;
+  for (int r = 0; r < tensor_parallel; ++r) ranks.push_back(load_model(dir, pool));  // (the same mapped files)
+  return std::make_unique<TensorParallelModel>(std::move(ranks));
+}
 
 CheckpointReport inspect_model(const std::string& dir, bool scan) {
   const Family* f = &kFamilies[0];

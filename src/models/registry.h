@@ -13,6 +13,9 @@ namespace nextn {
 std::vector<std::string> supported_model_types();
 // Loads DIR with the family its config.json names. Throws nextn::Error naming the file / tensor / field.
 std::unique_ptr<Model> load_model(const std::string& dir, ThreadPool* pool);
+// ... as `tensor_parallel` ranks of a tensor-parallel group (models/common/tensor_parallel.h; 1: load_model):
+// ranks as threads of this process sharing `pool` (the CPU form of what several GPUs run, docs/parallel.md).
+std::unique_ptr<Model> load_model(const std::string& dir, ThreadPool* pool, int tensor_parallel);
 
 // What `inspect` prints about DIR (never throws for checkpoint problems: they are in the report).
 struct CheckpointReport {

@@ -33,6 +33,9 @@ struct Linear {
 
   // Rows [r0, r0 + n) as a Linear of its own (expert slices, fused projections).
   Linear rows(int64_t r0, int64_t n) const;
+  // Input columns [c0, c0 + n) as a Linear of its own (row-parallel shards: each rank multiplies its part of
+  // x). FP8: c0 must start a scale block (else nextn::Error); the bias is dropped (the caller adds it once).
+  Linear columns(int64_t c0, int64_t n) const;
   size_t weight_bytes() const;
 };
 

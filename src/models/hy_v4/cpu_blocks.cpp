@@ -7,6 +7,7 @@
 #include <new>
 #include <type_traits>
 
+#include "core/communicator.h"
 #include "core/error.h"
 #include "core/finite.h"
 #include "core/profile.h"
@@ -65,15 +66,49 @@ float* HYV4CpuBlocks::act(HYV4Act a) {
   throw Error("internal: unknown activation");
 }
 
-// Embedding, copied into every HC stream.
+void HYV4CpuBlocks::set_tensor_parallel(Communicator* comm, std::vector<UnitRange> vocab) {
+  if (comm && vocab.size() != size_t(comm->size()))
+    throw Error("internal: tensor parallel blocks need every rank's vocabulary rows");
+  comm_ = comm;
+  vocab_ = std::move(vocab);
+  ws_.rows = 0;  // (the workspace grows the gather buffers at the next reserve or forward)
+}
+
+void HYV4CpuBlocks::sum_over_ranks(float* y, int64_t count) {
+  if (comm_) all_reduce_sum(*comm_, y, count, tp_gather_);
+}
+
+// Embedding, copied into every HC stream. Tensor parallel: each rank decodes the rows of its vocabulary, and
+// every rank takes each row from its owner (moved, not summed: the same bits as one rank's).
 void HYV4CpuBlocks::embed_streams(const Linear& embed) {
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
-  for (const HYV4RowSpan& sp : spans_) {
+  const int me = comm_ ? comm_->rank() : 0;
+  auto owner = [&](int32_t t) {
+    int r = 0;
+    while (comm_ && t >= vocab_[size_t(r)].end) ++r;
+    return r;
+  };
+  const int64_t v0 = comm_ ? vocab_[size_t(me)].begin : 0;
+  for (const HYV4RowSpan& sp : spans_)
     for (int64_t r = 0; r < sp.rows; ++r) {
-      float* X = ws_.streams.data() + (sp.first_row + r) * C * H;
-      ops::dequant_row(embed, sp.tokens[r], X);
-      for (int64_t j = 1; j < C; ++j) std::copy(X, X + H, X + j * H);
+      float* x = comm_ ? ws_.x.data() + (sp.first_row + r) * H : ws_.streams.data() + (sp.first_row + r) * C * H;
+      if (owner(sp.tokens[r]) == me)
+        ops::dequant_row(embed, sp.tokens[r] - v0, x);
+      else
+        std::fill(x, x + H, 0.0f);
     }
+  if (comm_) {
+    comm_->all_gather(ws_.x.data(), S_ * H * int64_t(sizeof(float)), tp_gather_.data());  // [ranks, S, H]
+    for (const HYV4RowSpan& sp : spans_)
+      for (int64_t r = 0; r < sp.rows; ++r) {
+        const int64_t s = sp.first_row + r;
+        const float* src = tp_gather_.data() + (owner(sp.tokens[r]) * S_ + s) * H;
+        std::copy(src, src + H, ws_.streams.data() + s * C * H);
+      }
+  }
+  for (int64_t s = 0; s < S_; ++s) {
+    float* X = ws_.streams.data() + s * C * H;
+    for (int64_t j = 1; j < C; ++j) std::copy(X, X + H, X + j * H);
   }
 }
 
@@ -102,12 +137,17 @@ void HYV4CpuBlocks::hyper_pre(const HyperConnectionWeights& hc, const std::vecto
 }
 
 void HYV4CpuBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4Out out) {
-  attention(L, layer);
+  if (cfg_.num_attention_heads > 0)
+    attention(L, layer);
+  else  // a tensor-parallel rank without heads: its part of the sum is zero
+    std::fill(ws_.y.begin(), ws_.y.begin() + S_ * cfg_.hidden_size, 0.0f);
+  sum_over_ranks(ws_.y.data(), S_ * cfg_.hidden_size);
   deliver(out);
 }
 
 size_t HYV4CpuBlocks::ffn(const FfnWeights& F, HYV4Out out) {
   const size_t bytes = ffn(F);
+  sum_over_ranks(ws_.y.data(), S_ * cfg_.hidden_size);
   deliver(out);
   return bytes;
 }
@@ -158,7 +198,7 @@ void HYV4CpuBlocks::logits(const Linear& lm_head, float* out) {
   int64_t logit_rows = 0;
   for (const HYV4RowSpan& sp : spans_) logit_rows += sp.all_logits ? sp.rows : 1;
   if (logit_rows == S_) {
-    lm_head_rows(lm_head, ws_.hidden.data(), S_, out, nullptr, 0);
+    project_logits(lm_head, ws_.hidden.data(), S_, out);
   } else {
     // Only some rows need logits (prefill segments: their last): gather them, then one lm_head over all, so
     // that its weights are read once per forward (rows are independent in the matmul).
@@ -169,7 +209,7 @@ void HYV4CpuBlocks::logits(const Linear& lm_head, float* out) {
       std::copy(ws_.hidden.begin() + first * H, ws_.hidden.begin() + (first + rows) * H, ws_.x.begin() + n * H);
       n += rows;
     }
-    lm_head_rows(lm_head, ws_.x.data(), n, out, nullptr, 0);
+    project_logits(lm_head, ws_.x.data(), n, out);
   }
   int64_t row = 0;  // the spans that want only their rows' argmax
   for (const HYV4RowSpan& sp : spans_) {
@@ -181,9 +221,33 @@ void HYV4CpuBlocks::logits(const Linear& lm_head, float* out) {
 
 void HYV4CpuBlocks::lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out,
                                  int32_t* argmax, int64_t argmax_rows) {
-  const profile::Sections prof(sections::kLmHead);
-  ops::matmul(pool_, hidden, rows, lm_head, out);
+  project_logits(lm_head, hidden, rows, out);
   if (argmax_rows > 0) finite_argmax_rows(out, argmax_rows, cfg_.vocab_size, argmax);
+}
+
+// out [rows, V] = lm_head(hidden [rows, H]). Tensor parallel: each rank its vocabulary's columns, padded to the
+// largest part for the gather, then every part into place.
+void HYV4CpuBlocks::project_logits(const Linear& lm_head, const float* hidden, int64_t rows, float* out) {
+  const profile::Sections prof(sections::kLmHead);
+  if (!comm_) {
+    ops::matmul(pool_, hidden, rows, lm_head, out);
+    return;
+  }
+  const int64_t V = cfg_.vocab_size, width = largest_vocab_part();
+  if (rows > ws_.rows) throw Error("internal: more logit rows than the workspace's");
+  ops::matmul(pool_, hidden, rows, lm_head, tp_logits_.data(), -1, width);
+  comm_->all_gather(tp_logits_.data(), rows * width * int64_t(sizeof(float)), tp_gather_.data());
+  for (size_t r = 0; r < vocab_.size(); ++r)
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* src = tp_gather_.data() + (int64_t(r) * rows + i) * width;
+      std::copy(src, src + vocab_[r].size(), out + i * V + vocab_[r].begin);
+    }
+}
+
+int64_t HYV4CpuBlocks::largest_vocab_part() const {
+  int64_t width = 0;
+  for (const UnitRange& v : vocab_) width = std::max(width, v.size());
+  return width;
 }
 
 int64_t HYV4CpuBlocks::min_parallel_work() const {
@@ -262,6 +326,11 @@ void HYV4CpuBlocks::ensure_workspace(int64_t S, int64_t max_seq) {
   plan(w.idx_scratch, {S, max_seq});
   plan(w.idx_tmp, {S, max_seq});
   plan(w.sel_rows, {S, topk});
+  if (comm_) {  // the gathers: the embedding rows and the partial sums [S, H], the logits [S, vocabulary part]
+    const int64_t part = largest_vocab_part();
+    plan(tp_gather_, {comm_->size(), S, std::max(H, part)});
+    plan(tp_logits_, {S, part});
+  }
   require_memory(bytes, what);
   try {
     for (const auto& allocate : allocations) allocate();
@@ -577,7 +646,10 @@ size_t HYV4CpuBlocks::ffn(const FfnWeights& F) {
                  float* dst) { swiglu_mlp(pool_, g, u, d, limit, in, rows, ws_.ffn_a.data(), ws_.ffn_b.data(), dst); };
   if (!F.sparse) {
     const profile::Sections prof(sections::kDenseMlp);
-    mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, out);
+    if (F.gate_proj.out > 0)
+      mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, out);
+    else  // a tensor-parallel rank with no features of this MLP
+      std::fill(out, out + S * H, 0.0f);
     return 0;
   }
   profile::Sections prof(sections::kRouter);
@@ -591,6 +663,7 @@ size_t HYV4CpuBlocks::ffn(const FfnWeights& F) {
   const float limit = static_cast<float>(c.swiglu_limit);
   int64_t njobs = 0, n = 0;
   for (int64_t e = 0; e < E; ++e) {
+    if (F.expert_gate[e].out == 0) continue;  // another tensor-parallel rank's expert
     const int64_t first = n;
     for (int64_t s = 0; s < S; ++s)
       for (int64_t i = 0; i < k; ++i)

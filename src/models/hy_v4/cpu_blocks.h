@@ -6,12 +6,14 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "models/common/tensor_split.h"
 #include "models/hy_v4/blocks.h"
 #include "models/hy_v4/config.h"
 
 namespace nextn {
 
 class ThreadPool;
+class Communicator;
 
 struct ExpertJob {
   int32_t expert = 0;           // routed expert id, or -1 for the shared expert (all S rows of x)
@@ -78,6 +80,11 @@ class HYV4CpuBlocks final : public HYV4Blocks {
 
   CpuTuning& tuning() { return tuning_; }
   ThreadPool* pool() const { return pool_; }
+  // Makes these the blocks of one tensor-parallel rank (docs/parallel.md), computing over its shard of the
+  // weights (sharding.h) with the config of its head count: the embedding rows of its vocabulary are picked
+  // from their owners' (vocab: every rank's rows, in rank order), the attention and MLP outputs are summed over
+  // the ranks in rank order, and the logits of every rank's vocabulary gathered. Every rank calls every block.
+  void set_tensor_parallel(Communicator* comm, std::vector<UnitRange> vocab);
 
   void reserve(int64_t rows, int64_t positions) override;
   void begin(const HYV4RowSpan* spans, size_t count) override;
@@ -103,6 +110,10 @@ class HYV4CpuBlocks final : public HYV4Blocks {
   size_t ffn(const FfnWeights& F);                             // xn -> y
   void deliver(HYV4Out out);                                   // y -> out
   void ensure_workspace(int64_t S, int64_t max_seq);
+  void project_logits(const Linear& lm_head, const float* hidden, int64_t rows, float* out);
+  int64_t largest_vocab_part() const;
+  // Tensor parallel: y [S, H] summed over the ranks (a no-op on one rank).
+  void sum_over_ranks(float* y, int64_t count);
   // Row stride of the top-k selections: index_topk, but never more than the workspace's positions (a query
   // cannot select more keys than there are).
   int64_t topk_stride() const;
@@ -119,6 +130,11 @@ class HYV4CpuBlocks final : public HYV4Blocks {
   std::vector<HYV4RowSpan> spans_;  // the current forward's segments
   std::vector<int32_t> row_span_;   // [S] span of each row
   int64_t S_ = 0;                   // rows of the current forward
+  // Tensor parallel (null comm_: one rank).
+  Communicator* comm_ = nullptr;
+  std::vector<UnitRange> vocab_;    // every rank's vocabulary rows
+  std::vector<float> tp_gather_;    // [ranks, S, max(H, largest vocabulary part)] gathered parts
+  AlignedFloats tp_logits_;         // [S, this rank's vocabulary rows]
 };
 
 }  // namespace nextn

@@ -13,6 +13,7 @@
 #include "models/common/name_rules.h"
 #include "models/hy_v4/checkpoint_info.h"
 #include "models/hy_v4/model.h"
+#include "models/hy_v4/sharding.h"
 #include "ops/ops.h"
 
 namespace nextn {

@@ -2,6 +2,8 @@
 // the data flow.
 #include "models/hy_v4/model.h"
 #include "models/hy_v4/cuda_blocks.h"
+#include "models/hy_v4/sharding.h"
+#include "core/communicator.h"
 #include "ops/cuda/cuda_ops.h"
 
 #include <algorithm>
@@ -30,6 +32,7 @@ void HYV4Model::prefault(bool progress) const { prefault_weights(store_, dir_, p
 void HYV4Model::use_device(Device device) {
   if (device == device_) return;
   if (target_pool_) throw Error("use_device: the model already has sequences on its current device");
+  if (shard_) throw Error("--device cuda: tensor parallelism runs on the CPU backend only so far");
   if (device == Device::kCuda) {
     std::string why;
     if (!cuda::available(&why)) throw Error("--device cuda: " + why);
@@ -46,6 +49,17 @@ void HYV4Model::use_device(Device device) {
   device_ = device;
 }
 
+void HYV4Model::make_tensor_parallel_rank(Communicator& comm) {
+  if (target_pool_) throw Error("tensor parallel: the model already has sequences");
+  if (device_ != Device::kCpu) throw Error("tensor parallel: runs on the CPU backend only so far");
+  shard_ = std::make_unique<HYV4Shard>(shard_target(cfg_, w_, comm.rank(), comm.size()));
+  shard_blocks_ = std::make_unique<HYV4CpuBlocks>(shard_->config, cpu_blocks_->pool());
+  shard_blocks_->tuning() = cpu_blocks_->tuning();
+  shard_blocks_->set_tensor_parallel(&comm, shard_->vocab);
+}
+
+HYV4Blocks& HYV4Model::target_blocks() { return shard_ ? *shard_blocks_ : *blocks_; }
+const HYV4Weights& HYV4Model::target_weights() const { return shard_ ? shard_->weights : w_; }
 
 size_t HYV4Model::weight_bytes_with(size_t routed_bytes) const {
   size_t total = w_.lm_head.weight_bytes() + routed_bytes;
@@ -267,6 +281,7 @@ void HYV4Model::prompt_draft_logits(const int32_t* tokens, int64_t T, const floa
 
 void HYV4Model::reserve_batch(int64_t rows, int64_t positions) {
   blocks_->reserve(rows, positions);
+  if (shard_) shard_blocks_->reserve(rows, positions);
   spans_.reserve(static_cast<size_t>(rows));
 }
 
@@ -315,23 +330,26 @@ void HYV4Model::forward(const CacheSegment* segments, size_t count, float* logit
   if (S == 0) return;
   for (const CacheSegment* g = segments; g != segments + count; ++g)
     if (g->rows > 0) g->cache->prepare(g->rows);
-  blocks_->begin(spans_.data(), spans_.size());  // (after prepare: a backend may read the page tables)
+  // (tensor parallel: this rank's blocks over its shard; every rank runs this builder with the same rows)
+  HYV4Blocks& b = target_blocks();
+  const HYV4Weights& w = target_weights();
+  b.begin(spans_.data(), spans_.size());  // (after prepare: a backend may read the page tables)
 
   size_t routed_bytes = 0;
-  blocks_->embed_streams(w_.embed);  // streams [S, C, H]
-  for (size_t li = 0; li < w_.layers.size(); ++li) {
-    const DecoderLayerWeights& L = w_.layers[li];
-    blocks_->hyper_pre(L.attn_hc, L.input_norm);  // xn [S, H]
-    blocks_->attention(L, li, HYV4Out::kHyperPost);  // into the streams
-    blocks_->hyper_pre(L.ffn_hc, L.post_attn_norm);
-    routed_bytes += blocks_->ffn(L.ffn, HYV4Out::kHyperPost);
+  b.embed_streams(w.embed);  // streams [S, C, H]
+  for (size_t li = 0; li < w.layers.size(); ++li) {
+    const DecoderLayerWeights& L = w.layers[li];
+    b.hyper_pre(L.attn_hc, L.input_norm);  // xn [S, H]
+    b.attention(L, li, HYV4Out::kHyperPost);  // into the streams
+    b.hyper_pre(L.ffn_hc, L.post_attn_norm);
+    routed_bytes += b.ffn(L.ffn, HYV4Out::kHyperPost);
   }
-  blocks_->hc_head(w_.hc_head_fn, w_.hc_head_base, w_.hc_head_scale, w_.final_norm);  // hidden [S, H]
-  blocks_->finish();
+  b.hc_head(w.hc_head_fn, w.hc_head_base, w.hc_head_scale, w.final_norm);  // hidden [S, H]
+  b.finish();
   for (const HYV4RowSpan& sp : spans_) sp.cache->advance(sp.rows);
   last_routed_bytes_ = routed_bytes;
-  if (hidden_out) blocks_->read_hidden(0, S, hidden_out);
-  if (logits_out) blocks_->logits(w_.lm_head, logits_out);
+  if (hidden_out) b.read_hidden(0, S, hidden_out);
+  if (logits_out) b.logits(w.lm_head, logits_out);
 }
 
 void HYV4Model::check_draft_request(const DraftRequest& r) const {

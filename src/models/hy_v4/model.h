@@ -28,6 +28,7 @@
 namespace nextn {
 
 class ThreadPool;
+struct HYV4Shard;
 
 struct HyperConnectionWeights {  // attn_hc / ffn_hc (fp32, tiny)
   Linear fn;                     // [2C, C*H]
@@ -143,6 +144,9 @@ class HYV4Model : public Model {
   void prefault(bool progress) const override;
   bool runs_on(Device) const override { return true; }
   void use_device(Device device) override;
+  // This model as rank comm.rank() of a tensor-parallel group (sharding.h): its target forwards compute over
+  // its shard and meet the other ranks in comm's collectives; MTP forwards stay whole and local (rank 0's).
+  void make_tensor_parallel_rank(Communicator& comm) override;
   Device device() const override { return device_; }
   void configure_memory(const MemoryOptions& options) override;
   bool can_admit(int64_t capacity, bool drafting) const override;
@@ -218,6 +222,9 @@ class HYV4Model : public Model {
   void require_cache_fits(int64_t capacity, bool target, const char* what) const;
   int64_t own_pool_page(int64_t capacity) const;
   void ensure_pools();
+  // The target forward's blocks and weights: this rank's shard's when tensor parallel, else the whole model's.
+  HYV4Blocks& target_blocks();
+  const HYV4Weights& target_weights() const;
 
   std::string dir_;
   HYV4Config cfg_;
@@ -228,6 +235,8 @@ class HYV4Model : public Model {
   std::unique_ptr<HYV4CpuBlocks> cpu_blocks_;
   std::unique_ptr<HYV4Blocks> device_blocks_;  // the CUDA backend's, when use_device(kCuda)
   HYV4Blocks* blocks_ = nullptr;
+  std::unique_ptr<HYV4Shard> shard_;             // tensor parallel: this rank's part of the target
+  std::unique_ptr<HYV4CpuBlocks> shard_blocks_;  // ... and the blocks that compute over it
   Device device_ = Device::kCpu;
   std::vector<HYV4RowSpan> spans_;
   ChainedDraftDriver<HYV4Model> draft_driver_;

@@ -120,11 +120,30 @@ Linear Linear::rows(int64_t r0, int64_t n) const {
   return s;
 }
 
+Linear Linear::columns(int64_t c0, int64_t n) const {
+  if (c0 < 0 || n < 0 || c0 + n > in)
+    throw Error("Linear::columns: columns [" + std::to_string(c0) + ", " + std::to_string(c0 + n) +
+                ") out of range for a weight with " + std::to_string(in) + " columns");
+  Linear s = *this;
+  s.in = n;
+  s.row_stride = stride_of(*this);
+  s.data = static_cast<const unsigned char*>(data) + static_cast<size_t>(c0) * dtype_size(dtype);
+  s.bias = nullptr;
+  if (dtype == DType::F8_E4M3) {
+    if (block_in <= 0 || c0 % block_in != 0)
+      throw Error("Linear::columns: FP8 columns from " + std::to_string(c0) + " do not start a scale block of " +
+                  std::to_string(block_in));
+    s.scale_cols = scale_cols_of(*this);  // (the stride between scale rows stays the whole matrix's)
+    if (scale) s.scale = static_cast<const unsigned char*>(scale) + static_cast<size_t>(c0 / block_in) * dtype_size(scale_dtype);
+  }
+  return s;
+}
+
 size_t Linear::weight_bytes() const {
   size_t bytes = static_cast<size_t>(out) * static_cast<size_t>(in) * dtype_size(dtype);
-  if (dtype == DType::F8_E4M3 && scale && block_out > 0) {
+  if (dtype == DType::F8_E4M3 && scale && block_out > 0 && block_in > 0) {
     const int64_t scale_rows = (scale_row0 + out + block_out - 1) / block_out;
-    bytes += static_cast<size_t>(scale_rows * scale_cols_of(*this)) * dtype_size(scale_dtype);
+    bytes += static_cast<size_t>(scale_rows * ((in + block_in - 1) / block_in)) * dtype_size(scale_dtype);
   }
   if (bias) bytes += static_cast<size_t>(out) * sizeof(float);
   return bytes;

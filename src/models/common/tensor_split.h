@@ -1,0 +1,33 @@
+// How tensor-parallel ranks split a dimension (heads, intermediate features, experts, vocabulary rows):
+// contiguous ranges in rank order, as even as the alignment allows (docs/parallel.md).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+namespace nextn {
+
+struct UnitRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// `units` units (each `unit_cols` columns of the row-parallel matrix they feed) over `ranks` ranks, every
+// boundary at a multiple of `align` columns (an FP8 matrix's scale block: a column slice must start one;
+// 1: any). Units go in groups of the fewest whose columns are a multiple of align, the groups as evenly as
+// possible, a remainder to the later ranks (rank 0 also runs the MTP layers): a rank may get none (e.g. 4 heads
+// of 32 columns over 2 ranks with 128-column blocks: all on rank 1).
+inline std::vector<UnitRange> split_units(int64_t units, int64_t unit_cols, int64_t align, int ranks) {
+  const int64_t cols = unit_cols > 0 ? unit_cols : 1, a = align > 0 ? align : 1;
+  const int64_t group = a / std::gcd(cols, a);  // units per aligned group
+  const int64_t groups = (units + group - 1) / group;
+  std::vector<UnitRange> out;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t g0 = groups * r / ranks, g1 = groups * (r + 1) / ranks;
+    out.push_back({std::min(units, g0 * group), std::min(units, g1 * group)});
+  }
+  return out;
+}
+
+}  // namespace nextn
