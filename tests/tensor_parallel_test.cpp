@@ -278,6 +278,78 @@ TEST(TensorParallel, BadInputIsRefusedBeforeAnyRankStartsAndTheGroupGoesOn) {
   EXPECT_EQ(seq->length(), 8);
 }
 
+// A rank's model that fails on its own (as an allocation on one GPU would) once armed.
+class FailingRank final : public Model {
+ public:
+  FailingRank(std::unique_ptr<Model> inner, const bool* armed) : inner_(std::move(inner)), armed_(armed) {}
+  const ModelFacts& facts() const override { return inner_->facts(); }
+  void prefault(bool progress) const override { inner_->prefault(progress); }
+  void make_tensor_parallel_rank(Communicator& comm) override { inner_->make_tensor_parallel_rank(comm); }
+  void configure_memory(const MemoryOptions& o) override { inner_->configure_memory(o); }
+  bool can_admit(int64_t c, bool d) const override { return inner_->can_admit(c, d); }
+  bool could_ever_admit(int64_t c, bool d) const override { return inner_->could_ever_admit(c, d); }
+  std::string memory_summary() const override { return inner_->memory_summary(); }
+  double kv_usage() const override { return inner_->kv_usage(); }
+  std::unique_ptr<SequenceState> new_sequence(int64_t c) override { return inner_->new_sequence(c); }
+  std::unique_ptr<DraftSession> new_draft_session(SequenceState& s, const DraftOptions& o) override {
+    return inner_->new_draft_session(s, o);
+  }
+  void reserve_batch(int64_t r, int64_t p) override { inner_->reserve_batch(r, p); }
+  void forward(const BatchSegment* s, size_t n, float* logits, float* hidden) override {
+    if (*armed_) throw Error("a rank ran out of device memory");
+    inner_->forward(s, n, logits, hidden);
+  }
+  void run_draft_rounds(DraftRound* const* r, size_t n) override { inner_->run_draft_rounds(r, n); }
+  void prompt_draft_logits(const int32_t* t, int64_t T, const float* h, float* l) override {
+    inner_->prompt_draft_logits(t, T, h, l);
+  }
+  size_t checkpoint_bytes() const override { return inner_->checkpoint_bytes(); }
+  size_t weight_bytes_total() const override { return inner_->weight_bytes_total(); }
+  size_t last_forward_weight_bytes() const override { return inner_->last_forward_weight_bytes(); }
+  int64_t kv_bytes_per_position(bool d) const override { return inner_->kv_bytes_per_position(d); }
+  int64_t memory_bytes_for(int64_t s, int64_t c, int64_t p) const override { return inner_->memory_bytes_for(s, c, p); }
+
+ private:
+  std::unique_ptr<Model> inner_;
+  const bool* armed_;
+};
+
+TEST(TensorParallel, ARankThatFailsAloneStopsTheGroupWithItsErrorInsteadOfAHang) {
+  ThreadPool pool(2);
+  const std::string dir = testing::fixture_path("hy_v4/a_fp32");
+  for (int failing : {0, 1, 2}) {
+    bool armed = false;
+    std::vector<std::unique_ptr<Model>> ranks;
+    for (int r = 0; r < 3; ++r) {
+      auto m = load_model(dir, &pool);
+      ranks.push_back(r == failing ? std::make_unique<FailingRank>(std::move(m), &armed) : std::move(m));
+    }
+    TensorParallelModel tp(std::move(ranks));
+    const int64_t V = tp.facts().vocab_size;
+    const auto p = random_prompt(12, V, 9);
+    auto seq = tp.new_sequence(12);
+    std::vector<float> logits(size_t(12 * V));
+    BatchSegment seg{seq.get(), p.data(), 6, true, nullptr};
+    tp.forward(&seg, 1, logits.data(), nullptr);
+    armed = true;
+    seg.tokens = p.data() + 6;
+    try {
+      tp.forward(&seg, 1, logits.data(), nullptr);
+      ADD_FAILURE() << "rank " << failing << "'s failure went unnoticed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("ran out of device memory"), std::string::npos) << e.what();
+    }
+    try {
+      tp.forward(&seg, 1, logits.data(), nullptr);
+      ADD_FAILURE() << "a failed group went on";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("failed earlier: "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("ran out of device memory"), std::string::npos) << e.what();
+    }
+    seq.reset();  // (dropping a sequence of a failed group is quiet)
+  }
+}
+
 TEST(TensorParallel, RefusesWhatItCannotShard) {
   ThreadPool pool(2);
   try {

@@ -131,6 +131,8 @@ int max_threads() {
 
 int thread_count(const Args& a) { return a.get_int("threads", 0, 0, max_threads()); }
 
+int tensor_parallel(const Args& a) { return a.get_int("tensor-parallel", 1, 1, 64); }
+
 void check_output_outside_checkpoint(const std::string& output, const std::string& model_dir) {
   namespace fs = std::filesystem;
   std::error_code ec;

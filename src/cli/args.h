@@ -57,6 +57,8 @@ double parse_double(const std::string& text, const std::string& what, const Real
 int max_threads();
 // --threads: 0 (or absent) = all cores, 1..max_threads(); anything else is a UsageError.
 int thread_count(const Args& a);
+// --tensor-parallel: ranks of a tensor-parallel group, 1 (absent) to 64 (docs/parallel.md).
+int tensor_parallel(const Args& a);
 
 // Refuses (UsageError) an --output path that would overwrite or join the checkpoint in `model_dir`: one of
 // its files (through symlinks too, as in a hub cache whose files link to blobs), or a new .safetensors file

@@ -54,6 +54,7 @@ concurrency.
   --tokens N         decode tokens per measurement (default 64)
   --prompt-tokens N  prompt length (default 64)
   --threads N        worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
+  --tensor-parallel N  N tensor-parallel ranks (docs/parallel.md; HY V4 on the CPU: ranks as threads)
   --device cpu|cuda  where the model runs (default cpu); with cuda every bandwidth is the GPU's
                      device-to-device copy bandwidth ((read + write) / time over 2 GiB), measured likewise
   --repeats N        passes (default 3; one pass is at the mercy of a noisy machine): decode is measured
@@ -499,7 +500,7 @@ std::string rounds_at_k_text(const std::vector<int64_t>& at_k) {
 int run_bench(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "synthetic"},
          {"model", "dtype", "mlp", "layers", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats", "oracle-acceptance",
-          "concurrency", "concurrency-k", "device"});
+          "concurrency", "concurrency-k", "device", "tensor-parallel"});
   if (a.has("help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
@@ -528,7 +529,7 @@ int run_bench(int argc, char** argv) {
 
   // Loading maps the weights (prefault reads them, below): the options are checked against the checkpoint
   // before anything is measured.
-  const std::unique_ptr<Model> loaded = load_model(dir, &pool);
+  const std::unique_ptr<Model> loaded = load_model(dir, &pool, tensor_parallel(a));
   Model& m = *loaded;
   const ModelFacts& facts = m.facts();
   check_against_facts(o, facts);

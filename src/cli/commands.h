@@ -52,6 +52,6 @@ struct RequestDefaults {
 // `nextn generate --requests FILE.jsonl` (src/cli/requests.cpp): exit status 0, or 1 when a request failed.
 int run_requests(const std::string& path, const RequestDefaults& defaults, const std::string& model_dir,
                  const Tokenizer* tok, int threads, const MemoryOptions& memory, int max_sequences,
-                 const std::string& device);
+                 const std::string& device, int tensor_parallel);
 
 }  // namespace nextn::cli

@@ -127,6 +127,9 @@ sampled output is distributed exactly as the target's.
   --threads N               worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
   --device cpu|cuda|auto    where the model runs (default auto: the GPU when there is one and the CUDA
                             backend runs the model's family, HY V4 so far; else the CPU)
+  --tensor-parallel N       run the model as N tensor-parallel ranks (heads, MLP features, experts and
+                            vocabulary split, docs/parallel.md); on the CPU the ranks are threads of this
+                            process (a test of what several GPUs run, no faster); HY V4 so far
   --requests FILE.jsonl     run many requests at once (continuous batching): one JSON object a line with
                             "ids" or "prompt" and optionally max_tokens, temperature, top_k, top_p, min_p,
                             seed, speculative_tokens (0: plain), ignore_eos, stop, logprobs (the options
@@ -156,6 +159,7 @@ MTP layer 0 over the prompt, position p fed token p+1 and the target's hidden st
   --draft         also write draft_logits
   --threads N     worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
   --device D      cpu, cuda or auto (default: the GPU when there is one and it runs the model's family)
+  --tensor-parallel N  as N tensor-parallel ranks (docs/parallel.md; HY V4, CPU)
 )";
 
 [[noreturn]] void usage_exit(const char* usage, const std::string& msg) {
@@ -192,7 +196,7 @@ int run_generate(int argc, char** argv) {
          {"model", "ids", "prompt", "max-tokens", "speculative-tokens", "temperature", "top-k", "top-p", "min-p",
           "seed", "repetition-penalty", "presence-penalty", "frequency-penalty", "stop", "stop-id",
           "relaxed-acceptance", "adaptive", "threads", "logprobs", "requests", "kv-cache-mb", "max-sequences",
-          "device"});
+          "device", "tensor-parallel"});
   if (a.has("help")) {
     std::fputs(kGenerateUsage, stdout);
     return 0;
@@ -258,7 +262,7 @@ int run_generate(int argc, char** argv) {
     if (a.has("ids") || a.has("prompt")) throw UsageError("--requests takes the prompts from its file: drop --ids/--prompt");
     RequestDefaults d{sp, so, a.has("ignore-eos")};
     return run_requests(a.get("requests"), d, model_dir, tok.get(), thread_count(a), memory,
-                        a.get_int("max-sequences", 256, 1, 1 << 20), device_option(a));
+                        a.get_int("max-sequences", 256, 1, 1 << 20), device_option(a), tensor_parallel(a));
   }
   std::vector<int32_t> prompt;
   if (a.has("ids")) {
@@ -285,7 +289,7 @@ int run_generate(int argc, char** argv) {
   }();
 
   ThreadPool pool(thread_count(a));
-  const std::unique_ptr<Model> loaded = load_model(model_dir, &pool);
+  const std::unique_ptr<Model> loaded = load_model(model_dir, &pool, tensor_parallel(a));
   Model& model = *loaded;
   model.prefault(/*progress=*/true);
   const std::string where = place_model(model, device_option(a));
@@ -355,7 +359,7 @@ int run_tokenize(int argc, char** argv, bool detok) {
 }
 
 int run_logits(int argc, char** argv) {
-  Args a(argc, argv, 2, {"help", "draft"}, {"model", "ids", "output", "threads", "device"});
+  Args a(argc, argv, 2, {"help", "draft"}, {"model", "ids", "output", "threads", "device", "tensor-parallel"});
   if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
   if (a.has("help")) {
     std::fputs(kLogitsUsage, stdout);
@@ -366,7 +370,7 @@ int run_logits(int argc, char** argv) {
   check_output_outside_checkpoint(a.get("output"), a.get("model"));
   auto ids = parse_id_list(a.get("ids"), "--ids");
   ThreadPool pool(thread_count(a));
-  const std::unique_ptr<Model> loaded = load_model(a.get("model"), &pool);
+  const std::unique_ptr<Model> loaded = load_model(a.get("model"), &pool, tensor_parallel(a));
   Model& model = *loaded;
   model.prefault(/*progress=*/false);  // (also refuses a checkpoint holding NaN or inf, naming the tensor)
   place_model(model, device_option(a));

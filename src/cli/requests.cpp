@@ -143,11 +143,11 @@ json result_json(Job& job) {
 
 int run_requests(const std::string& path, const RequestDefaults& defaults, const std::string& model_dir,
                  const Tokenizer* tok, int threads, const MemoryOptions& memory, int max_sequences,
-                 const std::string& device) {
+                 const std::string& device, int tensor_parallel) {
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot open the requests file");
   ThreadPool pool(threads);
-  const std::unique_ptr<Model> model = load_model(model_dir, &pool);
+  const std::unique_ptr<Model> model = load_model(model_dir, &pool, tensor_parallel);
   model->prefault(/*progress=*/true);
   place_model(*model, device);
   model->configure_memory(memory);

@@ -43,6 +43,9 @@ target's, sampled output is distributed as the target's. docs/server.md has the 
   --threads N               compute threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
   --device cpu|cuda|auto    where the model runs (default auto: the GPU when there is one and the CUDA
                             backend runs the model's family, HY V4 so far; else the CPU)
+  --tensor-parallel N       run the model as N tensor-parallel ranks (heads, MLP features, experts and
+                            vocabulary split, docs/parallel.md); on the CPU the ranks are threads of this
+                            process (a test of what several GPUs run, no faster); HY V4 so far
 )";
 
 std::string model_name(const std::string& dir) {
@@ -63,7 +66,7 @@ std::optional<serve::ChatTemplate> chat_template(const Args& a, const std::strin
 int run_serve(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "no-speculate"},
          {"model", "host", "port", "served-model-name", "chat-template", "speculative-tokens", "max-sequences",
-          "max-queue", "kv-cache-mb", "max-body-kb", "http-threads", "threads", "device"});
+          "max-queue", "kv-cache-mb", "max-body-kb", "http-threads", "threads", "device", "tensor-parallel"});
   if (a.has("help")) {
     std::fputs(kServeUsage, stdout);
     return 0;
@@ -85,7 +88,7 @@ int run_serve(int argc, char** argv) {
   memory.kv_cache_bytes = int64_t(a.get_int("kv-cache-mb", 512, 1, 1 << 30)) << 20;
 
   ThreadPool pool(thread_count(a));
-  const std::unique_ptr<Model> model = load_model(dir, &pool);
+  const std::unique_ptr<Model> model = load_model(dir, &pool, tensor_parallel(a));
   model->prefault(/*progress=*/true);
   const std::string where = place_model(*model, device_option(a));
   model->configure_memory(memory);

@@ -33,6 +33,12 @@ class TensorParallelModel final : public Model {
   Model& rank0() { return *models_[0]; }
 
   const ModelFacts& facts() const override { return models_[0]->facts(); }
+  // The ranks run on the CPU backend (threads of this process) until the NCCL form (docs/parallel.md).
+  bool runs_on(Device device) const override { return device == Device::kCpu; }
+  void use_device(Device device) override {
+    if (device != Device::kCpu)
+      throw Error("--tensor-parallel: the ranks run on the CPU backend only so far (GPUs over NCCL: docs/parallel.md)");
+  }
   void prefault(bool progress) const override;
   void configure_memory(const MemoryOptions& options) override;
   bool can_admit(int64_t capacity, bool drafting) const override { return models_[0]->can_admit(capacity, drafting); }
