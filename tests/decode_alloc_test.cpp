@@ -11,6 +11,7 @@
 #include "core/threadpool.h"
 #include "models/hy_v4/model.h"
 #include "models/qwen4_exp/model.h"
+#include "models/registry.h"
 #include "engine/generator.h"
 #include "test_util.h"
 
@@ -142,6 +143,30 @@ TEST(DecodeHotPath, GenerationAllocationsDoNotGrowWithLength) {
 
 TEST(DecodeHotPath, FixtureStepsDoNotAllocate) {
   for (const char* f : {"a_fp32", "b_fp32", "c_bf16"}) check_steps_do_not_allocate(testing::fixture_dir(f), 3, 0);
+}
+
+// Tensor parallel: rank 0's command, every rank's forward and their collectives allocate nothing once warm
+// (the rank threads count too: operator new is the process's).
+TEST(DecodeHotPath, TensorParallelStepsDoNotAllocate) {
+  ThreadPool pool(2);
+  const auto m = load_model(testing::fixture_dir("a_fp32"), &pool, 3);
+  const int64_t V = m->facts().vocab_size, H = m->facts().hidden_width;
+  const int64_t n = 3 * m->facts().sparse_budget / 2 + 5;
+  std::vector<int32_t> prompt(n);
+  for (int64_t i = 0; i < n; ++i) prompt[i] = int32_t(3 + (i * 7919) % (V - 3));
+  auto seq = m->new_sequence(n + 16);
+  std::vector<float> logits(8 * V), hidden(std::max<int64_t>(n, 8) * H);
+  const BatchSegment pre{seq.get(), prompt.data(), n, false};
+  m->forward(&pre, 1, logits.data(), hidden.data());
+  int32_t toks[8], argmax[8];
+  for (int i = 0; i < 8; ++i) toks[i] = int32_t(3 + (i * 31 + 5) % (V - 3));
+  auto round = [&](int rows) {
+    const BatchSegment seg{seq.get(), toks, rows, true, rows % 2 ? argmax : nullptr};
+    m->forward(&seg, 1, logits.data(), hidden.data());
+    seq->rollback(n);
+  };
+  for (int rows : {1, 2, 4, 8}) round(rows);
+  for (int rows : {1, 4, 8, 2}) EXPECT_EQ(news_during([&] { round(rows); }), 0) << "rows " << rows;
 }
 
 // Qwen4-Exp through the Model interface: verify steps of 1..8 rows rolled back by state slot, MTP draft rows
