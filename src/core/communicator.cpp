@@ -33,6 +33,22 @@ RankBest global_argmax(Communicator& comm, RankBest mine) {
   return best;
 }
 
+void global_argmax_rows(Communicator& comm, const RankBest* mine, int64_t rows, int32_t* out,
+                        std::vector<RankBest>& scratch) {
+  if (rows < 0) throw Error("global_argmax_rows: negative row count");
+  const int n = comm.size();
+  if (int64_t(scratch.size()) < n * rows) scratch.resize(size_t(n * rows));
+  comm.all_gather(mine, rows * int64_t(sizeof(RankBest)), scratch.data());
+  for (int64_t i = 0; i < rows; ++i) {
+    RankBest best = scratch[size_t(i)];
+    for (int r = 0; r < n && best.id >= 0; ++r) {
+      const RankBest& b = scratch[size_t(r * rows + i)];
+      if (b.id < 0 || b.value > best.value || (b.value == best.value && b.id < best.id)) best = b;
+    }
+    out[i] = static_cast<int32_t>(best.id);
+  }
+}
+
 // Each collective is two rounds of a generation barrier: every rank publishes its buffer and count, all wait;
 // each reads what it needs from the others' buffers, all wait again (so no buffer is left while another rank
 // still reads it). A failed rank poisons the group: every wait then throws.

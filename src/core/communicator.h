@@ -42,6 +42,11 @@ struct RankBest {
   int64_t id;
 };
 RankBest global_argmax(Communicator& comm, RankBest mine);
+// The same for `rows` rows in one collective: out[i] = the global id of row i's largest value, or -1 where some
+// rank's part of the row holds a NaN or inf (that rank passes id -1: finite_argmax's answer for the whole row).
+// scratch: grown to size() · rows entries as needed.
+void global_argmax_rows(Communicator& comm, const RankBest* mine, int64_t rows, int32_t* out,
+                        std::vector<RankBest>& scratch);
 
 // `ranks` ranks as threads of this process over shared memory. run(fn) calls fn with each rank's communicator
 // on a thread of its own and returns when all have returned; if any rank throws, the ranks waiting in a

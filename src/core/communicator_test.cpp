@@ -90,6 +90,25 @@ TEST(LocalGroup, GlobalArgmaxTakesTheLargestValueTiesToTheLowerId) {
   });
 }
 
+TEST(LocalGroup, GlobalArgmaxRowsAnswersEveryRowInOneGatherAndMinusOneForANonFiniteRow) {
+  LocalGroup group(3);
+  group.run([&](Communicator& c) {
+    // best[row][rank]. Row 0: rank 1's wins; row 1: a tie of ranks 0 and 2 goes to the lower id (rank 2's);
+    // row 2: rank 2's part holds a NaN, so the row's answer is -1 whatever the others found.
+    const RankBest best[3][3] = {{{1.0f, 3}, {5.0f, 9}, {2.0f, 12}},
+                                 {{4.0f, 4}, {3.0f, 8}, {4.0f, 1}},
+                                 {{-2.0f, 7}, {4.0f, 18}, {0.0f, -1}}};
+    std::vector<RankBest> row_best(3);
+    for (int i = 0; i < 3; ++i) row_best[size_t(i)] = best[i][c.rank()];
+    std::vector<RankBest> scratch;
+    int32_t out[3] = {99, 99, 99};
+    global_argmax_rows(c, row_best.data(), 3, out, scratch);
+    EXPECT_EQ(out[0], 9);
+    EXPECT_EQ(out[1], 1);
+    EXPECT_EQ(out[2], -1);
+  });
+}
+
 TEST(LocalGroup, RanksThatDisagreeOnASizeAllFailInsteadOfHanging) {
   LocalGroup group(3);
   int errors = 0;

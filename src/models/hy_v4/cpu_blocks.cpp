@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <new>
 #include <type_traits>
 
@@ -196,7 +197,15 @@ void HYV4CpuBlocks::read_hidden(int64_t first, int64_t rows, float* out) {
 void HYV4CpuBlocks::logits(const Linear& lm_head, float* out) {
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
   int64_t logit_rows = 0;
-  for (const HYV4RowSpan& sp : spans_) logit_rows += sp.all_logits ? sp.rows : 1;
+  bool argmax_only = true;
+  for (const HYV4RowSpan& sp : spans_) {
+    logit_rows += sp.all_logits ? sp.rows : 1;
+    argmax_only = argmax_only && sp.argmax;
+  }
+  if (comm_ && argmax_only && logit_rows == S_) {
+    argmax_over_ranks(lm_head, ws_.hidden.data(), S_);  // (out stays unwritten, as the spans allow)
+    return;
+  }
   if (logit_rows == S_) {
     project_logits(lm_head, ws_.hidden.data(), S_, out);
   } else {
@@ -223,6 +232,28 @@ void HYV4CpuBlocks::lm_head_rows(const Linear& lm_head, const float* hidden, int
                                  int32_t* argmax, int64_t argmax_rows) {
   project_logits(lm_head, hidden, rows, out);
   if (argmax_rows > 0) finite_argmax_rows(out, argmax_rows, cfg_.vocab_size, argmax);
+}
+
+// Tensor parallel, every row read as its argmax alone: each rank its vocabulary part's best (value, id) per row,
+// and one small gather instead of the rows' logits (the greedy decode and verify of the GPU form).
+void HYV4CpuBlocks::argmax_over_ranks(const Linear& lm_head, const float* hidden, int64_t rows) {
+  const profile::Sections prof(sections::kLmHead);
+  const int64_t width = largest_vocab_part();
+  const UnitRange part = vocab_[size_t(comm_->rank())];
+  ops::matmul(pool_, hidden, rows, lm_head, tp_logits_.data(), -1, width);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* row = tp_logits_.data() + i * width;
+    const int32_t j = part.size() > 0 ? finite_argmax(row, part.size()) : 0;
+    tp_best_[size_t(i)] = part.size() == 0 ? RankBest{-std::numeric_limits<float>::infinity(), INT64_MAX}
+                          : j < 0          ? RankBest{0.0f, -1}
+                                           : RankBest{row[j], part.begin + j};
+  }
+  global_argmax_rows(*comm_, tp_best_.data(), rows, tp_ids_.data(), tp_best_all_);
+  int64_t row = 0;
+  for (const HYV4RowSpan& sp : spans_) {
+    std::copy(tp_ids_.begin() + row, tp_ids_.begin() + row + sp.rows, sp.argmax);
+    row += sp.rows;
+  }
 }
 
 // out [rows, V] = lm_head(hidden [rows, H]). Tensor parallel: each rank its vocabulary's columns, padded to the
@@ -330,6 +361,9 @@ void HYV4CpuBlocks::ensure_workspace(int64_t S, int64_t max_seq) {
     const int64_t part = largest_vocab_part();
     plan(tp_gather_, {comm_->size(), S, std::max(H, part)});
     plan(tp_logits_, {S, part});
+    plan(tp_best_, {S});
+    plan(tp_best_all_, {comm_->size(), S});
+    plan(tp_ids_, {S});
   }
   require_memory(bytes, what);
   try {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "core/communicator.h"
 #include "models/common/tensor_split.h"
 #include "models/hy_v4/blocks.h"
 #include "models/hy_v4/config.h"
@@ -13,7 +14,6 @@
 namespace nextn {
 
 class ThreadPool;
-class Communicator;
 
 struct ExpertJob {
   int32_t expert = 0;           // routed expert id, or -1 for the shared expert (all S rows of x)
@@ -112,6 +112,7 @@ class HYV4CpuBlocks final : public HYV4Blocks {
   void ensure_workspace(int64_t S, int64_t max_seq);
   void project_logits(const Linear& lm_head, const float* hidden, int64_t rows, float* out);
   int64_t largest_vocab_part() const;
+  void argmax_over_ranks(const Linear& lm_head, const float* hidden, int64_t rows);
   // Tensor parallel: y [S, H] summed over the ranks (a no-op on one rank).
   void sum_over_ranks(float* y, int64_t count);
   // Row stride of the top-k selections: index_topk, but never more than the workspace's positions (a query
@@ -134,7 +135,9 @@ class HYV4CpuBlocks final : public HYV4Blocks {
   Communicator* comm_ = nullptr;
   std::vector<UnitRange> vocab_;    // every rank's vocabulary rows
   std::vector<float> tp_gather_;    // [ranks, S, max(H, largest vocabulary part)] gathered parts
-  AlignedFloats tp_logits_;         // [S, this rank's vocabulary rows]
+  AlignedFloats tp_logits_;         // [S, largest vocabulary part]
+  std::vector<RankBest> tp_best_, tp_best_all_;  // [S] this rank's best of each row, [ranks, S] everyone's
+  std::vector<int32_t> tp_ids_;     // [S] the rows' global argmax
 };
 
 }  // namespace nextn
