@@ -8,7 +8,6 @@
 #include <new>
 #include <type_traits>
 
-#include "core/communicator.h"
 #include "core/error.h"
 #include "core/finite.h"
 #include "core/profile.h"
@@ -68,48 +67,18 @@ float* HYV4CpuBlocks::act(HYV4Act a) {
 }
 
 void HYV4CpuBlocks::set_tensor_parallel(Communicator* comm, std::vector<UnitRange> vocab) {
-  if (comm && vocab.size() != size_t(comm->size()))
-    throw Error("internal: tensor parallel blocks need every rank's vocabulary rows");
-  comm_ = comm;
-  vocab_ = std::move(vocab);
+  tp_.set(comm, std::move(vocab));
   ws_.rows = 0;  // (the workspace grows the gather buffers at the next reserve or forward)
 }
 
-void HYV4CpuBlocks::sum_over_ranks(float* y, int64_t count) {
-  if (comm_) all_reduce_sum(*comm_, y, count, tp_gather_);
-}
-
-// Embedding, copied into every HC stream. Tensor parallel: each rank decodes the rows of its vocabulary, and
-// every rank takes each row from its owner (moved, not summed: the same bits as one rank's).
+// Embedding, copied into every HC stream (tensor parallel: each row from the rank that owns its token).
 void HYV4CpuBlocks::embed_streams(const Linear& embed) {
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
-  const int me = comm_ ? comm_->rank() : 0;
-  auto owner = [&](int32_t t) {
-    int r = 0;
-    while (comm_ && t >= vocab_[size_t(r)].end) ++r;
-    return r;
-  };
-  const int64_t v0 = comm_ ? vocab_[size_t(me)].begin : 0;
-  for (const HYV4RowSpan& sp : spans_)
-    for (int64_t r = 0; r < sp.rows; ++r) {
-      float* x = comm_ ? ws_.x.data() + (sp.first_row + r) * H : ws_.streams.data() + (sp.first_row + r) * C * H;
-      if (owner(sp.tokens[r]) == me)
-        ops::dequant_row(embed, sp.tokens[r] - v0, x);
-      else
-        std::fill(x, x + H, 0.0f);
-    }
-  if (comm_) {
-    comm_->all_gather(ws_.x.data(), S_ * H * int64_t(sizeof(float)), tp_gather_.data());  // [ranks, S, H]
-    for (const HYV4RowSpan& sp : spans_)
-      for (int64_t r = 0; r < sp.rows; ++r) {
-        const int64_t s = sp.first_row + r;
-        const float* src = tp_gather_.data() + (owner(sp.tokens[r]) * S_ + s) * H;
-        std::copy(src, src + H, ws_.streams.data() + s * C * H);
-      }
-  }
+  for (const HYV4RowSpan& sp : spans_) std::copy(sp.tokens, sp.tokens + sp.rows, tp_tokens_.begin() + sp.first_row);
+  tp_.embed(embed, tp_tokens_.data(), S_, H, ws_.x.data());  // [S, H]
   for (int64_t s = 0; s < S_; ++s) {
     float* X = ws_.streams.data() + s * C * H;
-    for (int64_t j = 1; j < C; ++j) std::copy(X, X + H, X + j * H);
+    for (int64_t j = 0; j < C; ++j) std::copy(ws_.x.begin() + s * H, ws_.x.begin() + (s + 1) * H, X + j * H);
   }
 }
 
@@ -142,13 +111,13 @@ void HYV4CpuBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4Ou
     attention(L, layer);
   else  // a tensor-parallel rank without heads: its part of the sum is zero
     std::fill(ws_.y.begin(), ws_.y.begin() + S_ * cfg_.hidden_size, 0.0f);
-  sum_over_ranks(ws_.y.data(), S_ * cfg_.hidden_size);
+  tp_.sum(ws_.y.data(), S_ * cfg_.hidden_size);
   deliver(out);
 }
 
 size_t HYV4CpuBlocks::ffn(const FfnWeights& F, HYV4Out out) {
   const size_t bytes = ffn(F);
-  sum_over_ranks(ws_.y.data(), S_ * cfg_.hidden_size);
+  tp_.sum(ws_.y.data(), S_ * cfg_.hidden_size);
   deliver(out);
   return bytes;
 }
@@ -202,8 +171,12 @@ void HYV4CpuBlocks::logits(const Linear& lm_head, float* out) {
     logit_rows += sp.all_logits ? sp.rows : 1;
     argmax_only = argmax_only && sp.argmax;
   }
-  if (comm_ && argmax_only && logit_rows == S_) {
-    argmax_over_ranks(lm_head, ws_.hidden.data(), S_);  // (out stays unwritten, as the spans allow)
+  if (tp_.active() && argmax_only && logit_rows == S_) {
+    // Tensor parallel greedy rows: ids from each rank's best, no logits gathered (out stays unwritten, as the
+    // spans allow).
+    tp_.argmax(pool_, lm_head, ws_.hidden.data(), S_, tp_ids_.data());
+    for (const HYV4RowSpan& sp : spans_)
+      std::copy(tp_ids_.begin() + sp.first_row, tp_ids_.begin() + sp.first_row + sp.rows, sp.argmax);
     return;
   }
   if (logit_rows == S_) {
@@ -234,51 +207,10 @@ void HYV4CpuBlocks::lm_head_rows(const Linear& lm_head, const float* hidden, int
   if (argmax_rows > 0) finite_argmax_rows(out, argmax_rows, cfg_.vocab_size, argmax);
 }
 
-// Tensor parallel, every row read as its argmax alone: each rank its vocabulary part's best (value, id) per row,
-// and one small gather instead of the rows' logits (the greedy decode and verify of the GPU form).
-void HYV4CpuBlocks::argmax_over_ranks(const Linear& lm_head, const float* hidden, int64_t rows) {
-  const profile::Sections prof(sections::kLmHead);
-  const int64_t width = largest_vocab_part();
-  const UnitRange part = vocab_[size_t(comm_->rank())];
-  ops::matmul(pool_, hidden, rows, lm_head, tp_logits_.data(), -1, width);
-  for (int64_t i = 0; i < rows; ++i) {
-    const float* row = tp_logits_.data() + i * width;
-    const int32_t j = part.size() > 0 ? finite_argmax(row, part.size()) : 0;
-    tp_best_[size_t(i)] = part.size() == 0 ? RankBest{-std::numeric_limits<float>::infinity(), INT64_MAX}
-                          : j < 0          ? RankBest{0.0f, -1}
-                                           : RankBest{row[j], part.begin + j};
-  }
-  global_argmax_rows(*comm_, tp_best_.data(), rows, tp_ids_.data(), tp_best_all_);
-  int64_t row = 0;
-  for (const HYV4RowSpan& sp : spans_) {
-    std::copy(tp_ids_.begin() + row, tp_ids_.begin() + row + sp.rows, sp.argmax);
-    row += sp.rows;
-  }
-}
-
-// out [rows, V] = lm_head(hidden [rows, H]). Tensor parallel: each rank its vocabulary's columns, padded to the
-// largest part for the gather, then every part into place.
+// out [rows, V] = lm_head(hidden [rows, H]) (tensor parallel: every rank's vocabulary part, gathered).
 void HYV4CpuBlocks::project_logits(const Linear& lm_head, const float* hidden, int64_t rows, float* out) {
   const profile::Sections prof(sections::kLmHead);
-  if (!comm_) {
-    ops::matmul(pool_, hidden, rows, lm_head, out);
-    return;
-  }
-  const int64_t V = cfg_.vocab_size, width = largest_vocab_part();
-  if (rows > ws_.rows) throw Error("internal: more logit rows than the workspace's");
-  ops::matmul(pool_, hidden, rows, lm_head, tp_logits_.data(), -1, width);
-  comm_->all_gather(tp_logits_.data(), rows * width * int64_t(sizeof(float)), tp_gather_.data());
-  for (size_t r = 0; r < vocab_.size(); ++r)
-    for (int64_t i = 0; i < rows; ++i) {
-      const float* src = tp_gather_.data() + (int64_t(r) * rows + i) * width;
-      std::copy(src, src + vocab_[r].size(), out + i * V + vocab_[r].begin);
-    }
-}
-
-int64_t HYV4CpuBlocks::largest_vocab_part() const {
-  int64_t width = 0;
-  for (const UnitRange& v : vocab_) width = std::max(width, v.size());
-  return width;
+  tp_.logits(pool_, lm_head, hidden, rows, cfg_.vocab_size, out);
 }
 
 int64_t HYV4CpuBlocks::min_parallel_work() const {
@@ -357,14 +289,10 @@ void HYV4CpuBlocks::ensure_workspace(int64_t S, int64_t max_seq) {
   plan(w.idx_scratch, {S, max_seq});
   plan(w.idx_tmp, {S, max_seq});
   plan(w.sel_rows, {S, topk});
-  if (comm_) {  // the gathers: the embedding rows and the partial sums [S, H], the logits [S, vocabulary part]
-    const int64_t part = largest_vocab_part();
-    plan(tp_gather_, {comm_->size(), S, std::max(H, part)});
-    plan(tp_logits_, {S, part});
-    plan(tp_best_, {S});
-    plan(tp_best_all_, {comm_->size(), S});
-    plan(tp_ids_, {S});
-  }
+  plan(tp_tokens_, {S});
+  plan(tp_ids_, {S});
+  bytes = checked_add(bytes, tp_.bytes_for(S, H), what);  // (tensor parallel: its gathers)
+  allocations.push_back([this, S, H] { tp_.reserve(S, H); });
   require_memory(bytes, what);
   try {
     for (const auto& allocate : allocations) allocate();

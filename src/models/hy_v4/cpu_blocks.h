@@ -6,8 +6,7 @@
 #include <vector>
 
 #include "core/aligned.h"
-#include "core/communicator.h"
-#include "models/common/tensor_split.h"
+#include "models/common/tensor_parallel_rank.h"
 #include "models/hy_v4/blocks.h"
 #include "models/hy_v4/config.h"
 
@@ -111,10 +110,6 @@ class HYV4CpuBlocks final : public HYV4Blocks {
   void deliver(HYV4Out out);                                   // y -> out
   void ensure_workspace(int64_t S, int64_t max_seq);
   void project_logits(const Linear& lm_head, const float* hidden, int64_t rows, float* out);
-  int64_t largest_vocab_part() const;
-  void argmax_over_ranks(const Linear& lm_head, const float* hidden, int64_t rows);
-  // Tensor parallel: y [S, H] summed over the ranks (a no-op on one rank).
-  void sum_over_ranks(float* y, int64_t count);
   // Row stride of the top-k selections: index_topk, but never more than the workspace's positions (a query
   // cannot select more keys than there are).
   int64_t topk_stride() const;
@@ -131,13 +126,10 @@ class HYV4CpuBlocks final : public HYV4Blocks {
   std::vector<HYV4RowSpan> spans_;  // the current forward's segments
   std::vector<int32_t> row_span_;   // [S] span of each row
   int64_t S_ = 0;                   // rows of the current forward
-  // Tensor parallel (null comm_: one rank).
-  Communicator* comm_ = nullptr;
-  std::vector<UnitRange> vocab_;    // every rank's vocabulary rows
-  std::vector<float> tp_gather_;    // [ranks, S, max(H, largest vocabulary part)] gathered parts
-  AlignedFloats tp_logits_;         // [S, largest vocabulary part]
-  std::vector<RankBest> tp_best_, tp_best_all_;  // [S] this rank's best of each row, [ranks, S] everyone's
-  std::vector<int32_t> tp_ids_;     // [S] the rows' global argmax
+  // Tensor parallel (inactive: one rank).
+  TensorParallelRank tp_;
+  std::vector<int32_t> tp_tokens_;  // [S] the forward's tokens, in row order
+  std::vector<int32_t> tp_ids_;     // [S] greedy ids of a tensor-parallel forward
 };
 
 }  // namespace nextn
