@@ -45,7 +45,7 @@ Qwen4ExpModel* BundledQwen::model_ = nullptr;
 
 TEST_F(BundledQwen, CheckpointIsFp8WithTwoMtpLayersAndPle) {
   EXPECT_EQ(model_->num_mtp_layers(), 2);
-  EXPECT_EQ(model_->weights().layers[0].gdn.in_qkv.dtype, DType::F8_E4M3);
+  EXPECT_EQ(model_->weights().layers[0].gdn.in_q.dtype, DType::F8_E4M3);
   EXPECT_TRUE(model_->weights().layers[0].has_ple);
   EXPECT_TRUE(model_->config().quant.present);
 }

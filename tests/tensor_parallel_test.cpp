@@ -145,7 +145,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, TensorParallelParity,
                                            Case{"hy_v4/c_bf16", 2, true}, Case{"hy_v4/c_bf16", 3, true},
                                            Case{"hy_v4_fp8/fp8_bf16_mtp", 2, false},
                                            Case{"hy_v4_fp8/fp8_f32scale", 3, false},
-                                           Case{"hy_v4_fp8/fp8_ue8m0", 2, false}),
+                                           Case{"hy_v4_fp8/fp8_ue8m0", 2, false}, Case{"qwen4_exp/a_fp32", 2, true},
+                                           Case{"qwen4_exp/b_fp32", 2, true}, Case{"qwen4_exp/d_fp8", 2, false}),
                          [](const auto& param_info) {
                            return testing::fixture_test_name(param_info.param.fixture) + "_" +
                                   std::to_string(param_info.param.ranks) + "_ranks";
@@ -160,21 +161,25 @@ std::vector<int32_t> random_prompt(int64_t len, int64_t vocab, uint64_t seed) {
 
 TEST(TensorParallel, DecodeStepsEqualOneForwardBitForBit) {
   // The collectives add in rank order per element, whatever the rows: a row's logits do not depend on how many
-  // rows share its forward, as on one rank (what lossless speculation stands on).
+  // rows share its forward, as on one rank (what lossless speculation stands on). Qwen4-Exp's steps also carry
+  // each rank's share of the recurrent state from step to step.
   ThreadPool pool(2);
-  auto tp = load(testing::fixture_path("hy_v4/a_fp32"), pool, 3);
-  const int64_t V = tp->facts().vocab_size, T = tp->facts().sparse_budget + 9;
-  const auto prompt = random_prompt(T, V, 3);
-  std::vector<float> whole, hidden;
-  run_prompt(*tp, prompt, whole, hidden);
-  auto seq = tp->new_sequence(T);
-  std::vector<float> step(size_t(3 * V));
-  for (int64_t pos = 0; pos < T;) {
-    const int64_t rows = std::min<int64_t>(1 + pos % 3, T - pos);  // steps of 1, 2 and 3 rows
-    const BatchSegment seg{seq.get(), prompt.data() + pos, rows, true, nullptr};
-    tp->forward(&seg, 1, step.data(), nullptr);
-    ASSERT_EQ(0, std::memcmp(step.data(), whole.data() + pos * V, size_t(rows * V) * sizeof(float))) << "at " << pos;
-    pos += rows;
+  for (const auto& [fixture, ranks] : {std::pair{"hy_v4/a_fp32", 3}, std::pair{"qwen4_exp/b_fp32", 2}}) {
+    auto tp = load(testing::fixture_path(fixture), pool, ranks);
+    const int64_t V = tp->facts().vocab_size, T = tp->facts().sparse_budget + 9;
+    const auto prompt = random_prompt(T, V, 3);
+    std::vector<float> whole, hidden;
+    run_prompt(*tp, prompt, whole, hidden);
+    auto seq = tp->new_sequence(T);
+    std::vector<float> step(size_t(3 * V));
+    for (int64_t pos = 0; pos < T;) {
+      const int64_t rows = std::min<int64_t>(1 + pos % 3, T - pos);  // steps of 1, 2 and 3 rows
+      const BatchSegment seg{seq.get(), prompt.data() + pos, rows, true, nullptr};
+      tp->forward(&seg, 1, step.data(), nullptr);
+      ASSERT_EQ(0, std::memcmp(step.data(), whole.data() + pos * V, size_t(rows * V) * sizeof(float)))
+          << fixture << " at " << pos;
+      pos += rows;
+    }
   }
 }
 
@@ -245,25 +250,27 @@ TEST(TensorParallel, GreedyRowsComeAsIdsWithoutGatheringTheLogits) {
 
 TEST(TensorParallel, RollbackThenTheSameTokensGiveTheSameLogits) {
   ThreadPool pool(2);
-  auto tp = load(testing::fixture_path("hy_v4/a_fp32"), pool, 2);
-  const int64_t V = tp->facts().vocab_size;
-  const auto p = random_prompt(30, V, 5);
-  auto seq = tp->new_sequence(40);
-  std::vector<float> first(size_t(4 * V)), again(size_t(4 * V));
-  BatchSegment seg{seq.get(), p.data(), 26, false, nullptr};
-  tp->forward(&seg, 1, nullptr, nullptr);
-  seg = {seq.get(), p.data() + 26, 4, true, nullptr};
-  tp->forward(&seg, 1, first.data(), nullptr);
-  seq->rollback(27);  // (three rows rejected: every rank forgets them)
-  EXPECT_EQ(seq->length(), 27);
-  seg = {seq.get(), p.data() + 27, 3, true, nullptr};
-  tp->forward(&seg, 1, again.data(), nullptr);
-  EXPECT_EQ(0, std::memcmp(first.data() + V, again.data(), size_t(3 * V) * sizeof(float)));
+  for (const char* fixture : {"hy_v4/a_fp32", "qwen4_exp/a_fp32"}) {
+    auto tp = load(testing::fixture_path(fixture), pool, 2);
+    const int64_t V = tp->facts().vocab_size;
+    const auto p = random_prompt(30, V, 5);
+    auto seq = tp->new_sequence(40);
+    std::vector<float> first(size_t(4 * V)), again(size_t(4 * V));
+    BatchSegment seg{seq.get(), p.data(), 26, false, nullptr};
+    tp->forward(&seg, 1, nullptr, nullptr);
+    seg = {seq.get(), p.data() + 26, 4, true, nullptr};
+    tp->forward(&seg, 1, first.data(), nullptr);
+    seq->rollback(27);  // (three rows rejected: every rank forgets them, its KV rows and its state slots)
+    EXPECT_EQ(seq->length(), 27);
+    seg = {seq.get(), p.data() + 27, 3, true, nullptr};
+    tp->forward(&seg, 1, again.data(), nullptr);
+    EXPECT_EQ(0, std::memcmp(first.data() + V, again.data(), size_t(3 * V) * sizeof(float))) << fixture;
+  }
 }
 
 TEST(TensorParallel, GreedySpeculationEqualsPlainGreedy) {
   ThreadPool pool(2);
-  for (const char* fixture : {"hy_v4/a_fp32", "hy_v4/c_bf16"}) {
+  for (const char* fixture : {"hy_v4/a_fp32", "hy_v4/c_bf16", "qwen4_exp/a_fp32", "qwen4_exp/b_fp32"}) {
     auto tp = load(testing::fixture_path(fixture), pool, 2);
     const auto& f = tp->facts();
     ASSERT_GE(f.num_mtp_layers, 1);
@@ -385,10 +392,10 @@ TEST(TensorParallel, RefusesWhatItCannotShard) {
     EXPECT_NE(std::string(e.what()).find("attention heads"), std::string::npos) << e.what();
   }
   try {
-    load(testing::fixture_path("qwen4_exp/a_fp32"), pool, 2);
-    ADD_FAILURE() << "qwen4_exp does not shard yet";
+    load(testing::fixture_path("qwen4_exp/a_fp32"), pool, 3);  // (2 Gated DeltaNet key heads)
+    ADD_FAILURE() << "3 ranks over 2 GDN key heads";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not implemented"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Gated DeltaNet key heads"), std::string::npos) << e.what();
   }
   EXPECT_THROW(load(testing::fixture_path("hy_v4/a_fp32"), pool, 0), Error);
 }

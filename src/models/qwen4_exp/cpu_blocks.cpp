@@ -71,15 +71,31 @@ void Qwen4CpuBlocks::begin(const Qwen4RowSpan* spans, size_t count) {
   ensure_thread_scratch(max_pos);
 }
 
+// (tensor parallel: each row from the rank that owns its token)
 void Qwen4CpuBlocks::embed_streams(const Linear& embed) {
   const int64_t H = cfg_.hidden_size, CH = cfg_.hc_width();
   float* X = b_.X.data();
-  for (const Qwen4RowSpan& sp : spans_)
-    for (int64_t r = 0; r < sp.rows; ++r) {
-      float* row = X + (sp.first_row + r) * CH;
-      ops::dequant_row(embed, sp.tokens[r], row);
-      for (int64_t j = 1; j < cfg_.hc_count; ++j) std::copy(row, row + H, row + j * H);
-    }
+  for (const Qwen4RowSpan& sp : spans_) std::copy(sp.tokens, sp.tokens + sp.rows, tokens_.begin() + sp.first_row);
+  tp_.embed(embed, tokens_.data(), S_, H, b_.x.data());  // [S, H]
+  for (int64_t s = 0; s < S_; ++s)
+    for (int64_t j = 0; j < cfg_.hc_count; ++j) std::copy(b_.x.data() + s * H, b_.x.data() + (s + 1) * H, X + s * CH + j * H);
+}
+
+// A rank without heads of this kind adds nothing to the ranks' sum.
+void Qwen4CpuBlocks::gdn(const GdnWeights& g, int layer) {
+  if (cfg_.linear_num_key_heads > 0)
+    gdn(g, layer, b_.x.data(), S_, b_.y.data());
+  else
+    std::fill(b_.y.data(), b_.y.data() + S_ * cfg_.hidden_size, 0.0f);
+  tp_.sum(b_.y.data(), S_ * cfg_.hidden_size);
+}
+
+void Qwen4CpuBlocks::qsa(const QsaWeights& a, size_t cache_layer) {
+  if (cfg_.num_attention_heads > 0)
+    qsa(a, cache_layer, b_.x.data(), S_, b_.y.data());
+  else
+    std::fill(b_.y.data(), b_.y.data() + S_ * cfg_.hidden_size, 0.0f);
+  tp_.sum(b_.y.data(), S_ * cfg_.hidden_size);
 }
 
 void Qwen4CpuBlocks::ple_add(const PleWeights& p, int layer) {
@@ -96,6 +112,7 @@ void Qwen4CpuBlocks::gated_residual(const GatedResidualWeights& g, bool inject) 
 size_t Qwen4CpuBlocks::moe(const MoeWeights& m) {
   const size_t before = routed_bytes_;
   moe(m, b_.x.data(), S_, b_.y.data());
+  tp_.sum(b_.y.data(), S_ * cfg_.hidden_size);
   return routed_bytes_ - before;
 }
 
@@ -142,7 +159,7 @@ void Qwen4CpuBlocks::logits(const GatedResidualWeights& mixer, const Linear& lm_
     n += rows;
   }
   gated_residual(mixer, X, n, b_.x.data(), nullptr);
-  ops::matmul(pool_, b_.x.data(), n, lm_head, out);
+  tp_.logits(pool_, lm_head, b_.x.data(), n, cfg_.vocab_size, out);
 }
 
 void Qwen4CpuBlocks::logits_of(const GatedResidualWeights& mixer, const Linear& lm_head, const float* streams,
@@ -202,6 +219,11 @@ void Qwen4CpuBlocks::ensure_rows(int64_t S) {
   grow(b_.expert_rows, S);
   const int64_t window_rows = std::max<int64_t>(c.linear_conv_kernel_dim - 1, c.ple_conv_state_rows()) + S;
   grow(b_.window, window_rows * std::max(c.conv_dim(), CH));
+  grow(tokens_, S);
+  if (S > ensured_rows_) {
+    tp_.reserve(S, H);
+    ensured_rows_ = S;
+  }
 }
 
 // Per-thread scratch of the GDN head tasks and the QSA row tasks, for caches of up to `positions`.
@@ -278,8 +300,9 @@ void Qwen4CpuBlocks::gdn(const GdnWeights& g, int layer, const float* x, int64_t
   float* qkv = b_.qkv.data();
   float* z = b_.z.data();
   float* ab = b_.ab.data();  // [S, nv] b, then [S, nv] a
-  const ops::MatmulOut outs[] = {{&g.in_qkv, qkv, -1}, {&g.in_z, z, -1}, {&g.in_b, ab, -1}, {&g.in_a, ab + S * nv, -1}};
-  ops::matmul_many(pool_, x, S, outs, 4);
+  const ops::MatmulOut outs[] = {{&g.in_q, qkv, CD},       {&g.in_k, qkv + Kd, CD}, {&g.in_v, qkv + 2 * Kd, CD},
+                                 {&g.in_z, z, -1},         {&g.in_b, ab, -1},       {&g.in_a, ab + S * nv, -1}};
+  ops::matmul_many(pool_, x, S, outs, 6);
   float* conv = b_.conv.data();
   const int64_t conv_state = (K - 1) * CD;
   for (const Qwen4RowSpan& sp : spans_) {
@@ -553,6 +576,7 @@ void Qwen4CpuBlocks::moe(const MoeWeights& m, const float* x, int64_t S, float* 
   float* eo = b_.eo.data();
   int32_t* rows = b_.expert_rows.data();
   for (int64_t e = 0; e < E; ++e) {
+    if (m.gate[e].out == 0) continue;  // another tensor-parallel rank's expert
     int64_t n = 0;
     for (int64_t s = 0; s < S; ++s)
       for (int64_t j = 0; j < topk; ++j)
@@ -570,8 +594,9 @@ void Qwen4CpuBlocks::moe(const MoeWeights& m, const float* x, int64_t S, float* 
       for (int64_t h = 0; h < H; ++h) dst[h] += eo[r * H + h] * w;
     }
   }
-  // Shared expert.
+  // Shared expert (none on a tensor-parallel rank without its features).
   const int64_t Is = c.shared_expert_intermediate_size;
+  if (m.shared_gate.out == 0) return;
   float* sgu = b_.wide.data();
   float* sg = b_.sgate.data();
   const ops::MatmulOut o3[] = {{&m.shared_gate, sgu, 2 * Is}, {&m.shared_up, sgu + Is, 2 * Is}, {&m.shared_expert_gate, sg, 1}};

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "models/common/tensor_parallel_rank.h"
 #include "models/qwen4_exp/blocks.h"
 #include "models/qwen4_exp/config.h"
 
@@ -18,14 +19,22 @@ class Qwen4CpuBlocks final : public Qwen4ExpBlocks {
  public:
   Qwen4CpuBlocks(const Qwen4ExpConfig& config, const Qwen4StateLayout& layout, ThreadPool* pool)
       : cfg_(config), layout_(layout), pool_(pool) {}
+  ThreadPool* pool() const { return pool_; }
+  // Makes these the blocks of one tensor-parallel rank over its shard (sharding.h; config: the shard's): the
+  // embedding rows come from their owners, the GDN / QSA and MoE outputs are summed over the ranks in rank
+  // order, the logits gathered from every rank's vocabulary part. Every rank calls every block.
+  void set_tensor_parallel(Communicator* comm, std::vector<UnitRange> vocab) {
+    tp_.set(comm, std::move(vocab));
+    ensured_rows_ = 0;
+  }
 
   void reserve(int64_t rows, int64_t positions) override;
   void begin(const Qwen4RowSpan* spans, size_t count) override;
   void embed_streams(const Linear& embed) override;
   void ple_add(const PleWeights& p, int layer) override;
   void gated_residual(const GatedResidualWeights& g, bool inject) override;
-  void gdn(const GdnWeights& g, int layer) override { gdn(g, layer, b_.x.data(), S_, b_.y.data()); }
-  void qsa(const QsaWeights& a, size_t cache_layer) override { qsa(a, cache_layer, b_.x.data(), S_, b_.y.data()); }
+  void gdn(const GdnWeights& g, int layer) override;
+  void qsa(const QsaWeights& a, size_t cache_layer) override;
   size_t moe(const MoeWeights& m) override;
   void inject() override { inject(b_.y.data(), b_.inj.data(), S_, b_.X.data()); }
   void mtp_input(const Qwen4MtpWeights& m, const Linear& embed, DraftRequest* const* requests, size_t count) override;
@@ -69,6 +78,9 @@ class Qwen4CpuBlocks final : public Qwen4ExpBlocks {
     int64_t thread_floats = 0, thread_ints = 0;
   } b_;
   int64_t max_positions_ = 0;  // largest cache the thread scratch is sized for
+  TensorParallelRank tp_;      // tensor parallel (inactive: one rank)
+  std::vector<int32_t> tokens_;  // [S] the forward's tokens in row order (the parallel embedding's)
+  int64_t ensured_rows_ = 0;   // rows the tensor-parallel buffers hold
 };
 
 }  // namespace nextn

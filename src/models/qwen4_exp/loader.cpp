@@ -12,6 +12,7 @@
 #include "models/common/binder.h"
 #include "models/common/name_rules.h"
 #include "models/qwen4_exp/model.h"
+#include "models/qwen4_exp/sharding.h"
 
 namespace nextn {
 
@@ -103,7 +104,10 @@ class Qwen4ExpBinder : public TensorBinder {
 
   void gdn(const std::string& p, const Qwen4ExpConfig& c, GdnWeights& g) {
     const int64_t H = c.hidden_size, nv = c.linear_num_value_heads;
-    g.in_qkv = lin(p + "in_proj_qkv", c.conv_dim(), H);
+    const Linear qkv = lin(p + "in_proj_qkv", c.conv_dim(), H);
+    g.in_q = qkv.rows(0, c.linear_key_dim());
+    g.in_k = qkv.rows(c.linear_key_dim(), c.linear_key_dim());
+    g.in_v = qkv.rows(2 * c.linear_key_dim(), c.linear_value_dim());
     g.in_z = lin(p + "in_proj_z", c.linear_value_dim(), H);
     g.in_b = lin(p + "in_proj_b", nv, H);
     g.in_a = lin(p + "in_proj_a", nv, H);

@@ -1,6 +1,8 @@
 // Qwen4-Exp: memory, sequences, and the forwards as builders over the backend's blocks (blocks.h); model.h
 // has the data flow.
 #include "models/qwen4_exp/model.h"
+#include "models/qwen4_exp/sharding.h"
+#include "core/communicator.h"
 
 #include <algorithm>
 #include <cmath>
@@ -67,20 +69,39 @@ void Qwen4ExpModel::init_facts() {
   facts_.num_mtp_layers = num_mtp_layers();
   facts_.sparse_budget = cfg_.indexer_budget;
   for (int64_t e : cfg_.eos_token_ids) facts_.eos_token_ids.push_back(static_cast<int32_t>(e));
-  // Each layer's place in a sequence's memory: QSA layers in KV planes, GDN / PLE state in the slots.
-  int64_t off = 0, q = 0;
-  for (int i = 0; i < cfg_.num_hidden_layers; ++i) {
-    const bool linear = cfg_.kinds[i] == Qwen4LayerKind::Linear;
-    qsa_index_.push_back(linear ? -1 : static_cast<int>(q++));
-    layout_.state_off.push_back(linear ? off : -1);
-    if (linear)
-      off += int64_t(cfg_.linear_conv_kernel_dim - 1) * cfg_.conv_dim() +
-             int64_t(cfg_.linear_num_value_heads) * cfg_.linear_key_head_dim * cfg_.linear_value_head_dim;
-    layout_.ple_off.push_back(w_.layers[i].has_ple ? off : -1);
-    if (w_.layers[i].has_ple) off += cfg_.ple_conv_state_rows() * cfg_.hc_width();
-  }
-  layout_.slots = std::max<int64_t>(memory_.max_verify_rows, 1);
+  int q = 0;
+  for (int i = 0; i < cfg_.num_hidden_layers; ++i) qsa_index_.push_back(cfg_.kinds[i] == Qwen4LayerKind::Linear ? -1 : q++);
+  layout_ = state_layout(cfg_);
 }
+
+// Each layer's place in a sequence's memory: QSA layers in KV planes, GDN / PLE state in the slots.
+Qwen4StateLayout Qwen4ExpModel::state_layout(const Qwen4ExpConfig& c) const {
+  Qwen4StateLayout layout;
+  int64_t off = 0;
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const bool linear = c.kinds[i] == Qwen4LayerKind::Linear;
+    layout.state_off.push_back(linear ? off : -1);
+    if (linear)
+      off += int64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim() +
+             int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim;
+    layout.ple_off.push_back(w_.layers[i].has_ple ? off : -1);
+    if (w_.layers[i].has_ple) off += c.ple_conv_state_rows() * c.hc_width();
+  }
+  layout.slots = std::max<int64_t>(memory_.max_verify_rows, 1);
+  return layout;
+}
+
+void Qwen4ExpModel::make_tensor_parallel_rank(Communicator& comm) {
+  if (target_pool_) throw Error("tensor parallel: the model already has sequences");
+  shard_ = std::make_unique<Qwen4Shard>(shard_qwen4_target(cfg_, w_, comm.rank(), comm.size()));
+  shard_layout_ = state_layout(shard_->config);
+  shard_blocks_ = std::make_unique<Qwen4CpuBlocks>(shard_->config, shard_layout_, cpu_blocks_->pool());
+  shard_blocks_->set_tensor_parallel(&comm, shard_->vocab);
+}
+
+const Qwen4ExpConfig& Qwen4ExpModel::target_cfg() const { return shard_ ? shard_->config : cfg_; }
+Qwen4ExpBlocks& Qwen4ExpModel::target_blocks() { return shard_ ? *shard_blocks_ : *blocks_; }
+const Qwen4ExpWeights& Qwen4ExpModel::target_weights() const { return shard_ ? shard_->weights : w_; }
 
 void Qwen4ExpModel::prefault(bool progress) const { prefault_weights(store_, dir_, progress); }
 
@@ -110,7 +131,7 @@ size_t Qwen4ExpModel::weight_bytes_with(size_t routed_bytes) const {
     total += gr(L.attn_hc) + gr(L.mlp_hc);
     if (L.kind == Qwen4LayerKind::Linear) {
       const GdnWeights& g = L.gdn;
-      total += g.in_qkv.weight_bytes() + g.in_z.weight_bytes() + g.in_a.weight_bytes() + g.in_b.weight_bytes() +
+      total += g.in_q.weight_bytes() + g.in_k.weight_bytes() + g.in_v.weight_bytes() + g.in_z.weight_bytes() + g.in_a.weight_bytes() + g.in_b.weight_bytes() +
                g.out_proj.weight_bytes();
     } else {
       const QsaWeights& a = L.attn;
@@ -128,9 +149,9 @@ size_t Qwen4ExpModel::weight_bytes_with(size_t routed_bytes) const {
 // ---------------------------------------------------------------------------------------------------
 // Memory: QSA keys and values in KV pages; recurrent state in per-sequence slots.
 
-std::vector<int64_t> Qwen4ExpModel::plane_widths() const {
-  const int64_t kv = int64_t(cfg_.num_key_value_heads) * cfg_.head_dim;
-  return {2 * kv, 2 * int64_t(cfg_.indexer_head_dim)};
+std::vector<int64_t> Qwen4ExpModel::plane_widths(const Qwen4ExpConfig& c) {
+  const int64_t kv = int64_t(c.num_key_value_heads) * c.head_dim;
+  return {2 * kv, 2 * int64_t(c.indexer_head_dim)};
 }
 
 std::vector<LayerPlanes> Qwen4ExpModel::target_planes() const {
@@ -140,14 +161,16 @@ std::vector<LayerPlanes> Qwen4ExpModel::target_planes() const {
   return layers;
 }
 
-int64_t Qwen4ExpModel::state_slot_floats() const {
+// (the whole model's: what memory is sized by, on every rank alike)
+int64_t Qwen4ExpModel::state_slot_floats() const { return slot_floats(cfg_, layout_); }
+
+int64_t Qwen4ExpModel::slot_floats(const Qwen4ExpConfig& c, const Qwen4StateLayout& layout) {
   int64_t floats = 0;
-  for (size_t i = 0; i < w_.layers.size(); ++i) {
-    if (layout_.state_off[i] >= 0)
-      floats = std::max(floats, layout_.state_off[i] + int64_t(cfg_.linear_conv_kernel_dim - 1) * cfg_.conv_dim() +
-                                    int64_t(cfg_.linear_num_value_heads) * cfg_.linear_key_head_dim *
-                                        cfg_.linear_value_head_dim);
-    if (layout_.ple_off[i] >= 0) floats = std::max(floats, layout_.ple_off[i] + cfg_.ple_conv_state_rows() * cfg_.hc_width());
+  for (size_t i = 0; i < layout.state_off.size(); ++i) {
+    if (layout.state_off[i] >= 0)
+      floats = std::max(floats, layout.state_off[i] + int64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim() +
+                                    int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim);
+    if (layout.ple_off[i] >= 0) floats = std::max(floats, layout.ple_off[i] + c.ple_conv_state_rows() * c.hc_width());
   }
   return floats;
 }
@@ -158,7 +181,7 @@ int64_t Qwen4ExpModel::state_bytes() const {
 }
 
 int64_t Qwen4ExpModel::kv_bytes_per_position(bool drafting) const {
-  const auto widths = plane_widths();
+  const auto widths = plane_widths(cfg_);
   const int64_t per_layer = KVPool::bytes_per_page(widths, 1);
   int64_t layers = static_cast<int64_t>(target_planes().size());
   if (drafting) layers += num_mtp_layers();
@@ -189,6 +212,7 @@ void Qwen4ExpModel::configure_memory(const MemoryOptions& options) {
     throw Error("max_verify_rows must be in 1..64 (k + 1 of the largest speculative round)");
   memory_ = options;
   layout_.slots = options.max_verify_rows;
+  shard_layout_.slots = options.max_verify_rows;
 }
 
 // Pools are made at the first sequence. With --kv-cache-mb the bytes cover the KV pages and the recurrent
@@ -197,12 +221,20 @@ void Qwen4ExpModel::configure_memory(const MemoryOptions& options) {
 void Qwen4ExpModel::ensure_pools() {
   if (target_pool_) return;
   const int64_t page = memory_.page_tokens;
-  const auto widths = plane_widths();
-  std::vector<int64_t> target_widths;
-  for (size_t i = 0; i < target_planes().size(); ++i) target_widths.insert(target_widths.end(), widths.begin(), widths.end());
-  if (target_widths.empty()) target_widths.push_back(1);  // no QSA layer: an empty pool the caches never use
+  // Pages and state sets are counted with the whole model's shapes (every tensor-parallel rank counts alike);
+  // the target pool's planes are this rank's (its KV heads).
+  const auto widths = plane_widths(cfg_), own = plane_widths(target_cfg());
+  std::vector<int64_t> whole_widths, target_widths;
+  for (size_t i = 0; i < target_planes().size(); ++i) {
+    whole_widths.insert(whole_widths.end(), widths.begin(), widths.end());
+    target_widths.insert(target_widths.end(), own.begin(), own.end());
+  }
+  if (target_widths.empty()) {  // no QSA layer: an empty pool the caches never use
+    whole_widths.push_back(1);
+    target_widths.push_back(1);
+  }
   const int64_t nl = num_mtp_layers();
-  const int64_t t = KVPool::bytes_per_page(target_widths, page), d = nl * KVPool::bytes_per_page(widths, page);
+  const int64_t t = KVPool::bytes_per_page(whole_widths, page), d = nl * KVPool::bytes_per_page(widths, page);
   const int64_t sb = state_bytes();
   int64_t target_pages;
   if (memory_.kv_cache_bytes > 0) {
@@ -267,8 +299,8 @@ std::unique_ptr<SequenceState> Qwen4ExpModel::new_sequence(int64_t capacity) {
   const auto planes = target_planes();
   const bool has_kv = !planes.empty();
   KVCache kv = has_kv ? KVCache(target_pool_, planes, capacity) : KVCache();
-  return std::make_unique<Qwen4ExpSequence>(this, std::move(kv), capacity, layout_.slots, state_slot_floats(), has_kv,
-                                            live_states_);
+  const int64_t floats = shard_ ? slot_floats(shard_->config, shard_layout_) : state_slot_floats();
+  return std::make_unique<Qwen4ExpSequence>(this, std::move(kv), capacity, layout_.slots, floats, has_kv, live_states_);
 }
 
 KVCache Qwen4ExpModel::new_shared_draft_cache(int64_t capacity) {
@@ -287,28 +319,29 @@ void Qwen4ExpModel::prompt_draft_logits(const int32_t* tokens, int64_t T, const 
   if (num_mtp_layers() == 0) throw Error(dir_ + ": the checkpoint has no MTP layers (mtp.layers.*)");
   if (T < 2) return;
   const int64_t page = std::clamp<int64_t>(T, 1, memory_.page_tokens);
-  auto pool = std::make_shared<KVPool>("MTP draft KV cache", plane_widths(), page, (T + page - 1) / page);
+  auto pool = std::make_shared<KVPool>("MTP draft KV cache", plane_widths(cfg_), page, (T + page - 1) / page);
   KVCache dc(pool, {LayerPlanes{0, 1}}, T);
   draft_forward(0, tokens + 1, hidden, T - 1, 0, dc, logits, nullptr, nullptr, nullptr);
 }
 
 void Qwen4ExpModel::reserve_batch(int64_t rows, int64_t positions) {
   blocks_->reserve(rows, positions);
+  if (shard_) shard_blocks_->reserve(rows, positions);
   spans_.reserve(static_cast<size_t>(rows));
 }
 
 // One decoder layer over the batch's streams X [S, C·H] (in the backend).
-size_t Qwen4ExpModel::layer_forward(const Qwen4LayerWeights& L, int layer, int qsa_layer) {
-  if (L.has_ple) blocks_->ple_add(L.ple, layer);
-  blocks_->gated_residual(L.attn_hc, /*inject=*/true);  // x [S, H], inj [S, C]
+size_t Qwen4ExpModel::layer_forward(Qwen4ExpBlocks& b, const Qwen4LayerWeights& L, int layer, int qsa_layer) {
+  if (L.has_ple) b.ple_add(L.ple, layer);
+  b.gated_residual(L.attn_hc, /*inject=*/true);  // x [S, H], inj [S, C]
   if (L.kind == Qwen4LayerKind::Linear)
-    blocks_->gdn(L.gdn, layer);  // y [S, H]
+    b.gdn(L.gdn, layer);  // y [S, H]
   else
-    blocks_->qsa(L.attn, static_cast<size_t>(qsa_layer));
-  blocks_->inject();
-  blocks_->gated_residual(L.mlp_hc, true);
-  const size_t routed = blocks_->moe(L.moe);
-  blocks_->inject();
+    b.qsa(L.attn, static_cast<size_t>(qsa_layer));
+  b.inject();
+  b.gated_residual(L.mlp_hc, true);
+  const size_t routed = b.moe(L.moe);
+  b.inject();
   return routed;
 }
 
@@ -336,20 +369,23 @@ void Qwen4ExpModel::forward(const BatchSegment* segments, size_t count, float* l
     S += g.rows;
   }
   if (S == 0) return;
-  blocks_->begin(spans_.data(), spans_.size());
+  // (tensor parallel: this rank's blocks over its shard; every rank runs this builder with the same rows)
+  Qwen4ExpBlocks& b = target_blocks();
+  const Qwen4ExpWeights& w = target_weights();
+  b.begin(spans_.data(), spans_.size());
   for (Qwen4RowSpan& sp : spans_) {
     if (sp.cache) sp.cache->prepare(sp.rows);
     sp.seq->tokens().insert(sp.seq->tokens().end(), sp.tokens, sp.tokens + sp.rows);
   }
   size_t routed = 0;
-  blocks_->embed_streams(w_.embed);  // X [S, C·H]
-  for (size_t li = 0; li < w_.layers.size(); ++li) routed += layer_forward(w_.layers[li], static_cast<int>(li), qsa_index_[li]);
+  b.embed_streams(w.embed);  // X [S, C·H]
+  for (size_t li = 0; li < w.layers.size(); ++li) routed += layer_forward(b, w.layers[li], static_cast<int>(li), qsa_index_[li]);
   for (const Qwen4RowSpan& sp : spans_)
     if (sp.cache) sp.cache->advance(sp.rows);
   last_routed_bytes_ = routed;
-  if (hidden) blocks_->read_streams(0, S, hidden);
+  if (hidden) b.read_streams(0, S, hidden);
   if (!logits) return;
-  blocks_->logits(w_.mixer, w_.lm_head, logits);
+  b.logits(w.mixer, w.lm_head, logits);
   int64_t row = 0;  // the segments that want only their rows' argmax (a CPU backend has the logits at hand)
   for (size_t i = 0; i < count; ++i) {
     const BatchSegment& g = segments[i];
@@ -404,7 +440,7 @@ void Qwen4ExpModel::draft_forward_batch(int layer, DraftRequest* const* requests
   blocks_->begin(spans_.data(), spans_.size());
   for (size_t i = 0; i < count; ++i) requests[i]->cache->prepare(requests[i]->rows);
   blocks_->mtp_input(w_.mtp, w_.embed, requests, count);  // X [S, C·H]
-  layer_forward(w_.mtp.layers[layer], -1, 0);
+  layer_forward(*blocks_, w_.mtp.layers[layer], -1, 0);
   for (size_t i = 0; i < count; ++i) {
     const DraftRequest& r = *requests[i];
     r.cache->advance(r.rows);

@@ -34,6 +34,7 @@
 namespace nextn {
 
 class ThreadPool;
+struct Qwen4Shard;
 
 // Gemma-style RMSNorm weights are stored as w and applied as (1 + w): `scale` holds 1 + w.
 using NormScale = std::vector<float>;
@@ -46,7 +47,8 @@ struct GatedResidualWeights {  // hc_norm over C groups of H, low-rank input mix
 };
 
 struct GdnWeights {            // Gated DeltaNet
-  Linear in_qkv;               // [2·Kd + Vd, H]
+  Linear in_q, in_k, in_v;     // [Kd, H], [Kd, H], [Vd, H]: row slices of the stored in_proj_qkv (tensor
+                               // parallel ranks take their heads' rows of each)
   Linear in_z;                 // [Vd, H]
   Linear in_b, in_a;           // [nv, H]
   std::vector<float> conv;     // [conv_dim, K] depthwise causal kernel
@@ -164,6 +166,11 @@ class Qwen4ExpModel : public Model {
   std::unique_ptr<DraftSession> new_draft_session(SequenceState& sequence, const DraftOptions& options) override;
   void reserve_batch(int64_t rows, int64_t positions) override;
   void forward(const BatchSegment* segments, size_t count, float* logits, float* hidden) override;
+  // This model as rank comm.rank() of a tensor-parallel group (sharding.h): its target forwards compute over
+  // its shard (its recurrent state and KV heads only) and meet the other ranks in comm's collectives; MTP
+  // forwards stay whole and local (rank 0's). Memory is sized from the whole model's shapes, so that every
+  // rank's pools hold the same number of pages and sequences.
+  void make_tensor_parallel_rank(Communicator& comm) override;
   void prompt_draft_logits(const int32_t* tokens, int64_t T, const float* hidden, float* logits) override;
   size_t checkpoint_bytes() const override;
   size_t weight_bytes_total() const override;
@@ -196,12 +203,20 @@ class Qwen4ExpModel : public Model {
   void init_facts();
   size_t weight_bytes_with(size_t routed_bytes) const;
   int64_t state_slot_floats() const;
-  std::vector<int64_t> plane_widths() const;  // one QSA layer: [k | v], [raw index key | pooled block key]
+  // One QSA layer's planes under config c: [k | v], [raw index key | pooled block key].
+  static std::vector<int64_t> plane_widths(const Qwen4ExpConfig& c);
+  // Where each layer's state sits in a slot under config c (slots: memory_'s), and a slot's floats.
+  Qwen4StateLayout state_layout(const Qwen4ExpConfig& c) const;
+  static int64_t slot_floats(const Qwen4ExpConfig& c, const Qwen4StateLayout& layout);
+  // The target forward's config, state layout, blocks and weights: this rank's shard's when tensor parallel.
+  const Qwen4ExpConfig& target_cfg() const;
+  Qwen4ExpBlocks& target_blocks();
+  const Qwen4ExpWeights& target_weights() const;
   std::vector<LayerPlanes> target_planes() const;
   int64_t sequence_bytes(int64_t capacity, bool drafting) const;
   void ensure_pools();
   // One decoder layer over the streams of the current forward; returns the routed expert bytes it read.
-  size_t layer_forward(const Qwen4LayerWeights& L, int layer, int qsa_layer);
+  size_t layer_forward(Qwen4ExpBlocks& b, const Qwen4LayerWeights& L, int layer, int qsa_layer);
 
   std::string dir_;
   Qwen4ExpConfig cfg_;
@@ -213,6 +228,9 @@ class Qwen4ExpModel : public Model {
   // The backend that computes the blocks (only the CPU's so far), and the spans of the current forward.
   std::unique_ptr<Qwen4CpuBlocks> cpu_blocks_;
   Qwen4ExpBlocks* blocks_ = nullptr;
+  std::unique_ptr<Qwen4Shard> shard_;             // tensor parallel: this rank's part of the target
+  Qwen4StateLayout shard_layout_;                 // ... its state layout
+  std::unique_ptr<Qwen4CpuBlocks> shard_blocks_;  // ... and the blocks that compute over it
   std::vector<Qwen4RowSpan> spans_;
   ChainedDraftDriver<Qwen4ExpModel> draft_driver_;
   MemoryOptions memory_;
