@@ -45,7 +45,7 @@ target's, sampled output is distributed as the target's. docs/server.md has the 
                             backend runs the model's family, HY V4 so far; else the CPU)
   --tensor-parallel N       run the model as N tensor-parallel ranks (heads, MLP features, experts and
                             vocabulary split, docs/parallel.md); on the CPU the ranks are threads of this
-                            process (a test of what several GPUs run, no faster); HY V4 so far
+                            process (a test of what several GPUs run, no faster)
 )";
 
 std::string model_name(const std::string& dir) {
