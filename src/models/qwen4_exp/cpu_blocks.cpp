@@ -411,15 +411,7 @@ void Qwen4CpuBlocks::qsa(const QsaWeights& a, size_t cache_layer, const float* x
   float* iq = b_.iq.data();
   const ops::MatmulOut outs[] = {{&a.q_proj, q, -1}, {&a.k_proj, k, -1}, {&a.v_proj, v, -1}, {&a.index_qk, iq, -1}};
   ops::matmul_many(pool_, x, S, outs, 4);
-  auto add_bias = [](float* m, int64_t rows, const std::vector<float>& bias) {
-    if (bias.empty()) return;
-    const int64_t n = static_cast<int64_t>(bias.size());
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < n; ++j) m[r * n + j] += bias[j];
-  };
-  add_bias(q, S, a.q_bias);
-  add_bias(k, S, a.k_bias);
-  add_bias(v, S, a.v_bias);
+  // (attention_bias: the biases are the Linears' own, added by the matmuls)
   float* rope = b_.rope.data();  // [S, dim]: cos, then sin
   for (const Qwen4RowSpan& sp : spans_) {
     for (int64_t i = 0; i < sp.rows; ++i) {
@@ -548,7 +540,6 @@ void Qwen4CpuBlocks::qsa(const QsaWeights& a, size_t cache_layer, const float* x
   else
     row_task(0, S, 0);
   ops::matmul(pool_, out, S, a.o_proj, y);
-  add_bias(y, S, a.o_bias);
 }
 
 // MoE: softmax router over all experts, the top k (renormalized when norm_topk_prob), each expert run over the

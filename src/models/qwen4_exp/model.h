@@ -62,7 +62,7 @@ struct QsaWeights {            // gated attention with q/k norms, partial RoPE a
   Linear q_proj;               // [heads·2·hd, H]: per head its query then its output gate
   Linear k_proj, v_proj;       // [kv·hd, H]
   Linear o_proj;               // [H, heads·hd]
-  std::vector<float> q_bias, k_bias, v_bias, o_bias;  // attention_bias only
+  std::vector<float> q_bias, k_bias, v_bias, o_bias;  // attention_bias only (the Linears' bias points here)
   NormScale q_norm, k_norm;    // [hd]
   Linear index_qk;             // [(ih + 1)·ihd, H]: indexer queries, then the one raw key
   NormScale index_q_norm, index_k_norm;  // [ihd]

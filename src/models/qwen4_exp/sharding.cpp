@@ -72,23 +72,15 @@ void shard_qsa(const Qwen4ExpConfig& c, const Qwen4Shard& s, bool first_rank, Qs
   const int64_t hd = c.head_dim, n = s.heads.size(), nkv = s.kv_heads.size();
   if (n == 0) {
     a.q_proj = a.k_proj = a.v_proj = a.o_proj = Linear{};
-    a.q_bias.clear();
-    a.k_bias.clear();
-    a.v_bias.clear();
-    a.o_bias.clear();
     return;
   }
-  // (each bias vector's slice goes with its rows: the Linear keeps pointing into the whole model's vector)
+  // (attention_bias: a row slice keeps its rows' bias; the bias vectors stay the whole model's, which own them)
   a.q_proj = a.q_proj.rows(s.heads.begin * 2 * hd, n * 2 * hd);
   a.k_proj = a.k_proj.rows(s.kv_heads.begin * hd, nkv * hd);
   a.v_proj = a.v_proj.rows(s.kv_heads.begin * hd, nkv * hd);
   const Linear o = a.o_proj;
   a.o_proj = o.columns(s.heads.begin * hd, n * hd);
   if (first_rank) a.o_proj.bias = o.bias;  // (added once, by rank 0)
-  if (!a.q_bias.empty()) a.q_bias = rows_of(a.q_bias, 1, s.heads.begin * 2 * hd, n * 2 * hd);
-  if (!a.k_bias.empty()) a.k_bias = rows_of(a.k_bias, 1, s.kv_heads.begin * hd, nkv * hd);
-  if (!a.v_bias.empty()) a.v_bias = rows_of(a.v_bias, 1, s.kv_heads.begin * hd, nkv * hd);
-  if (!first_rank) a.o_bias.clear();
 }
 
 void shard_moe(UnitRange experts, int rank, int ranks, MoeWeights& m) {
