@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -178,6 +179,53 @@ TEST(Qwen4ExpLoader, StoredMixerInjectionIsNeverRead) {
   ASSERT_EQ(s.ckpt.erase("mtp.hyper_connection_mixer.block_inject_weight.weight"), 1u);
   Qwen4ExpModel var(write(s, "ck"), nullptr);
   EXPECT_EQ(var.num_mtp_layers(), 1);
+}
+
+TEST(Qwen4ExpLoader, AttentionBiasesAreAddedOnce) {
+  // With the output gates' weights zeroed, a gate bias beta makes every head's output gate sigmoid(beta): the same
+  // logits (to rounding) as no biases and o_proj scaled by sigmoid(beta) / sigmoid(0). A bias added twice would
+  // give sigmoid(2 beta) instead (0.88 for 0.73 at beta = 1). The other biases are zero.
+  const float beta = 1.0f;
+  const Source base = read_fixture("a_fp32");
+  const json& tc = base.config.contains("text_config") ? base.config["text_config"] : base.config;
+  const int64_t nh = tc["num_attention_heads"].get<int64_t>(), hd = tc["head_dim"].get<int64_t>();
+  const int64_t kv = tc["num_key_value_heads"].get<int64_t>(), H = tc["hidden_size"].get<int64_t>();
+  Source biased = base, scaled = base;
+  (biased.config.contains("text_config") ? biased.config["text_config"] : biased.config)["attention_bias"] = true;
+  auto f32 = [](Tensor& t) { return reinterpret_cast<float*>(t.bytes.data()); };
+  auto zeros = [](int64_t n) { return Tensor{DType::F32, {n}, std::vector<uint8_t>(size_t(n) * 4, 0)}; };
+  int layers = 0;
+  for (const auto& [name, t] : base.ckpt) {
+    const size_t at = name.find("self_attn.q_proj.weight");
+    if (at == std::string::npos) continue;
+    const std::string p = name.substr(0, at) + "self_attn.";
+    ++layers;
+    for (Source* s : {&biased, &scaled}) {
+      float* q = f32(s->ckpt[name]);
+      for (int64_t h = 0; h < nh; ++h) std::fill(q + (h * 2 * hd + hd) * H, q + (h * 2 + 2) * hd * H, 0.0f);
+    }
+    Tensor qb = zeros(nh * 2 * hd);
+    for (int64_t h = 0; h < nh; ++h) std::fill(f32(qb) + h * 2 * hd + hd, f32(qb) + (h + 1) * 2 * hd, beta);
+    biased.ckpt[p + "q_proj.bias"] = qb;
+    biased.ckpt[p + "k_proj.bias"] = zeros(kv * hd);
+    biased.ckpt[p + "v_proj.bias"] = zeros(kv * hd);
+    biased.ckpt[p + "o_proj.bias"] = zeros(H);
+    Tensor& o = scaled.ckpt[p + "o_proj.weight"];
+    const float k = (1.0f / (1.0f + std::exp(-beta))) / 0.5f;
+    for (size_t i = 0; i < o.bytes.size() / 4; ++i) f32(o)[i] *= k;
+  }
+  ASSERT_GT(layers, 0);
+  Qwen4ExpModel mb(write(biased, "biased"), nullptr), ms(write(scaled, "scaled"), nullptr);
+  const auto prompt = testing::Reference(testing::qwen4_exp_fixture_dir("a_fp32")).ids("input_ids");
+  const int64_t T = prompt.size(), V = mb.facts().vocab_size;
+  std::vector<float> lb(T * V), ls(T * V);
+  for (auto [m, out] : {std::pair{&mb, &lb}, std::pair{&ms, &ls}}) {
+    auto seq = m->new_sequence(T);
+    const BatchSegment seg{seq.get(), prompt.data(), T, true};
+    m->forward(&seg, 1, out->data(), nullptr);
+  }
+  const auto d = testing::compare(lb.data(), ls.data(), T, V);
+  EXPECT_LE(d.rel(), 1e-5) << "max|Δ| " << d.max_abs << " of " << d.max_ref;
 }
 
 }  // namespace
