@@ -6,6 +6,8 @@
 #include <numeric>
 #include <vector>
 
+#include "ops/ops.h"
+
 namespace nextn {
 
 struct UnitRange {
@@ -28,6 +30,25 @@ inline std::vector<UnitRange> split_units(int64_t units, int64_t unit_cols, int6
     out.push_back({std::min(units, g0 * group), std::min(units, g1 * group)});
   }
   return out;
+}
+
+// The columns a row-parallel slice of w may start at: an FP8 weight's scale block, else any.
+inline int64_t column_align(const Linear& w) { return w.dtype == DType::F8_E4M3 ? w.block_in : 1; }
+
+// A SwiGLU MLP's part on `rank` (dense MLPs, shared experts): gate / up rows and down columns of its
+// intermediate features, split on down's scale blocks; all three empty (out = 0) on a rank that gets none.
+// down's bias, if any, stays on rank 0 (added once).
+inline void shard_swiglu(Linear& gate, Linear& up, Linear& down, int rank, int ranks) {
+  const UnitRange f = split_units(down.in, 1, column_align(down), ranks)[size_t(rank)];
+  if (f.size() == 0) {
+    gate = up = down = Linear{};
+    return;
+  }
+  const float* bias = down.bias;
+  gate = gate.rows(f.begin, f.size());
+  up = up.rows(f.begin, f.size());
+  down = down.columns(f.begin, f.size());
+  if (rank == 0) down.bias = bias;
 }
 
 }  // namespace nextn

@@ -9,22 +9,6 @@ namespace nextn {
 
 namespace {
 
-// The columns a row-parallel slice must start at: an FP8 weight's scale block, else any.
-int64_t column_align(const Linear& w) { return w.dtype == DType::F8_E4M3 ? w.block_in : 1; }
-
-// gate / up rows and down columns of features [f.begin, f.end); none when the range is empty.
-void shard_mlp(const Linear& gate, const Linear& up, const Linear& down, UnitRange f, bool keep_bias, Linear& g,
-               Linear& u, Linear& d) {
-  if (f.size() == 0) {
-    g = u = d = Linear{};
-    return;
-  }
-  g = gate.rows(f.begin, f.size());
-  u = up.rows(f.begin, f.size());
-  d = down.columns(f.begin, f.size());
-  if (keep_bias) d.bias = down.bias;
-}
-
 void shard_attention(const HYV4Config& c, UnitRange heads, bool first_rank, AttentionWeights& a) {
   const int64_t qkd = c.qk_head_dim, nope = c.qk_nope_head_dim, vd = c.v_head_dim, n = heads.size();
   a.indexer.wk_dequant.clear();  // (the copy's wk still points into the model's own dequantized buffer)
@@ -43,10 +27,8 @@ void shard_attention(const HYV4Config& c, UnitRange heads, bool first_rank, Atte
 }
 
 void shard_ffn(UnitRange experts, int rank, int ranks, FfnWeights& f) {
-  const bool has_mlp = f.gate_proj.out > 0;
-  if (has_mlp) {
-    shard_mlp(f.gate_proj, f.up_proj, f.down_proj, mlp_features(f.down_proj, rank, ranks), rank == 0, f.gate_proj,
-              f.up_proj, f.down_proj);
+  if (f.gate_proj.out > 0) {  // the dense MLP, or the shared experts
+    shard_swiglu(f.gate_proj, f.up_proj, f.down_proj, rank, ranks);
     if (f.has_shared) f.has_shared = f.gate_proj.out > 0;
   }
   if (!f.sparse) return;
@@ -56,10 +38,6 @@ void shard_ffn(UnitRange experts, int rank, int ranks, FfnWeights& f) {
 }
 
 }  // namespace
-
-UnitRange mlp_features(const Linear& down, int rank, int ranks) {
-  return split_units(down.in, 1, column_align(down), ranks)[size_t(rank)];
-}
 
 HYV4Shard shard_target(const HYV4Config& c, const HYV4Weights& w, int rank, int ranks) {
   if (ranks < 1 || rank < 0 || rank >= ranks)

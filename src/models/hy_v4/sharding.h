@@ -25,8 +25,4 @@ struct HYV4Shard {
 // Throws nextn::Error when the checkpoint cannot be split (ranks outside 1..heads).
 HYV4Shard shard_target(const HYV4Config& config, const HYV4Weights& weights, int rank, int ranks);
 
-// Intermediate features [begin, end) of this rank for an MLP whose down projection is `down` ([H, I]): split
-// on down's FP8 scale blocks.
-UnitRange mlp_features(const Linear& down, int rank, int ranks);
-
 }  // namespace nextn

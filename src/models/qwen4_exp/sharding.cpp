@@ -9,8 +9,6 @@ namespace nextn {
 
 namespace {
 
-int64_t column_align(const Linear& w) { return w.dtype == DType::F8_E4M3 ? w.block_in : 1; }
-
 // The rows [r0, r0 + n) of a [rows, width] float table (conv kernels, per-head vectors), copied.
 std::vector<float> rows_of(const std::vector<float>& table, int64_t width, int64_t r0, int64_t n) {
   return std::vector<float>(table.begin() + r0 * width, table.begin() + (r0 + n) * width);
@@ -84,16 +82,7 @@ void shard_qsa(const Qwen4ExpConfig& c, const Qwen4Shard& s, bool first_rank, Qs
 }
 
 void shard_moe(UnitRange experts, int rank, int ranks, MoeWeights& m) {
-  const UnitRange f = split_units(m.shared_down.in, 1, column_align(m.shared_down), ranks)[size_t(rank)];
-  if (m.shared_gate.out > 0) {
-    if (f.size() == 0) {
-      m.shared_gate = m.shared_up = m.shared_down = Linear{};
-    } else {
-      m.shared_gate = m.shared_gate.rows(f.begin, f.size());
-      m.shared_up = m.shared_up.rows(f.begin, f.size());
-      m.shared_down = m.shared_down.columns(f.begin, f.size());
-    }
-  }
+  if (m.shared_gate.out > 0) shard_swiglu(m.shared_gate, m.shared_up, m.shared_down, rank, ranks);
   for (size_t e = 0; e < m.gate.size(); ++e)
     if (int64_t(e) < experts.begin || int64_t(e) >= experts.end) m.gate[e] = m.up[e] = m.down[e] = Linear{};
 }
