@@ -318,6 +318,7 @@ class FailingRank final : public Model {
   const ModelFacts& facts() const override { return inner_->facts(); }
   void prefault(bool progress) const override { inner_->prefault(progress); }
   void make_tensor_parallel_rank(Communicator& comm) override { inner_->make_tensor_parallel_rank(comm); }
+  void check_tensor_parallel(int ranks) const override { inner_->check_tensor_parallel(ranks); }
   void configure_memory(const MemoryOptions& o) override { inner_->configure_memory(o); }
   bool can_admit(int64_t c, bool d) const override { return inner_->can_admit(c, d); }
   bool could_ever_admit(int64_t c, bool d) const override { return inner_->could_ever_admit(c, d); }

@@ -529,7 +529,7 @@ int run_bench(int argc, char** argv) {
 
   // Loading maps the weights (prefault reads them, below): the options are checked against the checkpoint
   // before anything is measured.
-  const std::unique_ptr<Model> loaded = load_model(dir, &pool, tensor_parallel(a));
+  const std::unique_ptr<Model> loaded = load_command_model(dir, pool, tensor_parallel(a));
   Model& m = *loaded;
   const ModelFacts& facts = m.facts();
   check_against_facts(o, facts);

@@ -7,6 +7,10 @@
 #include "engine/request.h"
 #include "io/tokenizer.h"
 #include "models/model.h"
+
+namespace nextn {
+class ThreadPool;
+}
 #include "ops/cpu_target.h"
 
 namespace nextn::cli {
@@ -23,6 +27,11 @@ std::string device_option(const Args& a);
 // on it, else the CPU) before its first sequence; returns where it runs, for the logs ("cpu", "cuda: NVIDIA
 // H200 (sm_90, 139 GiB)"). Throws nextn::Error when cuda is asked for and cannot be had, saying why.
 std::string place_model(Model& model, const std::string& option);
+// DIR's model for a command: one, or with --tensor-parallel N that many ranks, ranks 1.. as processes of this
+// executable (`nextn tensor-parallel-rank`, hidden) sharing pool's threads out among them.
+std::unique_ptr<Model> load_command_model(const std::string& dir, ThreadPool& pool, int tensor_parallel);
+// The hidden command a tensor-parallel rank process runs.
+int run_tensor_parallel_rank_command(int argc, char** argv);
 
 // `nextn inspect DIR [--json] [--scan]`: what the loader makes of a checkpoint (0: loadable, 1: not, 2: bad usage).
 int run_inspect(int argc, char** argv);

@@ -1,7 +1,13 @@
 // --device: where a command's model runs (commands.h).
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/threadpool.h"
+#include "models/common/tensor_parallel.h"
+#include "models/registry.h"
 #include "ops/cuda/cuda_ops.h"
+
+#include <algorithm>
+#include <filesystem>
 
 namespace nextn::cli {
 
@@ -9,6 +15,20 @@ std::string device_option(const Args& a) {
   const std::string d = a.get("device", "auto");
   if (d != "cpu" && d != "cuda" && d != "auto") throw UsageError("--device must be cpu, cuda or auto, got '" + d + "'");
   return d;
+}
+
+std::unique_ptr<Model> load_command_model(const std::string& dir, ThreadPool& pool, int tensor_parallel) {
+  if (tensor_parallel <= 1) return load_model(dir, &pool);
+  std::error_code ec;
+  const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  if (ec) throw Error("--tensor-parallel: cannot find this executable to start the ranks (" + ec.message() + ")");
+  return load_tensor_parallel_processes(dir, &pool, tensor_parallel, exe, std::max(1, pool.size() / tensor_parallel));
+}
+
+int run_tensor_parallel_rank_command(int argc, char** argv) {
+  const Args a(argc, argv, 2, {}, {"model", "group", "rank", "threads"});
+  return run_tensor_parallel_rank(a.get("model"), a.get("group"), a.get_int("rank", 1, 1, 63),
+                                  a.get_int("threads", 1, 1, max_threads()));
 }
 
 std::string place_model(Model& model, const std::string& option) {

@@ -289,7 +289,7 @@ int run_generate(int argc, char** argv) {
   }();
 
   ThreadPool pool(thread_count(a));
-  const std::unique_ptr<Model> loaded = load_model(model_dir, &pool, tensor_parallel(a));
+  const std::unique_ptr<Model> loaded = load_command_model(model_dir, pool, tensor_parallel(a));
   Model& model = *loaded;
   model.prefault(/*progress=*/true);
   const std::string where = place_model(model, device_option(a));
@@ -370,7 +370,7 @@ int run_logits(int argc, char** argv) {
   check_output_outside_checkpoint(a.get("output"), a.get("model"));
   auto ids = parse_id_list(a.get("ids"), "--ids");
   ThreadPool pool(thread_count(a));
-  const std::unique_ptr<Model> loaded = load_model(a.get("model"), &pool, tensor_parallel(a));
+  const std::unique_ptr<Model> loaded = load_command_model(a.get("model"), pool, tensor_parallel(a));
   Model& model = *loaded;
   model.prefault(/*progress=*/false);  // (also refuses a checkpoint holding NaN or inf, naming the tensor)
   place_model(model, device_option(a));
@@ -418,6 +418,7 @@ int main(int argc, char** argv) {
     if (cmd == "inspect") return run_inspect(argc, argv);
     if (cmd == "bench") return run_bench(argc, argv);
     if (cmd == "serve") return run_serve(argc, argv);
+    if (cmd == "tensor-parallel-rank") return run_tensor_parallel_rank_command(argc, argv);
     if (cmd == "tokenize" || cmd == "detokenize") {
       usage = kTokenizeUsage;
       return run_tokenize(argc, argv, cmd == "detokenize");

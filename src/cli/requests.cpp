@@ -147,7 +147,7 @@ int run_requests(const std::string& path, const RequestDefaults& defaults, const
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot open the requests file");
   ThreadPool pool(threads);
-  const std::unique_ptr<Model> model = load_model(model_dir, &pool, tensor_parallel);
+  const std::unique_ptr<Model> model = load_command_model(model_dir, pool, tensor_parallel);
   model->prefault(/*progress=*/true);
   place_model(*model, device);
   model->configure_memory(memory);

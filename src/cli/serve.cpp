@@ -88,7 +88,7 @@ int run_serve(int argc, char** argv) {
   memory.kv_cache_bytes = int64_t(a.get_int("kv-cache-mb", 512, 1, 1 << 30)) << 20;
 
   ThreadPool pool(thread_count(a));
-  const std::unique_ptr<Model> model = load_model(dir, &pool, tensor_parallel(a));
+  const std::unique_ptr<Model> model = load_command_model(dir, pool, tensor_parallel(a));
   model->prefault(/*progress=*/true);
   const std::string where = place_model(*model, device_option(a));
   model->configure_memory(memory);

@@ -119,6 +119,11 @@ class Model {
   // that does not shard.
   virtual void make_tensor_parallel_rank(Communicator& comm) {
     (void)comm;
+    check_tensor_parallel(2);
+  }
+  // Throws nextn::Error saying why the model cannot be split over `ranks` ranks (nothing is made).
+  virtual void check_tensor_parallel(int ranks) const {
+    (void)ranks;
     throw Error(facts().model_type + ": tensor parallelism is not implemented for this family yet");
   }
 

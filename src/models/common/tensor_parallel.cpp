@@ -6,6 +6,22 @@
 #include <unordered_map>
 
 #include "core/error.h"
+#include "core/shm_group.h"
+#include "core/threadpool.h"
+#include "models/registry.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+
+extern char** environ;
 
 namespace nextn {
 
@@ -55,9 +71,18 @@ int64_t logit_rows(const SegmentWire* segs, int64_t count) {
   return n;
 }
 
-// What ranks 1.. do until rank 0 says stop: every command as rank 0 ran it, on this rank's model. An error
-// here is this rank's alone (rank 0 checked the engine's inputs): it aborts the group.
-void serve_commands(Model& model, Communicator& comm) {
+// Ranks 1.. as threads of this process, each with its model.
+class LocalRanks final : public RankGroup {
+ public:
+  explicit LocalRanks(int ranks) : group(ranks) {}
+  void join() override { group.join(); }
+  LocalGroup group;
+};
+
+}  // namespace
+
+// (rank 0 checked the engine's inputs before sending them: an error here is this rank's alone)
+void serve_tensor_parallel_rank(Model& model, Communicator& comm) {
   std::unordered_map<int64_t, std::unique_ptr<SequenceState>> sequences;
   std::vector<char> payload;
   std::vector<BatchSegment> segments;
@@ -124,18 +149,19 @@ void serve_commands(Model& model, Communicator& comm) {
   }
 }
 
-}  // namespace
-
 TensorParallelModel::TensorParallelModel(std::vector<std::unique_ptr<Model>> ranks) : models_(std::move(ranks)) {
   if (models_.empty()) throw Error("tensor parallel: no ranks");
   for (const auto& m : models_)
     if (!m) throw Error("tensor parallel: a rank without a model");
-  group_ = std::make_unique<LocalGroup>(static_cast<int>(models_.size()));
-  comm_ = &group_->start([this](Communicator& comm) {
+  models_[0]->check_tensor_parallel(static_cast<int>(models_.size()));  // (before any rank starts)
+  auto local = std::make_unique<LocalRanks>(static_cast<int>(models_.size()));
+  LocalGroup& group = local->group;
+  group_ = std::move(local);
+  comm_ = &group.start([this](Communicator& comm) {
     Model& model = *models_[size_t(comm.rank())];
     model.make_tensor_parallel_rank(comm);
     comm.barrier();  // (every rank's shard made: rank 0 returns from the constructor)
-    serve_commands(model, comm);
+    serve_tensor_parallel_rank(model, comm);
   });
   try {
     models_[0]->make_tensor_parallel_rank(*comm_);
@@ -145,6 +171,12 @@ TensorParallelModel::TensorParallelModel(std::vector<std::unique_ptr<Model>> ran
     group_->join();  // (a rank that failed on its own: its error, naming what it could not do)
     throw;
   }
+}
+
+TensorParallelModel::TensorParallelModel(std::unique_ptr<Model> rank0, Communicator& comm,
+                                         std::unique_ptr<RankGroup> others)
+    : group_(std::move(others)), comm_(&comm) {
+  models_.push_back(std::move(rank0));
 }
 
 TensorParallelModel::~TensorParallelModel() {
@@ -202,7 +234,7 @@ void TensorParallelModel::configure_memory(const MemoryOptions& options) {
 }
 
 std::string TensorParallelModel::memory_summary() const {
-  return models_[0]->memory_summary() + " (on each of " + std::to_string(models_.size()) + " tensor-parallel ranks)";
+  return models_[0]->memory_summary() + " (on each of " + std::to_string(ranks()) + " tensor-parallel ranks)";
 }
 
 std::unique_ptr<SequenceState> TensorParallelModel::new_sequence(int64_t capacity) {
@@ -297,6 +329,133 @@ void TensorParallelModel::forward(const BatchSegment* segments, size_t count, fl
     send(cmd, payload_.data());
     models_[0]->forward(inner_.data(), inner_.size(), logits, hidden);
   });
+}
+
+
+// ---------------------------------------------------------------------------------------------------
+// Ranks as processes
+
+namespace {
+
+// Ranks 1.. as child processes over a shared-memory group.
+class ProcessRanks final : public RankGroup {
+ public:
+  explicit ProcessRanks(std::unique_ptr<ShmGroup> g) : shm(std::move(g)) {}
+  ~ProcessRanks() override {
+    try {
+      join();
+    } catch (const std::exception&) {
+    }
+  }
+  // Whether every child still runs (a child that has ended is reaped, its status kept).
+  bool all_alive() {
+    bool alive = true;
+    for (size_t i = 0; i < pids.size(); ++i)
+      if (!ended[i] && ::waitpid(pids[i], &status[i], WNOHANG) == pids[i]) ended[i] = true;
+    for (size_t i = 0; i < pids.size(); ++i) alive = alive && !ended[i];
+    return alive;
+  }
+  // Throws the first child's failure unless rank 0 (this process) failed first: its own error stands then.
+  void join() override {
+    const bool rank0_failed = shm->first_failed() == 0;
+    std::string first;
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (!ended[i]) {
+        while (::waitpid(pids[i], &status[i], 0) < 0 && errno == EINTR) {
+        }
+        ended[i] = true;
+      }
+      const int st = status[i];
+      const bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+      if (!ok && first.empty())
+        first = "tensor parallel rank " + std::to_string(i + 1) +
+                (WIFSIGNALED(st) ? " was killed by signal " + std::to_string(WTERMSIG(st))
+                                 : " exited with status " + std::to_string(WEXITSTATUS(st)) + " (its own message, if any, above)");
+    }
+    pids.clear();
+    ended.clear();
+    status.clear();
+    if (!first.empty() && !rank0_failed) throw Error(first);
+  }
+  void spawn(const std::string& exe, const std::vector<std::string>& args) {
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(exe.c_str()));
+    for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);  // (rank 0 owns stdout)
+    pid_t pid = 0;
+    const int rc = posix_spawn(&pid, exe.c_str(), &fa, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) throw Error("tensor parallel: cannot start " + exe + " (" + std::strerror(rc) + ")");
+    pids.push_back(pid);
+    ended.push_back(false);
+    status.push_back(0);
+  }
+
+  std::unique_ptr<ShmGroup> shm;
+  std::vector<pid_t> pids;
+  std::vector<bool> ended;
+  std::vector<int> status;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, ThreadPool* pool, int ranks,
+                                                      const std::string& exe, int threads) {
+  if (ranks < 2) throw Error("tensor parallel processes: needs 2 ranks or more");
+  // Rank 0 first, alone: what every rank would refuse (the checkpoint, the split) is said once, before any
+  // process starts.
+  std::unique_ptr<Model> model = load_model(dir, pool);
+  model->check_tensor_parallel(ranks);
+  auto group = std::make_unique<ProcessRanks>(ShmGroup::create(ranks));
+  ProcessRanks* g = group.get();
+  Communicator& comm = g->shm->comm();
+  try {
+    for (int r = 1; r < ranks; ++r)
+      g->spawn(exe, {"tensor-parallel-rank", "--model", dir, "--group", g->shm->name(), "--rank", std::to_string(r),
+                     "--threads", std::to_string(threads)});
+    g->shm->set_liveness([g] { return g->all_alive(); });
+    model->make_tensor_parallel_rank(comm);
+    comm.barrier();  // (every rank attached and sharded)
+    g->shm->unlink();
+  } catch (...) {
+    comm.abort();
+    g->join();  // (a rank that failed first: its exit status; its message is on stderr)
+    throw;
+  }
+  return std::make_unique<TensorParallelModel>(std::move(model), comm, std::move(group));
+}
+
+int run_tensor_parallel_rank(const std::string& dir, const std::string& group, int rank, int threads) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // (rank 0 gone: so is this rank)
+  const pid_t parent = ::getppid();
+  std::unique_ptr<ShmGroup> shm;
+  try {
+    shm = ShmGroup::attach(group, rank);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nextn: tensor parallel rank %d: %s\n", rank, e.what());
+    return 1;
+  }
+  shm->set_liveness([parent] { return ::getppid() == parent; });
+  Communicator& comm = shm->comm();
+  try {
+    ThreadPool pool(threads);
+    std::unique_ptr<Model> model = load_model(dir, &pool);
+    model->make_tensor_parallel_rank(comm);
+    comm.barrier();
+    // Test seam: this rank vanishes without a word once the group is up (as a crash or a kill would).
+    if (const char* e = std::getenv("NEXTN_TEST_TP_EXIT_RANK"); e && std::atoi(e) == rank) std::_Exit(3);
+    serve_tensor_parallel_rank(*model, comm);
+    return 0;
+  } catch (const std::exception& e) {
+    comm.abort();
+    const std::string what = e.what();
+    if (what.find("another rank failed") == std::string::npos)  // (else the rank that failed says why)
+      std::fprintf(stderr, "nextn: tensor parallel rank %d: %s\n", rank, e.what());
+    return 1;
+  }
 }
 
 }  // namespace nextn

@@ -21,15 +21,28 @@
 
 namespace nextn {
 
+class ThreadPool;
+
+// Ranks 1.. of a group, whatever form they take (threads, processes): join() waits until they have ended and
+// throws the error of the first that failed on its own.
+class RankGroup {
+ public:
+  virtual ~RankGroup() = default;
+  virtual void join() = 0;
+};
+
 class TensorParallelModel final : public Model {
  public:
   // ranks[r] is rank r's model, loaded from the same checkpoint and not yet used; rank r > 0 runs on a thread of
   // its own (LocalGroup) until this model is destroyed. Each is made a tensor-parallel rank here (throws
   // nextn::Error for a family or checkpoint that does not shard).
   explicit TensorParallelModel(std::vector<std::unique_ptr<Model>> ranks);
+  // Rank 0 of a group whose other ranks run elsewhere and already serve (serve_tensor_parallel_rank): `rank0` is
+  // this process's model, made a rank over `comm` (rank 0's), and `others` their handle.
+  TensorParallelModel(std::unique_ptr<Model> rank0, Communicator& comm, std::unique_ptr<RankGroup> others);
   ~TensorParallelModel() override;
 
-  int ranks() const { return static_cast<int>(models_.size()); }
+  int ranks() const { return comm_->size(); }
   Model& rank0() { return *models_[0]; }
 
   const ModelFacts& facts() const override { return models_[0]->facts(); }
@@ -83,8 +96,8 @@ class TensorParallelModel final : public Model {
   auto on_rank0(F&& f) -> decltype(f());
   void check_alive() const;
 
-  std::vector<std::unique_ptr<Model>> models_;
-  std::unique_ptr<LocalGroup> group_;
+  std::vector<std::unique_ptr<Model>> models_;  // rank 0's, and (threads) the others'
+  std::unique_ptr<RankGroup> group_;
   Communicator* comm_ = nullptr;  // rank 0's
   std::mutex mu_;                 // one command at a time, whichever thread calls
   int64_t next_id_ = 0;
@@ -92,5 +105,19 @@ class TensorParallelModel final : public Model {
   std::vector<char> payload_;
   std::vector<BatchSegment> inner_;  // a forward's segments over rank 0's own sequences
 };
+
+// What ranks 1.. do until rank 0 says stop: every command as rank 0 ran it, on this rank's model (already made a
+// rank over comm). An error here is this rank's alone: it aborts the group and is rethrown.
+void serve_tensor_parallel_rank(Model& model, Communicator& comm);
+
+// Rank 0 of `ranks` processes (docs/parallel.md: a process per GPU, started by nextn itself): ranks 1.. are
+// started as `exe tensor-parallel-rank ...` (the CLI's hidden command; their stdout discarded, their stderr
+// kept), each loading `dir` with `threads` threads, and meet this process over a shared-memory group; this
+// process loads rank 0 with `pool`. A rank that cannot load (or dies later) fails the group with its exit
+// status, its own message on stderr.
+std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, ThreadPool* pool, int ranks,
+                                                      const std::string& exe, int threads);
+// The hidden command's body: rank `rank` of the group named `group`; returns the process's exit status.
+int run_tensor_parallel_rank(const std::string& dir, const std::string& group, int rank, int threads);
 
 }  // namespace nextn

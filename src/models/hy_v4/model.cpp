@@ -58,6 +58,11 @@ void HYV4Model::make_tensor_parallel_rank(Communicator& comm) {
   shard_blocks_->set_tensor_parallel(&comm, shard_->vocab);
 }
 
+void HYV4Model::check_tensor_parallel(int ranks) const {
+  if (device_ != Device::kCpu) throw Error("tensor parallel: runs on the CPU backend only so far");
+  for (int r = 0; r < ranks; ++r) shard_target(cfg_, w_, r, ranks);
+}
+
 HYV4Blocks& HYV4Model::target_blocks() { return shard_ ? *shard_blocks_ : *blocks_; }
 const HYV4Weights& HYV4Model::target_weights() const { return shard_ ? shard_->weights : w_; }
 

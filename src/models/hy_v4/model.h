@@ -147,6 +147,7 @@ class HYV4Model : public Model {
   // This model as rank comm.rank() of a tensor-parallel group (sharding.h): its target forwards compute over
   // its shard and meet the other ranks in comm's collectives; MTP forwards stay whole and local (rank 0's).
   void make_tensor_parallel_rank(Communicator& comm) override;
+  void check_tensor_parallel(int ranks) const override;
   Device device() const override { return device_; }
   void configure_memory(const MemoryOptions& options) override;
   bool can_admit(int64_t capacity, bool drafting) const override;

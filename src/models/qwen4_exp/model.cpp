@@ -99,6 +99,10 @@ void Qwen4ExpModel::make_tensor_parallel_rank(Communicator& comm) {
   shard_blocks_->set_tensor_parallel(&comm, shard_->vocab);
 }
 
+void Qwen4ExpModel::check_tensor_parallel(int ranks) const {
+  for (int r = 0; r < ranks; ++r) shard_qwen4_target(cfg_, w_, r, ranks);
+}
+
 const Qwen4ExpConfig& Qwen4ExpModel::target_cfg() const { return shard_ ? shard_->config : cfg_; }
 Qwen4ExpBlocks& Qwen4ExpModel::target_blocks() { return shard_ ? *shard_blocks_ : *blocks_; }
 const Qwen4ExpWeights& Qwen4ExpModel::target_weights() const { return shard_ ? shard_->weights : w_; }

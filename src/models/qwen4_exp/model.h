@@ -171,6 +171,7 @@ class Qwen4ExpModel : public Model {
   // forwards stay whole and local (rank 0's). Memory is sized from the whole model's shapes, so that every
   // rank's pools hold the same number of pages and sequences.
   void make_tensor_parallel_rank(Communicator& comm) override;
+  void check_tensor_parallel(int ranks) const override;
   void prompt_draft_logits(const int32_t* tokens, int64_t T, const float* hidden, float* logits) override;
   size_t checkpoint_bytes() const override;
   size_t weight_bytes_total() const override;
