@@ -54,7 +54,7 @@ concurrency.
   --tokens N         decode tokens per measurement (default 64)
   --prompt-tokens N  prompt length (default 64)
   --threads N        worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
-  --tensor-parallel N  N tensor-parallel ranks (docs/parallel.md; on the CPU: ranks as threads)
+  --tensor-parallel N  N tensor-parallel ranks, processes of this command (docs/parallel.md)
   --device cpu|cuda  where the model runs (default cpu); with cuda every bandwidth is the GPU's
                      device-to-device copy bandwidth ((read + write) / time over 2 GiB), measured likewise
   --repeats N        passes (default 3; one pass is at the mercy of a noisy machine): decode is measured

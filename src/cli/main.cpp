@@ -128,8 +128,8 @@ sampled output is distributed exactly as the target's.
   --device cpu|cuda|auto    where the model runs (default auto: the GPU when there is one and the CUDA
                             backend runs the model's family, HY V4 so far; else the CPU)
   --tensor-parallel N       run the model as N tensor-parallel ranks (heads, MLP features, experts and
-                            vocabulary split, docs/parallel.md); on the CPU the ranks are threads of this
-                            process (a test of what several GPUs run, no faster)
+                            vocabulary split, docs/parallel.md); ranks 1.. are processes this command
+                            starts; on the CPU a test of what several GPUs will run, no faster
   --requests FILE.jsonl     run many requests at once (continuous batching): one JSON object a line with
                             "ids" or "prompt" and optionally max_tokens, temperature, top_k, top_p, min_p,
                             seed, speculative_tokens (0: plain), ignore_eos, stop, logprobs (the options
@@ -159,7 +159,7 @@ MTP layer 0 over the prompt, position p fed token p+1 and the target's hidden st
   --draft         also write draft_logits
   --threads N     worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
   --device D      cpu, cuda or auto (default: the GPU when there is one and it runs the model's family)
-  --tensor-parallel N  as N tensor-parallel ranks (docs/parallel.md; ranks as threads on the CPU)
+  --tensor-parallel N  as N tensor-parallel ranks, processes of this command (docs/parallel.md)
 )";
 
 [[noreturn]] void usage_exit(const char* usage, const std::string& msg) {

@@ -44,8 +44,8 @@ target's, sampled output is distributed as the target's. docs/server.md has the 
   --device cpu|cuda|auto    where the model runs (default auto: the GPU when there is one and the CUDA
                             backend runs the model's family, HY V4 so far; else the CPU)
   --tensor-parallel N       run the model as N tensor-parallel ranks (heads, MLP features, experts and
-                            vocabulary split, docs/parallel.md); on the CPU the ranks are threads of this
-                            process (a test of what several GPUs run, no faster)
+                            vocabulary split, docs/parallel.md); ranks 1.. are processes this command
+                            starts; on the CPU a test of what several GPUs will run, no faster
 )";
 
 std::string model_name(const std::string& dir) {
