@@ -22,7 +22,8 @@ std::unique_ptr<Model> load_command_model(const std::string& dir, ThreadPool& po
   std::error_code ec;
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) throw Error("--tensor-parallel: cannot find this executable to start the ranks (" + ec.message() + ")");
-  return load_tensor_parallel_processes(dir, &pool, tensor_parallel, exe, std::max(1, pool.size() / tensor_parallel));
+  // (every rank its share of the threads asked for: `pool` stays idle)
+  return load_tensor_parallel_processes(dir, tensor_parallel, exe, std::max(1, pool.size() / tensor_parallel));
 }
 
 int run_tensor_parallel_rank_command(int argc, char** argv) {

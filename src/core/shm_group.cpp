@@ -10,6 +10,7 @@
 #include <atomic>
 #include <new>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <ctime>
 
@@ -79,7 +80,7 @@ class ShmComm final : public Communicator {
   void abort() override {
     lock();
     if (!h_->failed) h_->first_failed = rank_;
-    h_->failed = 1;
+    __atomic_store_n(&h_->failed, 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&h_->cv);
     pthread_mutex_unlock(&h_->mu);
   }
@@ -88,11 +89,12 @@ class ShmComm final : public Communicator {
 
  private:
   char* slot(int r) const { return slots_ + int64_t(r) * h_->slot_bytes; }
+  uint64_t generation() const { return __atomic_load_n(&h_->generation, __ATOMIC_ACQUIRE); }
 
   void lock() {
     const int rc = pthread_mutex_lock(&h_->mu);
     if (rc == EOWNERDEAD) {  // a rank died inside a collective's bookkeeping: nothing it guarded can be trusted
-      h_->failed = 1;
+      __atomic_store_n(&h_->failed, 1, __ATOMIC_RELEASE);
       pthread_mutex_consistent(&h_->mu);
     } else if (rc != 0) {
       throw Error(std::string("ShmGroup: cannot lock the group (") + std::strerror(rc) + ")");
@@ -106,15 +108,26 @@ class ShmComm final : public Communicator {
       pthread_mutex_unlock(&h_->mu);
       throw Error("ShmGroup: another rank failed");
     }
-    const uint64_t gen = h_->generation;
+    const uint64_t gen = generation();
     if (++h_->arrived == h_->ranks) {
       h_->arrived = 0;
-      ++h_->generation;
+      __atomic_store_n(&h_->generation, gen + 1, __ATOMIC_RELEASE);
       pthread_cond_broadcast(&h_->cv);
       pthread_mutex_unlock(&h_->mu);
       return;
     }
-    while (h_->generation == gen && !h_->failed) {
+    // The others are usually a few microseconds behind (every rank runs the same step): spin a little before
+    // sleeping, since a futex wake across processes costs tens of microseconds on a VM.
+    pthread_mutex_unlock(&h_->mu);
+    const auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(50);
+    for (int i = 1; generation() == gen && !__atomic_load_n(&h_->failed, __ATOMIC_ACQUIRE); ++i) {
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > spin_until) break;
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+    lock();
+    while (generation() == gen && !h_->failed) {
       timespec until;
       clock_gettime(CLOCK_MONOTONIC, &until);
       until.tv_nsec += 100 * 1000 * 1000;
@@ -124,14 +137,14 @@ class ShmComm final : public Communicator {
       }
       const int rc = pthread_cond_timedwait(&h_->cv, &h_->mu, &until);
       if (rc == EOWNERDEAD) {
-        h_->failed = 1;
+        __atomic_store_n(&h_->failed, 1, __ATOMIC_RELEASE);
         pthread_mutex_consistent(&h_->mu);
       } else if (rc == ETIMEDOUT && alive && !alive()) {
-        h_->failed = 1;  // (a peer is gone: nobody else will wake the others)
+        __atomic_store_n(&h_->failed, 1, __ATOMIC_RELEASE);  // (a peer is gone: nobody else will wake the others)
         pthread_cond_broadcast(&h_->cv);
       }
     }
-    const bool done = h_->generation != gen;
+    const bool done = generation() != gen;
     pthread_mutex_unlock(&h_->mu);
     if (!done) throw Error("ShmGroup: another rank failed");
   }

@@ -174,8 +174,8 @@ TensorParallelModel::TensorParallelModel(std::vector<std::unique_ptr<Model>> ran
 }
 
 TensorParallelModel::TensorParallelModel(std::unique_ptr<Model> rank0, Communicator& comm,
-                                         std::unique_ptr<RankGroup> others)
-    : group_(std::move(others)), comm_(&comm) {
+                                         std::unique_ptr<RankGroup> others, std::unique_ptr<ThreadPool> pool)
+    : pool_(std::move(pool)), group_(std::move(others)), comm_(&comm) {
   models_.push_back(std::move(rank0));
 }
 
@@ -402,12 +402,13 @@ class ProcessRanks final : public RankGroup {
 
 }  // namespace
 
-std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, ThreadPool* pool, int ranks,
-                                                      const std::string& exe, int threads) {
+std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, int ranks, const std::string& exe,
+                                                      int threads) {
   if (ranks < 2) throw Error("tensor parallel processes: needs 2 ranks or more");
   // Rank 0 first, alone: what every rank would refuse (the checkpoint, the split) is said once, before any
   // process starts.
-  std::unique_ptr<Model> model = load_model(dir, pool);
+  auto pool = std::make_unique<ThreadPool>(threads);
+  std::unique_ptr<Model> model = load_model(dir, pool.get());
   model->check_tensor_parallel(ranks);
   auto group = std::make_unique<ProcessRanks>(ShmGroup::create(ranks));
   ProcessRanks* g = group.get();
@@ -425,7 +426,7 @@ std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, Th
     g->join();  // (a rank that failed first: its exit status; its message is on stderr)
     throw;
   }
-  return std::make_unique<TensorParallelModel>(std::move(model), comm, std::move(group));
+  return std::make_unique<TensorParallelModel>(std::move(model), comm, std::move(group), std::move(pool));
 }
 
 int run_tensor_parallel_rank(const std::string& dir, const std::string& group, int rank, int threads) {

@@ -39,7 +39,9 @@ class TensorParallelModel final : public Model {
   explicit TensorParallelModel(std::vector<std::unique_ptr<Model>> ranks);
   // Rank 0 of a group whose other ranks run elsewhere and already serve (serve_tensor_parallel_rank): `rank0` is
   // this process's model, made a rank over `comm` (rank 0's), and `others` their handle.
-  TensorParallelModel(std::unique_ptr<Model> rank0, Communicator& comm, std::unique_ptr<RankGroup> others);
+  // pool: rank 0's thread pool when the group owns it (null: the caller's, which outlives this model).
+  TensorParallelModel(std::unique_ptr<Model> rank0, Communicator& comm, std::unique_ptr<RankGroup> others,
+                      std::unique_ptr<ThreadPool> pool = nullptr);
   ~TensorParallelModel() override;
 
   int ranks() const { return comm_->size(); }
@@ -96,6 +98,7 @@ class TensorParallelModel final : public Model {
   auto on_rank0(F&& f) -> decltype(f());
   void check_alive() const;
 
+  std::unique_ptr<ThreadPool> pool_;            // rank 0's, when it is the group's (outlives the models)
   std::vector<std::unique_ptr<Model>> models_;  // rank 0's, and (threads) the others'
   std::unique_ptr<RankGroup> group_;
   Communicator* comm_ = nullptr;  // rank 0's
@@ -112,11 +115,12 @@ void serve_tensor_parallel_rank(Model& model, Communicator& comm);
 
 // Rank 0 of `ranks` processes (docs/parallel.md: a process per GPU, started by nextn itself): ranks 1.. are
 // started as `exe tensor-parallel-rank ...` (the CLI's hidden command; their stdout discarded, their stderr
-// kept), each loading `dir` with `threads` threads, and meet this process over a shared-memory group; this
-// process loads rank 0 with `pool`. A rank that cannot load (or dies later) fails the group with its exit
-// status, its own message on stderr.
-std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, ThreadPool* pool, int ranks,
-                                                      const std::string& exe, int threads);
+// kept) and meet this process over a shared-memory group; every rank, this one included, computes with
+// `threads` threads of its own (a pool's idle workers spin for a while: ranks sharing cores must not
+// oversubscribe them). A rank that cannot load (or dies later) fails the group with its exit status, its own
+// message on stderr.
+std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, int ranks, const std::string& exe,
+                                                      int threads);
 // The hidden command's body: rank `rank` of the group named `group`; returns the process's exit status.
 int run_tensor_parallel_rank(const std::string& dir, const std::string& group, int rank, int threads);
 
