@@ -365,6 +365,7 @@ TEST(TensorParallel, ARankThatFailsAloneStopsTheGroupWithItsErrorInsteadOfAHang)
     std::vector<float> logits(size_t(12 * V));
     BatchSegment seg{seq.get(), p.data(), 6, true, nullptr};
     tp.forward(&seg, 1, logits.data(), nullptr);
+    EXPECT_EQ(tp.failure(), "");
     armed = true;
     seg.tokens = p.data() + 6;
     try {
@@ -380,6 +381,7 @@ TEST(TensorParallel, ARankThatFailsAloneStopsTheGroupWithItsErrorInsteadOfAHang)
       EXPECT_NE(std::string(e.what()).find("failed earlier: "), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("ran out of device memory"), std::string::npos) << e.what();
     }
+    EXPECT_NE(tp.failure().find("ran out of device memory"), std::string::npos) << tp.failure();  // (/health)
     seq.reset();  // (dropping a sequence of a failed group is quiet)
   }
 }

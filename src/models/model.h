@@ -121,6 +121,9 @@ class Model {
     (void)comm;
     check_tensor_parallel(2);
   }
+  // Empty while the model can run forwards; else why it cannot any more (a tensor-parallel group one of whose
+  // ranks failed). Any thread may ask (the server's /health).
+  virtual std::string failure() const { return ""; }
   // Throws nextn::Error saying why the model cannot be split over `ranks` ranks (nothing is made).
   virtual void check_tensor_parallel(int ranks) const {
     (void)ranks;

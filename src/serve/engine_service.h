@@ -64,6 +64,8 @@ class EngineService {
   // Shutdown: new jobs get 503; wait_idle() returns once every job has finished.
   void begin_drain();
   bool draining() const { return draining_; }
+  // Empty while the model can serve; else why not (Model::failure).
+  std::string model_failure() const { return model_.failure(); }
   void wait_idle();
 
  private:

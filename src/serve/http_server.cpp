@@ -136,8 +136,12 @@ class Routes {
     svr.Post("/v1/chat/completions", [this](const httplib::Request& q, httplib::Response& s) { guarded(s, [&] { generate(q, s, true); }); });
     svr.Get("/v1/models", [this](const httplib::Request&, httplib::Response& s) { s.set_content(dump_json(models()), kJson); });
     svr.Get("/health", [this](const httplib::Request&, httplib::Response& s) {
-      if (service_.draining()) s.status = 503;
-      s.set_content(service_.draining() ? R"({"status":"draining"})" : R"({"status":"ok"})", kJson);
+      const std::string failure = service_.model_failure();
+      if (service_.draining() || !failure.empty()) s.status = 503;
+      s.set_content(!failure.empty()      ? dump_json({{"status", "failed"}, {"error", failure}})
+                    : service_.draining() ? R"({"status":"draining"})"
+                                          : R"({"status":"ok"})",
+                    kJson);
     });
     svr.Get("/metrics", [this](const httplib::Request&, httplib::Response& s) {
       s.set_content(metrics_.render(), "text/plain; version=0.0.4; charset=utf-8");

@@ -192,6 +192,16 @@ TensorParallelModel::~TensorParallelModel() {
   }
 }
 
+void TensorParallelModel::set_failed(const std::string& why) {
+  const std::lock_guard<std::mutex> lock(failed_mu_);
+  failed_ = why;
+}
+
+std::string TensorParallelModel::failure() const {
+  const std::lock_guard<std::mutex> lock(failed_mu_);
+  return failed_.empty() ? "" : "tensor parallel group failed: " + failed_;
+}
+
 void TensorParallelModel::check_alive() const {
   if (!failed_.empty()) throw Error("tensor parallel group failed earlier: " + failed_);
 }
@@ -208,12 +218,12 @@ auto TensorParallelModel::on_rank0(F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (const std::exception& e) {
-    failed_ = e.what();
+    set_failed(e.what());
     comm_->abort();
     try {
       group_->join();  // (another rank's own error, if it failed first)
     } catch (const std::exception& first) {
-      failed_ = first.what();
+      set_failed(first.what());
     }
     throw Error("tensor parallel group failed: " + failed_);
   }
@@ -266,7 +276,7 @@ void TensorParallelModel::send_release(int64_t id) noexcept {
   try {
     send(cmd, nullptr);
   } catch (const std::exception& e) {
-    failed_ = e.what();
+    set_failed(e.what());
   }
 }
 

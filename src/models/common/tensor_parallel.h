@@ -77,6 +77,7 @@ class TensorParallelModel final : public Model {
   int64_t memory_bytes_for(int64_t sequences, int64_t capacity, int64_t page_tokens) const override {
     return models_[0]->memory_bytes_for(sequences, capacity, page_tokens);
   }
+  std::string failure() const override;
 
   // The command every rank > 0 waits for (the wire format between rank 0 and the others).
   enum class Op : int32_t { kStop, kConfigureMemory, kReserve, kNewSequence, kRollback, kRelease, kForward };
@@ -97,6 +98,7 @@ class TensorParallelModel final : public Model {
   template <typename F>
   auto on_rank0(F&& f) -> decltype(f());
   void check_alive() const;
+  void set_failed(const std::string& why);
 
   std::unique_ptr<ThreadPool> pool_;            // rank 0's, when it is the group's (outlives the models)
   std::vector<std::unique_ptr<Model>> models_;  // rank 0's, and (threads) the others'
@@ -105,6 +107,7 @@ class TensorParallelModel final : public Model {
   std::mutex mu_;                 // one command at a time, whichever thread calls
   int64_t next_id_ = 0;
   std::string failed_;            // the error that broke the group (empty: it works)
+  mutable std::mutex failed_mu_;  // failed_ as other threads read it (failure())
   std::vector<char> payload_;
   std::vector<BatchSegment> inner_;  // a forward's segments over rank 0's own sequences
 };
