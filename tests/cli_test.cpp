@@ -342,8 +342,9 @@ TEST(Cli, TensorParallelGeneratesTheSameTextOnTheBundledModel) {
 }
 
 TEST(Cli, TensorParallelRankThatVanishesStopsTheCommandWithItsStatus) {
-  // The ranks are processes of this executable: one that ends without a word (here at once, by the test seam;
-  // a crash or a kill alike) is found by rank 0 while it waits, and the command ends with an error naming it.
+  // The ranks are processes of this executable: one that ends without a word (here at its first forward, by the
+  // test seam; a crash or a kill alike) is found by rank 0 while it waits, and the command ends with an error
+  // naming it.
   const auto r = nextn_with("NEXTN_TEST_TP_EXIT_RANK=1", "generate --prompt 'def add(a, b):' -n 16 --tensor-parallel 2");
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("tensor parallel rank 1 exited with status 3"), std::string::npos) << r.err;

@@ -89,6 +89,9 @@ void serve_tensor_parallel_rank(Model& model, Communicator& comm) {
   std::vector<float> logits;
   std::vector<int32_t> argmax;
   const int64_t V = model.facts().vocab_size;
+  // Test seam (processes only): this rank vanishes without a word at its first forward (as a crash would).
+  const char* vanish = std::getenv("NEXTN_TEST_TP_EXIT_RANK");
+  const bool vanishes = vanish && std::atoi(vanish) == comm.rank();
   try {
     for (;;) {
       Command cmd;
@@ -117,6 +120,7 @@ void serve_tensor_parallel_rank(Model& model, Communicator& comm) {
           sequences.erase(cmd.a);
           break;
         case Op::kForward: {
+          if (vanishes) std::_Exit(3);
           const int64_t count = cmd.a;
           const auto* wire = reinterpret_cast<const SegmentWire*>(payload.data());
           const auto* tokens = reinterpret_cast<const int32_t*>(payload.data() + count * sizeof(SegmentWire));
@@ -456,8 +460,6 @@ int run_tensor_parallel_rank(const std::string& dir, const std::string& group, i
     std::unique_ptr<Model> model = load_model(dir, &pool);
     model->make_tensor_parallel_rank(comm);
     comm.barrier();
-    // Test seam: this rank vanishes without a word once the group is up (as a crash or a kill would).
-    if (const char* e = std::getenv("NEXTN_TEST_TP_EXIT_RANK"); e && std::atoi(e) == rank) std::_Exit(3);
     serve_tensor_parallel_rank(*model, comm);
     return 0;
   } catch (const std::exception& e) {
