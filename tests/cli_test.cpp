@@ -324,7 +324,8 @@ TEST(Cli, TensorParallelGeneratesTheSameTextOnTheBundledModel) {
   // (not equal bits in general: the ranks' partial sums add in another order; on the bundled model the greedy
   // tokens agree, with speculation on, and the option is range checked like the others)
   const std::string args = "generate --prompt 'def add(a, b):' -n 32 --json";
-  const auto one = nextn(args), two = nextn(args + " --tensor-parallel 2"), three = nextn(args + " --tensor-parallel 3");
+  const auto one = nextn(args), two = nextn(args + " --tensor-parallel 2");
+  const auto three = nextn(args + " --tensor-parallel 3");
   ASSERT_EQ(one.status, 0) << one.err;
   ASSERT_EQ(two.status, 0) << two.err;
   ASSERT_EQ(three.status, 0) << three.err;
@@ -345,7 +346,8 @@ TEST(Cli, TensorParallelRankThatVanishesStopsTheCommandWithItsStatus) {
   // The ranks are processes of this executable: one that ends without a word (here at its first forward, by the
   // test seam; a crash or a kill alike) is found by rank 0 while it waits, and the command ends with an error
   // naming it.
-  const auto r = nextn_with("NEXTN_TEST_TP_EXIT_RANK=1", "generate --prompt 'def add(a, b):' -n 16 --tensor-parallel 2");
+  const auto r =
+      nextn_with("NEXTN_TEST_TP_EXIT_RANK=1", "generate --prompt 'def add(a, b):' -n 16 --tensor-parallel 2");
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("tensor parallel rank 1 exited with status 3"), std::string::npos) << r.err;
 }

@@ -384,7 +384,8 @@ class ProcessRanks final : public RankGroup {
       if (!ok && first.empty())
         first = "tensor parallel rank " + std::to_string(i + 1) +
                 (WIFSIGNALED(st) ? " was killed by signal " + std::to_string(WTERMSIG(st))
-                                 : " exited with status " + std::to_string(WEXITSTATUS(st)) + " (its own message, if any, above)");
+                                 : " exited with status " + std::to_string(WEXITSTATUS(st)) +
+                                       " (its own message, if any, above)");
     }
     pids.clear();
     ended.clear();

@@ -37,7 +37,8 @@ int64_t TensorParallelRank::bytes_for(int64_t rows, int64_t hidden) const {
 void TensorParallelRank::reserve(int64_t rows, int64_t hidden) {
   if (!comm_) return;
   const int64_t part = largest_part(), n = comm_->size();
-  if (int64_t(gather_.size()) < n * rows * std::max(hidden, part)) gather_.resize(size_t(n * rows * std::max(hidden, part)));
+  const int64_t gather = n * rows * std::max(hidden, part);
+  if (int64_t(gather_.size()) < gather) gather_.resize(size_t(gather));
   if (int64_t(part_.size()) < rows * part) part_.assign(size_t(rows * part), 0.0f);
   if (int64_t(best_.size()) < rows) best_.resize(size_t(rows));
   if (int64_t(best_all_.size()) < n * rows) best_all_.resize(size_t(n * rows));

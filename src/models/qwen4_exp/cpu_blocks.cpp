@@ -78,7 +78,8 @@ void Qwen4CpuBlocks::embed_streams(const Linear& embed) {
   for (const Qwen4RowSpan& sp : spans_) std::copy(sp.tokens, sp.tokens + sp.rows, tokens_.begin() + sp.first_row);
   tp_.embed(embed, tokens_.data(), S_, H, b_.x.data());  // [S, H]
   for (int64_t s = 0; s < S_; ++s)
-    for (int64_t j = 0; j < cfg_.hc_count; ++j) std::copy(b_.x.data() + s * H, b_.x.data() + (s + 1) * H, X + s * CH + j * H);
+    for (int64_t j = 0; j < cfg_.hc_count; ++j)
+      std::copy(b_.x.data() + s * H, b_.x.data() + (s + 1) * H, X + s * CH + j * H);
 }
 
 // A rank without heads of this kind adds nothing to the ranks' sum.

@@ -70,7 +70,8 @@ void Qwen4ExpModel::init_facts() {
   facts_.sparse_budget = cfg_.indexer_budget;
   for (int64_t e : cfg_.eos_token_ids) facts_.eos_token_ids.push_back(static_cast<int32_t>(e));
   int q = 0;
-  for (int i = 0; i < cfg_.num_hidden_layers; ++i) qsa_index_.push_back(cfg_.kinds[i] == Qwen4LayerKind::Linear ? -1 : q++);
+  for (int i = 0; i < cfg_.num_hidden_layers; ++i)
+    qsa_index_.push_back(cfg_.kinds[i] == Qwen4LayerKind::Linear ? -1 : q++);
   layout_ = state_layout(cfg_);
 }
 
@@ -135,7 +136,8 @@ size_t Qwen4ExpModel::weight_bytes_with(size_t routed_bytes) const {
     total += gr(L.attn_hc) + gr(L.mlp_hc);
     if (L.kind == Qwen4LayerKind::Linear) {
       const GdnWeights& g = L.gdn;
-      total += g.in_q.weight_bytes() + g.in_k.weight_bytes() + g.in_v.weight_bytes() + g.in_z.weight_bytes() + g.in_a.weight_bytes() + g.in_b.weight_bytes() +
+      total += g.in_q.weight_bytes() + g.in_k.weight_bytes() + g.in_v.weight_bytes() +
+               g.in_z.weight_bytes() + g.in_a.weight_bytes() + g.in_b.weight_bytes() +
                g.out_proj.weight_bytes();
     } else {
       const QsaWeights& a = L.attn;
@@ -173,7 +175,8 @@ int64_t Qwen4ExpModel::slot_floats(const Qwen4ExpConfig& c, const Qwen4StateLayo
   for (size_t i = 0; i < layout.state_off.size(); ++i) {
     if (layout.state_off[i] >= 0)
       floats = std::max(floats, layout.state_off[i] + int64_t(c.linear_conv_kernel_dim - 1) * c.conv_dim() +
-                                    int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim);
+                                    int64_t(c.linear_num_value_heads) * c.linear_key_head_dim *
+                                        c.linear_value_head_dim);
     if (layout.ple_off[i] >= 0) floats = std::max(floats, layout.ple_off[i] + c.ple_conv_state_rows() * c.hc_width());
   }
   return floats;
@@ -383,7 +386,8 @@ void Qwen4ExpModel::forward(const BatchSegment* segments, size_t count, float* l
   }
   size_t routed = 0;
   b.embed_streams(w.embed);  // X [S, C·H]
-  for (size_t li = 0; li < w.layers.size(); ++li) routed += layer_forward(b, w.layers[li], static_cast<int>(li), qsa_index_[li]);
+  for (size_t li = 0; li < w.layers.size(); ++li)
+    routed += layer_forward(b, w.layers[li], static_cast<int>(li), qsa_index_[li]);
   for (const Qwen4RowSpan& sp : spans_)
     if (sp.cache) sp.cache->advance(sp.rows);
   last_routed_bytes_ = routed;

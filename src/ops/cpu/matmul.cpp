@@ -134,7 +134,8 @@ Linear Linear::columns(int64_t c0, int64_t n) const {
       throw Error("Linear::columns: FP8 columns from " + std::to_string(c0) + " do not start a scale block of " +
                   std::to_string(block_in));
     s.scale_cols = scale_cols_of(*this);  // (the stride between scale rows stays the whole matrix's)
-    if (scale) s.scale = static_cast<const unsigned char*>(scale) + static_cast<size_t>(c0 / block_in) * dtype_size(scale_dtype);
+    if (scale)
+      s.scale = static_cast<const unsigned char*>(scale) + static_cast<size_t>(c0 / block_in) * dtype_size(scale_dtype);
   }
   return s;
 }
