@@ -339,7 +339,8 @@ void load_attention(HYV4Binder& b, const HYV4Config& c, const std::string& p, bo
   // An FP8 wk is dequantized once (vLLM keeps the indexer's key projection unquantized).
   if (ix.wk.dtype == DType::F8_E4M3 && ix.wk.data && ix.wk.scale) {
     NonFiniteCount bad;
-    ix.wk = dequantized(ix.wk, ix.wk_dequant, bad);
+    ix.wk_dequant = std::make_shared<std::vector<uint8_t>>();
+    ix.wk = dequantized(ix.wk, *ix.wk_dequant, bad);
     if (bad.count > 0) {  // the copy is made anyway: its NaN / inf (from a weight or a scale) cost nothing to find
       const TensorView* t = b.peek(ip + "wk.weight");
       b.error("FP8 tensor '" + (t ? t->name : ip + "wk.weight") + "' dequantizes to " + std::to_string(bad.count) +

@@ -41,7 +41,9 @@ struct IndexerWeights {
   Linear wk;                             // [ihd, H]
   std::vector<float> k_norm_w, k_norm_b; // [ihd] LayerNorm
   Linear weights_proj;                   // [n_ih, H]
-  std::vector<uint8_t> wk_dequant;       // an FP8 wk dequantized once at load (BF16 if exact, else F32)
+  // An FP8 wk dequantized once at load (BF16 if exact, else F32), which wk points into: shared, so that copies
+  // of these weights (a tensor-parallel rank's shard) neither duplicate it nor outlive it.
+  std::shared_ptr<std::vector<uint8_t>> wk_dequant;
 };
 
 struct AttentionWeights {

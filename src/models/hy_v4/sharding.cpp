@@ -11,8 +11,6 @@ namespace {
 
 void shard_attention(const HYV4Config& c, UnitRange heads, bool first_rank, AttentionWeights& a) {
   const int64_t qkd = c.qk_head_dim, nope = c.qk_nope_head_dim, vd = c.v_head_dim, n = heads.size();
-  a.indexer.wk_dequant.clear();  // (the copy's wk still points into the model's own dequantized buffer)
-  a.indexer.wk_dequant.shrink_to_fit();
   a.sinks.assign(a.sinks.begin() + heads.begin, a.sinks.begin() + heads.end);
   if (n == 0) {  // a rank without heads computes no attention (its part of the sum is zero)
     a.q_b_proj = a.kv_b_proj = a.o_proj = a.gate_proj = Linear{};
