@@ -54,6 +54,13 @@ class SequenceState {
   virtual void rollback(int64_t n) = 0;
 };
 
+// Throws nextn::Error unless every id of tokens [n] lies in [0, vocab).
+inline void check_token_ids(const int32_t* tokens, int64_t n, int64_t vocab) {
+  for (int64_t s = 0; s < n; ++s)
+    if (tokens[s] < 0 || tokens[s] >= vocab)
+      throw Error("token id " + std::to_string(tokens[s]) + " outside the vocabulary [0, " + std::to_string(vocab) + ")");
+}
+
 // One sequence's rows in a batch: tokens at positions state->length() .. + rows - 1.
 struct BatchSegment {
   SequenceState* state = nullptr;

@@ -314,10 +314,7 @@ void TensorParallelModel::forward(const BatchSegment* segments, size_t count, fl
     if (g.rows < 0 || g.rows > seq->capacity() - seq->length())
       throw Error("forward: " + std::to_string(g.rows) + " rows do not fit in a sequence of " +
                   std::to_string(seq->length()) + " of " + std::to_string(seq->capacity()) + " positions");
-    for (int64_t s = 0; s < g.rows; ++s)
-      if (g.tokens[s] < 0 || g.tokens[s] >= V)
-        throw Error("token id " + std::to_string(g.tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) +
-                    ")");
+    check_token_ids(g.tokens, g.rows, V);
     rows += g.rows;
   }
   const size_t bytes = count * sizeof(SegmentWire) + size_t(rows) * sizeof(int32_t);

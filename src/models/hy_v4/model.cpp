@@ -325,9 +325,7 @@ void HYV4Model::forward(const CacheSegment* segments, size_t count, float* logit
     if (g.rows <= 0) continue;
     if (g.cache->num_layers() != w_.layers.size()) throw Error("forward: cache does not belong to this model");
     g.cache->check_room(g.rows);
-    for (int64_t s = 0; s < g.rows; ++s)
-      if (g.tokens[s] < 0 || g.tokens[s] >= V)
-        throw Error("token id " + std::to_string(g.tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
+    check_token_ids(g.tokens, g.rows, V);
     spans_.push_back(
         {g.cache, S, g.rows, g.cache->length(), g.cache->length(), g.tokens, g.all_logits, nullptr, nullptr, g.argmax});
     S += g.rows;

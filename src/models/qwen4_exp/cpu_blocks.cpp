@@ -221,10 +221,7 @@ void Qwen4CpuBlocks::ensure_rows(int64_t S) {
   const int64_t window_rows = std::max<int64_t>(c.linear_conv_kernel_dim - 1, c.ple_conv_state_rows()) + S;
   grow(b_.window, window_rows * std::max(c.conv_dim(), CH));
   grow(tokens_, S);
-  if (S > ensured_rows_) {
-    tp_.reserve(S, H);
-    ensured_rows_ = S;
-  }
+  tp_.reserve(S, H);  // (grows only)
 }
 
 // Per-thread scratch of the GDN head tasks and the QSA row tasks, for caches of up to `positions`.

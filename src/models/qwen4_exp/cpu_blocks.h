@@ -23,10 +23,7 @@ class Qwen4CpuBlocks final : public Qwen4ExpBlocks {
   // Makes these the blocks of one tensor-parallel rank over its shard (sharding.h; config: the shard's): the
   // embedding rows come from their owners, the GDN / QSA and MoE outputs are summed over the ranks in rank
   // order, the logits gathered from every rank's vocabulary part. Every rank calls every block.
-  void set_tensor_parallel(Communicator* comm, std::vector<UnitRange> vocab) {
-    tp_.set(comm, std::move(vocab));
-    ensured_rows_ = 0;
-  }
+  void set_tensor_parallel(Communicator* comm, std::vector<UnitRange> vocab) { tp_.set(comm, std::move(vocab)); }
 
   void reserve(int64_t rows, int64_t positions) override;
   void begin(const Qwen4RowSpan* spans, size_t count) override;
@@ -80,7 +77,6 @@ class Qwen4CpuBlocks final : public Qwen4ExpBlocks {
   int64_t max_positions_ = 0;  // largest cache the thread scratch is sized for
   TensorParallelRank tp_;      // tensor parallel (inactive: one rank)
   std::vector<int32_t> tokens_;  // [S] the forward's tokens in row order (the parallel embedding's)
-  int64_t ensured_rows_ = 0;   // rows the tensor-parallel buffers hold
 };
 
 }  // namespace nextn

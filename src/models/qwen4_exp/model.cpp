@@ -367,9 +367,7 @@ void Qwen4ExpModel::forward(const BatchSegment* segments, size_t count, float* l
     if (seq->length() + g.rows > seq->capacity())
       throw Error("forward: " + std::to_string(g.rows) + " more positions do not fit the sequence's " +
                   std::to_string(seq->capacity()));
-    for (int64_t s = 0; s < g.rows; ++s)
-      if (g.tokens[s] < 0 || g.tokens[s] >= V)
-        throw Error("token id " + std::to_string(g.tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
+    check_token_ids(g.tokens, g.rows, V);
     spans_.push_back(
         {seq, seq->has_kv() ? &seq->kv() : nullptr, S, g.rows, seq->length(), seq->length(), g.tokens, g.all_logits,
          nullptr, nullptr});
@@ -408,9 +406,7 @@ void Qwen4ExpModel::check_draft_request(const DraftRequest& r) const {
   const int64_t V = cfg_.vocab_size;
   if (r.layer < 0 || r.layer >= num_mtp_layers()) throw Error("draft_forward: no MTP layer " + std::to_string(r.layer));
   if (r.rows <= 0 || !r.cache) throw Error("draft_forward: a request without rows");
-  for (int64_t s = 0; s < r.rows; ++s)
-    if (r.tokens[s] < 0 || r.tokens[s] >= V)
-      throw Error("token id " + std::to_string(r.tokens[s]) + " outside the vocabulary [0, " + std::to_string(V) + ")");
+  check_token_ids(r.tokens, r.rows, V);
   r.cache->check_room(r.rows);
   const int64_t next = r.cache->base_position() + r.cache->length();
   if ((!r.forced || r.forced->first_row > 0) && r.pos0 != next)

@@ -36,11 +36,10 @@ void qsa_heads(const Qwen4ExpConfig& c, int64_t align, int rank, int ranks, Qwen
                 " columns do not split on o_proj's FP8 blocks of " + std::to_string(align));
 }
 
-void shard_gdn(const Qwen4ExpConfig& c, UnitRange kh, bool first_rank, GdnWeights& g) {
+void shard_gdn(const Qwen4ExpConfig& c, UnitRange kh, GdnWeights& g) {
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t group = c.linear_num_value_heads / c.linear_num_key_heads, K = c.linear_conv_kernel_dim;
   const int64_t Kd = c.linear_key_dim(), n = kh.size(), v0 = kh.begin * group, nv = n * group;
-  (void)first_rank;
   if (n == 0) {
     g.in_q = g.in_k = g.in_v = g.in_z = g.in_b = g.in_a = g.out_proj = Linear{};
     g.conv.clear();
@@ -95,7 +94,7 @@ Qwen4Shard shard_qwen4_target(const Qwen4ExpConfig& c, const Qwen4ExpWeights& w,
   Qwen4Shard s;
   s.rank = rank;
   s.ranks = ranks;
-  int64_t gdn_align = 1, qsa_align = 1, shared_cols = -1;
+  int64_t gdn_align = 1, qsa_align = 1, shared_cols = 0;
   bool has_gdn = false, has_qsa = false;
   for (const Qwen4LayerWeights& L : w.layers) {
     if (L.kind == Qwen4LayerKind::Linear) {
@@ -105,7 +104,6 @@ Qwen4Shard shard_qwen4_target(const Qwen4ExpConfig& c, const Qwen4ExpWeights& w,
       has_qsa = true;
       qsa_align = std::lcm(qsa_align, column_align(L.attn.o_proj));
     }
-    shared_cols = L.moe.shared_down.in;
   }
   if (has_gdn && ranks > c.linear_num_key_heads)
     throw Error("--tensor-parallel " + std::to_string(ranks) + ": more ranks than the model's " +
@@ -130,13 +128,13 @@ Qwen4Shard shard_qwen4_target(const Qwen4ExpConfig& c, const Qwen4ExpWeights& w,
   t.layers = w.layers;
   for (Qwen4LayerWeights& L : t.layers) {
     if (L.kind == Qwen4LayerKind::Linear)
-      shard_gdn(c, s.key_heads, rank == 0, L.gdn);
+      shard_gdn(c, s.key_heads, L.gdn);
     else
       shard_qsa(c, s, rank == 0, L.attn);
     shard_moe(s.experts, rank, ranks, L.moe);
-    shared_cols = L.moe.shared_down.in;
+    shared_cols = L.moe.shared_down.in;  // (this rank's features of the shared expert: the same in every layer)
   }
-  s.config.shared_expert_intermediate_size = std::max<int64_t>(shared_cols, 0);
+  s.config.shared_expert_intermediate_size = shared_cols;
   return s;
 }
 
