@@ -11,6 +11,7 @@
 #include "models/common/mlp_bytes.h"
 #include "models/common/row_spans.h"
 #include "models/qwen4_exp/model.h"
+#include "models/qwen4_exp/ngram.h"
 
 namespace nextn {
 
@@ -221,6 +222,7 @@ void Qwen4CpuBlocks::ensure_rows(int64_t S) {
   const int64_t window_rows = std::max<int64_t>(c.linear_conv_kernel_dim - 1, c.ple_conv_state_rows()) + S;
   grow(b_.window, window_rows * std::max(c.conv_dim(), CH));
   grow(tokens_, S);
+  grow(ngram_ids_, c.ngram_heads());
   tp_.reserve(S, H);  // (grows only)
 }
 
@@ -604,34 +606,20 @@ void Qwen4CpuBlocks::moe(const MoeWeights& m, const float* x, int64_t S, float* 
 void Qwen4CpuBlocks::ple(const PleWeights& p, int layer, const float* X, int64_t S, float* out) {
   const Qwen4ExpConfig& c = cfg_;
   const int64_t H = c.hidden_size, C = c.hc_count, CH = C * H, E = c.ple_embed_dim, dph = c.ple_head_dim();
-  const int n = c.ngram_size, hpn = c.heads_per_ngram;
-  const int64_t eos = c.eos_id();
+  const int n = c.ngram_size, heads = c.ngram_heads();
   const float eps = static_cast<float>(c.rms_norm_eps);
   float* emb = b_.emb.data();
-  int64_t shifted[Qwen4ExpLimits::kNgram];
+  int64_t* ids = ngram_ids_.data();
   for (const Qwen4RowSpan& sp : spans_) {
     const std::vector<int32_t>& toks = sp.seq->tokens();
     for (int64_t i = 0; i < sp.rows; ++i) {
-      const int64_t pos = sp.pos0 + i;
-      // shifted[s]: the token s back, or eos when that crosses the start or an eos (the n-gram resets there).
-      shifted[0] = toks[pos];
-      for (int sh = 1; sh < n; ++sh) {
-        const int64_t src = pos - sh;
-        bool valid = src >= 0;
-        for (int64_t t = std::max<int64_t>(src, 0); valid && t < pos; ++t) valid = toks[t] != eos;
-        shifted[sh] = valid ? toks[src] : eos;
-      }
+      ple_ngram_ids(c, p, sp.pos0 + i, [&](int64_t t) { return int64_t(toks[t]); }, ids);
       float* e = emb + (sp.first_row + i) * E;
-      for (int g = 2; g <= n; ++g) {
-        int64_t mixed = shifted[0] * p.multipliers[0];
-        for (int s = 1; s < g; ++s) mixed ^= shifted[s] * p.multipliers[s];
-        for (int hh = 0; hh < hpn; ++hh) {
-          const int head = (g - 2) * hpn + hh;
-          const int64_t id = mixed % p.head_sizes[head] + p.head_offsets[head];
-          const size_t shard =
-              std::upper_bound(p.shard_starts.begin(), p.shard_starts.end(), id) - p.shard_starts.begin() - 1;
-          ops::dequant_row(p.table_shards[shard], id - p.shard_starts[shard], e + head * dph);
-        }
+      for (int head = 0; head < heads; ++head) {
+        const int64_t id = ids[head];
+        const size_t shard =
+            std::upper_bound(p.shard_starts.begin(), p.shard_starts.end(), id) - p.shard_starts.begin() - 1;
+        ops::dequant_row(p.table_shards[shard], id - p.shard_starts[shard], e + head * dph);
       }
     }
   }

@@ -3,6 +3,8 @@
 #include "models/qwen4_exp/model.h"
 #include "models/qwen4_exp/sharding.h"
 #include "core/communicator.h"
+#include "models/qwen4_exp/cuda_blocks.h"
+#include "ops/cuda/cuda_ops.h"
 
 #include <algorithm>
 #include <cmath>
@@ -24,11 +26,11 @@ namespace nextn {
 // Sequences
 
 Qwen4ExpSequence::Qwen4ExpSequence(const Qwen4ExpModel* owner, KVCache kv, int64_t capacity, int64_t slots,
-                                   int64_t slot_floats, bool has_kv, std::shared_ptr<int64_t> live)
+                                   int64_t slot_floats, bool has_kv, std::shared_ptr<int64_t> live, bool host_state)
     : owner_(owner), kv_(std::move(kv)), capacity_(capacity), slots_(slots), slot_floats_(slot_floats),
       has_kv_(has_kv), live_(std::move(live)) {
   tokens_.reserve(static_cast<size_t>(capacity));
-  states_.assign(static_cast<size_t>(slots * slot_floats), 0.0f);  // the state of length 0 is all zeros
+  if (host_state) states_.assign(static_cast<size_t>(slots * slot_floats), 0.0f);  // the state of length 0: zeros
   ++*live_;
 }
 
@@ -92,8 +94,29 @@ Qwen4StateLayout Qwen4ExpModel::state_layout(const Qwen4ExpConfig& c) const {
   return layout;
 }
 
+void Qwen4ExpModel::use_device(Device device) {
+  if (device == device_) return;
+  if (target_pool_) throw Error("use_device: the model already has sequences on its current device");
+  if (shard_) throw Error("--device cuda: tensor parallelism runs on the CPU backend only so far");
+  if (device == Device::kCuda) {
+    std::string why;
+    if (!cuda::available(&why)) throw Error("--device cuda: " + why);
+    const size_t need = checkpoint_bytes(), free = cuda::free_memory();
+    if (need > free)
+      throw Error(dir_ + ": the checkpoint's " + gib(int64_t(need)) + " do not fit in the GPU's free memory (" +
+                  gib(int64_t(free)) + " of " + cuda::device_name() + ")");
+    device_blocks_ = std::make_unique<Qwen4CudaBlocks>(cfg_, layout_, w_);
+    blocks_ = device_blocks_.get();
+  } else {
+    blocks_ = cpu_blocks_.get();
+    device_blocks_.reset();
+  }
+  device_ = device;
+}
+
 void Qwen4ExpModel::make_tensor_parallel_rank(Communicator& comm) {
   if (target_pool_) throw Error("tensor parallel: the model already has sequences");
+  if (device_ != Device::kCpu) throw Error("tensor parallel: runs on the CPU backend only so far");
   shard_ = std::make_unique<Qwen4Shard>(shard_qwen4_target(cfg_, w_, comm.rank(), comm.size()));
   shard_layout_ = state_layout(shard_->config);
   shard_blocks_ = std::make_unique<Qwen4CpuBlocks>(shard_->config, shard_layout_, cpu_blocks_->pool());
@@ -101,6 +124,7 @@ void Qwen4ExpModel::make_tensor_parallel_rank(Communicator& comm) {
 }
 
 void Qwen4ExpModel::check_tensor_parallel(int ranks) const {
+  if (device_ != Device::kCpu) throw Error("tensor parallel: runs on the CPU backend only so far");
   for (int r = 0; r < ranks; ++r) shard_qwen4_target(cfg_, w_, r, ranks);
 }
 
@@ -307,7 +331,8 @@ std::unique_ptr<SequenceState> Qwen4ExpModel::new_sequence(int64_t capacity) {
   const bool has_kv = !planes.empty();
   KVCache kv = has_kv ? KVCache(target_pool_, planes, capacity) : KVCache();
   const int64_t floats = shard_ ? slot_floats(shard_->config, shard_layout_) : state_slot_floats();
-  return std::make_unique<Qwen4ExpSequence>(this, std::move(kv), capacity, layout_.slots, floats, has_kv, live_states_);
+  return std::make_unique<Qwen4ExpSequence>(this, std::move(kv), capacity, layout_.slots, floats, has_kv, live_states_,
+                                            device_ == Device::kCpu);
 }
 
 KVCache Qwen4ExpModel::new_shared_draft_cache(int64_t capacity) {

@@ -118,8 +118,9 @@ class Qwen4ExpModel;
 class Qwen4ExpSequence : public SequenceState {
  public:
   // `live` counts the model's sequences holding recurrent state (this one until it is destroyed).
+  // host_state: the slots live in host memory (the CPU backend); else the device backend attaches its own.
   Qwen4ExpSequence(const Qwen4ExpModel* owner, KVCache kv, int64_t capacity, int64_t slots, int64_t slot_floats,
-                   bool has_kv, std::shared_ptr<int64_t> live);
+                   bool has_kv, std::shared_ptr<int64_t> live, bool host_state = true);
   ~Qwen4ExpSequence() override;
   const Qwen4ExpModel* owner() const { return owner_; }
   int64_t length() const override { return static_cast<int64_t>(tokens_.size()); }
@@ -131,9 +132,14 @@ class Qwen4ExpSequence : public SequenceState {
   const std::vector<int32_t>& tokens() const { return tokens_; }
   std::vector<int32_t>& tokens() { return tokens_; }
   int64_t slots() const { return slots_; }
+  int64_t slot_floats() const { return slot_floats_; }
   // The state after `length` positions (slot length mod slots).
   float* state(int64_t length) { return states_.data() + (length % slots_) * slot_floats_; }
   bool has_kv() const { return has_kv_; }
+  // The device address of the state slots a device backend keeps for this sequence (released with it); null on
+  // the CPU.
+  void* device_state() const { return device_state_.get(); }
+  void set_device_state(std::shared_ptr<void> state) { device_state_ = std::move(state); }
 
  private:
   const Qwen4ExpModel* owner_;
@@ -141,7 +147,8 @@ class Qwen4ExpSequence : public SequenceState {
   std::vector<int32_t> tokens_;  // reserved to capacity: appending never allocates
   int64_t capacity_, slots_, slot_floats_;
   bool has_kv_;
-  AlignedFloats states_;         // [slots, slot_floats]
+  AlignedFloats states_;         // [slots, slot_floats] (empty when a device backend keeps them)
+  std::shared_ptr<void> device_state_;
   std::shared_ptr<int64_t> live_;
 };
 
@@ -164,6 +171,10 @@ class Qwen4ExpModel : public Model {
   double kv_usage() const override;
   std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override;
   std::unique_ptr<DraftSession> new_draft_session(SequenceState& sequence, const DraftOptions& options) override;
+  bool runs_on(Device) const override { return true; }
+  // Moves the forwards to `device` (before any sequence exists); the CUDA backend uploads the weights.
+  void use_device(Device device) override;
+  Device device() const override { return device_; }
   void reserve_batch(int64_t rows, int64_t positions) override;
   void forward(const BatchSegment* segments, size_t count, float* logits, float* hidden) override;
   // This model as rank comm.rank() of a tensor-parallel group (sharding.h): its target forwards compute over
@@ -226,9 +237,12 @@ class Qwen4ExpModel : public Model {
   Qwen4ExpWeights w_;
   std::vector<int> qsa_index_;      // per layer: its index among the QSA layers (-1: linear)
   Qwen4StateLayout layout_;         // where each layer's state sits in a sequence's slots, and how many
-  // The backend that computes the blocks (only the CPU's so far), and the spans of the current forward.
+  // The backend that computes the blocks (the CPU's, or the GPU's after use_device), and the spans of the
+  // current forward.
   std::unique_ptr<Qwen4CpuBlocks> cpu_blocks_;
+  std::unique_ptr<Qwen4ExpBlocks> device_blocks_;
   Qwen4ExpBlocks* blocks_ = nullptr;
+  Device device_ = Device::kCpu;
   std::unique_ptr<Qwen4Shard> shard_;             // tensor parallel: this rank's part of the target
   Qwen4StateLayout shard_layout_;                 // ... its state layout
   std::unique_ptr<Qwen4CpuBlocks> shard_blocks_;  // ... and the blocks that compute over it

@@ -15,17 +15,13 @@
 #include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/device_weight.cuh"
 #include "ops/cuda/launch.cuh"
+#include "ops/cuda/kernel_util.cuh"
 #include "ops/cuda/output_sink.cuh"
 
 namespace nextn::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t n, int threads = kThreads) { return unsigned((n + threads - 1) / threads); }
-
-__device__ __forceinline__ float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 // One element of w, decoded as the CPU dequantizes it.
 __device__ __forceinline__ float weight_elem(const DeviceWeight& w, int kind, int64_t n, int64_t k) {
@@ -47,33 +43,6 @@ int weight_kind(const Linear& w) {
     default: throw Error(std::string("cuda: weights of dtype ") + dtype_name(w.dtype) + " are not supported");
   }
 }
-
-// The sum of v over the block (kThreads threads), the same tree whatever the caller; every thread gets it.
-template <typename T, typename Op>
-__device__ __forceinline__ T block_all(T v, Op op) {
-  using Reduce = cub::BlockReduce<T, kThreads>;
-  __shared__ typename Reduce::TempStorage tmp;
-  __shared__ T result;
-  const T r = Reduce(tmp).Reduce(v, op);
-  if (threadIdx.x == 0) result = r;
-  __syncthreads();
-  const T out = result;
-  __syncthreads();
-  return out;
-}
-
-struct SumOp {
-  template <typename T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }
-};
-struct MaxOp {
-  template <typename T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return a > b ? a : b; }
-};
-struct MinOp {
-  template <typename T>
-  __device__ __forceinline__ T operator()(T a, T b) const { return a < b ? a : b; }
-};
 
 // ---- copies and elementwise --------------------------------------------------------------------------------
 
@@ -119,6 +88,52 @@ __global__ void scale_kernel(float* x, int64_t n, float a, float b) {
   if (i < n) x[i] = x[i] * a * b;
 }
 
+__global__ void zero_kernel(unsigned char* x, int64_t n) {
+  begin_after_predecessor();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = 0;
+}
+
+__global__ void map_kernel(float* x, int64_t n, Map f, float d) {
+  begin_after_predecessor();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float v = x[i] / d;
+  x[i] = f == Map::kSiluOf ? v / (1.0f + expf(-v)) : 2.0f * sigmoidf(v);
+}
+
+__global__ void scale_rows_sigmoid_kernel(float* x, const float* g, int64_t d) {
+  begin_after_predecessor();
+  const int64_t r = blockIdx.x;
+  const float gate = sigmoidf(g[r]);
+  for (int64_t k = threadIdx.x; k < d; k += blockDim.x) x[r * d + k] = gate * x[r * d + k];
+}
+
+// ---- multi-stream mixes ------------------------------------------------------------------------------------
+
+__global__ void stream_mean_kernel(const float* w, int64_t C, int64_t H, float* x) {
+  begin_after_predecessor();
+  const int64_t r = blockIdx.x;
+  for (int64_t h = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; h < H; h += int64_t(gridDim.y) * blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < C; ++c) acc += w[(r * C + c) * H + h];
+    x[r * H + h] = acc / float(C);
+  }
+}
+
+// Block (r, c): the stream's gate from the dot of its key and query, then its copy of the value row.
+__global__ void stream_gates_kernel(const float* key, const float* query, const float* value, int64_t C, int64_t H,
+                                    float* out) {
+  begin_after_predecessor();
+  const int64_t r = blockIdx.x, c = blockIdx.y, at = (r * C + c) * H;
+  float part = 0.0f;
+  for (int64_t h = threadIdx.x; h < H; h += kThreads) part += key[at + h] * query[at + h];
+  const float g = block_all(part, SumOp()) / sqrtf(float(H));
+  const float mag = sqrtf(fmaxf(fabsf(g), 1e-6f));
+  const float gate = sigmoidf(g > 0.0f ? mag : g < 0.0f ? -mag : 0.0f);
+  for (int64_t h = threadIdx.x; h < H; h += kThreads) out[at + h] = gate * value[r * H + h];
+}
+
 // ---- norms -------------------------------------------------------------------------------------------------
 
 // The elements [begin, end) of gridDim.y equal slices of n, slice blockIdx.y: a row's blocks each sum the whole
@@ -139,31 +154,6 @@ unsigned row_slices(int64_t n, bool in_place) {
 }
 bool overlaps(const float* a, int64_t a_len, const float* b, int64_t b_len) { return a < b + b_len && b < a + a_len; }
 
-// The norms' statistics over a row's first d elements, each thread's elements in order then the block's tree:
-// every kernel that normalizes a row (alone, or fused with what follows) takes them from here.
-//
-// A thread folds its elements k = threadIdx.x, + kThreads, ... in that order, kLoadsAhead loads issued before
-// they are used: a decode row is one block's work, and with one load in flight a thread a 8192-wide row's
-// statistics took a chain of 32 memory latencies (hc_pre ran 7-8 us at batch 1). The order of the operations
-// is the loop's, so the bits are.
-constexpr int kLoadsAhead = 8;
-template <typename Step>
-__device__ __forceinline__ float strided_fold(const float* xr, int64_t d, float s, Step step) {
-  int64_t k = threadIdx.x;
-  for (; k + (kLoadsAhead - 1) * kThreads < d; k += kLoadsAhead * kThreads) {
-    float v[kLoadsAhead];
-#pragma unroll
-    for (int u = 0; u < kLoadsAhead; ++u) v[u] = xr[k + u * kThreads];
-#pragma unroll
-    for (int u = 0; u < kLoadsAhead; ++u) s = step(s, v[u]);
-  }
-  for (; k < d; k += kThreads) s = step(s, xr[k]);
-  return s;
-}
-__device__ __forceinline__ float rms_inv(const float* xr, int64_t d, float eps) {
-  const float s = strided_fold(xr, d, 0.f, [](float acc, float v) { return fmaf(v, v, acc); });
-  return 1.0f / sqrtf(block_all(s, SumOp()) / float(d) + eps);
-}
 struct MeanInv {
   float mean, inv;
 };
@@ -221,16 +211,6 @@ __device__ __forceinline__ float layer_normed(float x, MeanInv st, const float* 
   return (x - st.mean) * st.inv * weight[k] + bias[k];
 }
 
-// RoPE ("rotate half") of the pair (a, b) = (v[i], v[i + half]) at a position: cos/sin of inv_freq[i] · position
-// times the attention factor.
-__device__ __forceinline__ void rope_pair(float a, float b, float inv_freq_i, int32_t position, float af, float* lo,
-                                          float* hi) {
-  const float f = inv_freq_i * float(position);
-  const float c = cosf(f) * af, s = sinf(f) * af;
-  *lo = a * c - b * s;
-  *hi = b * c + a * s;
-}
-
 __global__ void rms_norm_rows_kernel(const float* x, int64_t d, int64_t xs, const float* weight, float eps, float* out,
                                      int64_t os) {
   const Slice sl = block_slice(d);
@@ -240,6 +220,18 @@ __global__ void rms_norm_rows_kernel(const float* x, int64_t d, int64_t xs, cons
   float* o = out + int64_t(blockIdx.x) * os;
   const float inv = rms_inv(xr, d, eps);
   for_slice(sl, held, weight, [&](int64_t k, float w) { o[k] = rms_scaled(xr[k], inv, weight != nullptr, w); });
+}
+
+// Block (r, j): group j of row r.
+__global__ void rms_norm_groups_kernel(const float* x, int64_t d, int64_t rs, int64_t gs, const float* weight, int64_t ws,
+                                       float eps, float* out) {
+  const float* w = weight ? weight + int64_t(blockIdx.y) * ws : nullptr;
+  begin_after_predecessor();
+  const int64_t at = int64_t(blockIdx.x) * rs + int64_t(blockIdx.y) * gs;
+  const float* xr = x + at;
+  float* o = out + at;
+  const float inv = rms_inv(xr, d, eps);  // (its block_all reads the row before any element is overwritten)
+  for (int64_t k = threadIdx.x; k < d; k += kThreads) o[k] = rms_normed(xr[k], inv, w, k);
 }
 
 __global__ void layer_norm_rows_kernel(const float* x, int64_t d, const float* weight, const float* bias, float eps,
@@ -399,16 +391,13 @@ __global__ void hc_post_kernel(float* streams, const float* post, const float* y
 
 // ---- paged caches ------------------------------------------------------------------------------------------
 
-__device__ __forceinline__ int64_t physical(const RowCaches& rc, int span, int64_t slot) {
-  const int64_t pt = rc.page_tokens[span];
-  return int64_t(rc.tables[rc.table_offset[span] + slot / pt]) * pt + slot % pt;
-}
 
-__global__ void write_cache_rows_kernel(const float* src, int64_t width, int64_t ss, RowCaches rc, int plane) {
+__global__ void write_cache_rows_kernel(const float* src, int64_t width, int64_t ss, RowCaches rc, int plane,
+                                        int64_t pw) {
   begin_after_predecessor();
   const int64_t r = blockIdx.x;
   const int span = rc.span[r];
-  float* dst = rc.planes[span][plane] + physical(rc, span, rc.slot[r]) * width;
+  float* dst = rc.planes[span][plane] + physical(rc, span, rc.slot[r]) * pw;
   for (int64_t c = threadIdx.x; c < width; c += blockDim.x) dst[c] = src[r * ss + c];
 }
 
@@ -477,23 +466,17 @@ __global__ void __launch_bounds__(kIndexerWarps * 32)
   if (lane == 0) out[r * os + j] = total;
 }
 
-// An int key per float with the same order (-0 and +0 equal), as the CPU's top-k.
-__device__ __forceinline__ int order_key(float f) {
-  f = f + 0.0f;
-  const int b = __float_as_int(f);
-  return b ^ ((b >> 31) & 0x7fffffff);
-}
-
 constexpr int kTopkThreads = kThreads;
 
 // The CPU's selection (ops::topk_ascending): the k-th largest key found bit by bit, then the keys above it
 // and the lowest-slot keys equal to it, in ascending slot order.
-__global__ void topk_rows_kernel(const float* scores, int64_t ss, RowCaches rc, int64_t k, int32_t* topk,
-                                 int32_t* count) {
+// (n: candidates[r] when given, else the row's slot + 1)
+__global__ void topk_rows_kernel(const float* scores, int64_t ss, const int32_t* slot, const int32_t* candidates,
+                                 int64_t k, int32_t* topk, int32_t* count) {
   begin_after_predecessor();
   const int64_t r = blockIdx.x;
   const float* x = scores + r * ss;
-  const int64_t n = int64_t(rc.slot[r]) + 1;
+  const int64_t n = candidates ? int64_t(candidates[r]) : int64_t(slot[r]) + 1;
   int32_t* out = topk + r * k;
   if (k >= n) {
     for (int64_t i = threadIdx.x; i < n; i += kTopkThreads) out[i] = int32_t(i);
@@ -737,6 +720,34 @@ __global__ void moe_route_kernel(const float* logits, const float* e_bias, MoeRo
   }
 }
 
+// Block t, thread 0: softmax over the experts (max, exponentials, their sum in order, each times its inverse),
+// the k largest, their weights (renormalized in expert order).
+__global__ void moe_route_softmax_kernel(const float* logits, int64_t E, int64_t k, bool norm_topk_prob, int32_t* ids,
+                                         float* wts) {
+  begin_after_predecessor();
+  if (threadIdx.x != 0) return;
+  const int64_t t = blockIdx.x;
+  __shared__ float p[kMaxExperts];
+  __shared__ bool taken[kMaxExperts];
+  __shared__ int32_t pick[kMaxExperts];
+  float m = -INFINITY;
+  for (int64_t e = 0; e < E; ++e) m = fmaxf(m, logits[t * E + e]);
+  float sum = 0.0f;
+  for (int64_t e = 0; e < E; ++e) {
+    p[e] = expf(logits[t * E + e] - m);
+    sum += p[e];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t e = 0; e < E; ++e) p[e] = p[e] * inv;
+  topk_ascending_serial(p, int(E), int(k), pick, taken);
+  float chosen = 0.0f;
+  for (int64_t i = 0; i < k; ++i) chosen += p[pick[i]];
+  for (int64_t i = 0; i < k; ++i) {
+    ids[t * k + i] = pick[i];
+    wts[t * k + i] = norm_topk_prob ? p[pick[i]] / chosen : p[pick[i]];
+  }
+}
+
 // One block, a warp per expert: the warp reads the (token, slot) choices 32 at a time and counts (then
 // places) its expert's with a ballot, so that each expert's rows come in token order. (A thread per expert
 // reading one choice at a time took tens of microseconds at 64 sequences, in series with everything else.)
@@ -827,12 +838,6 @@ __global__ void row_argmax_kernel(const float* x, int64_t n, int32_t* out) {
   if (threadIdx.x == 0) out[blockIdx.x] = all_finite ? b.index : -1;
 }
 
-// Dynamic shared memory above the 48 KB a launch may take unasked: raised once per kernel, to what it needs.
-template <typename Kernel>
-void allow_smem(Kernel k, size_t bytes, const char* what) {
-  if (bytes <= 48 * 1024) return;
-  check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), what);
-}
 
 }  // namespace
 
@@ -843,6 +848,11 @@ void copy_to_device(void* dst, const void* host_src, size_t bytes) {
 }
 void copy_to_host(void* host_dst, const void* src, size_t bytes) {
   if (bytes) check(cudaMemcpy(host_dst, src, bytes, cudaMemcpyDeviceToHost), "copy to host");
+}
+void fill_zero(void* dst, size_t bytes) {
+  const int64_t n = int64_t(bytes);
+  if (n <= 0) return;
+  launch_kernel(zero_kernel, blocks_for(n), kThreads, 0, "zero_kernel", static_cast<unsigned char*>(dst), n);
 }
 void copy_cols(const float* src, int64_t rows, int64_t cols, int64_t src_stride, float* dst, int64_t dst_stride) {
   if (rows <= 0 || cols <= 0) return;
@@ -872,7 +882,37 @@ void scale(float* x, int64_t n, float a, float b) {
   launch_kernel(scale_kernel, blocks_for(n), kThreads, 0, "scale_kernel", x, n, a, b);
 }
 
+void map(float* x, int64_t n, Map f, float d) {
+  if (n <= 0) return;
+  launch_kernel(map_kernel, blocks_for(n), kThreads, 0, "map_kernel", x, n, f, d);
+}
+void scale_rows_sigmoid(float* x, const float* g, int64_t rows, int64_t d) {
+  if (rows <= 0) return;
+  launch_kernel(scale_rows_sigmoid_kernel, unsigned(rows), kThreads, 0, "scale_rows_sigmoid_kernel", x, g, d);
+}
+
+// ---- multi-stream mixes ------------------------------------------------------------------------------------
+
+void stream_mean(const float* w, int64_t rows, int64_t C, int64_t H, float* x) {
+  if (rows <= 0) return;
+  launch_kernel(stream_mean_kernel, dim3(unsigned(rows), std::max(1u, blocks_for(H) / 4)), kThreads, 0,
+                "stream_mean_kernel", w, C, H, x);
+}
+void stream_gates(const float* key, const float* query, const float* value, int64_t rows, int64_t C, int64_t H,
+                  float* out) {
+  if (rows <= 0 || C <= 0) return;
+  launch_kernel(stream_gates_kernel, dim3(unsigned(rows), unsigned(C)), kThreads, 0, "stream_gates_kernel", key, query,
+                value, C, H, out);
+}
+
 // ---- norms -------------------------------------------------------------------------------------------------
+
+void rms_norm_groups(const float* x, int64_t rows, int64_t groups, int64_t d, int64_t row_stride, int64_t group_stride,
+                     const float* weight, int64_t weight_stride, float eps, float* out) {
+  if (rows <= 0 || groups <= 0) return;
+  launch_kernel(rms_norm_groups_kernel, dim3(unsigned(rows), unsigned(groups)), kThreads, 0, "rms_norm_groups_kernel",
+                x, d, row_stride, group_stride, weight, weight_stride, eps, out);
+}
 
 void rms_norm_rows(const float* x, int64_t rows, int64_t d, int64_t x_stride, const float* weight, float eps,
                    float* out, int64_t out_stride) {
@@ -947,10 +987,10 @@ void hc_post(float* streams, const float* post, const float* y, int64_t rows, in
 // ---- caches, indexer, attention ----------------------------------------------------------------------------
 
 void write_cache_rows(const float* src, int64_t rows, int64_t width, int64_t src_stride, const RowCaches& rc,
-                      int plane) {
+                      int plane, int64_t plane_width) {
   if (rows <= 0) return;
   launch_kernel(write_cache_rows_kernel, unsigned(rows), 128, 0, "write_cache_rows_kernel", src, width, src_stride, rc,
-                plane);
+                plane, plane_width < 0 ? width : plane_width);
 }
 
 void write_key_rows(const float* src, int64_t rows, int64_t width, int64_t src_stride, const KeyNorm& norm,
@@ -975,8 +1015,14 @@ void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads,
 void topk_rows(const float* scores, int64_t rows, int64_t score_stride, const RowCaches& rc, int64_t k,
                int32_t* topk, int32_t* count) {
   if (rows <= 0) return;
-  launch_kernel(topk_rows_kernel, unsigned(rows), kTopkThreads, 0, "topk_rows_kernel", scores, score_stride, rc, k,
-                topk, count);
+  launch_kernel(topk_rows_kernel, unsigned(rows), kTopkThreads, 0, "topk_rows_kernel", scores, score_stride, rc.slot,
+                static_cast<const int32_t*>(nullptr), k, topk, count);
+}
+void topk_rows(const float* scores, int64_t rows, int64_t score_stride, const int32_t* candidates, int64_t k,
+               int32_t* topk, int32_t* count) {
+  if (rows <= 0) return;
+  launch_kernel(topk_rows_kernel, unsigned(rows), kTopkThreads, 0, "topk_rows_kernel", scores, score_stride,
+                static_cast<const int32_t*>(nullptr), candidates, k, topk, count);
 }
 
 void override_selection(int32_t* topk, int32_t* count, int64_t rows, int64_t k, const int32_t* forced,
@@ -1027,6 +1073,15 @@ void moe_route(const float* logits, const float* e_bias, int64_t S, const MoeRou
   launch_kernel(moe_route_kernel, unsigned(S), 32, 0, "moe_route_kernel", logits, e_bias, r, ids, weights);
 }
 
+void moe_route_softmax(const float* logits, int64_t S, int64_t E, int64_t k, bool norm_topk_prob, int32_t* ids,
+                       float* weights) {
+  if (S <= 0) return;
+  if (E > kMaxExperts || k < 1 || k > E)
+    throw Error("cuda: softmax routing of " + std::to_string(k) + " of " + std::to_string(E) + " experts (at most " +
+                std::to_string(kMaxExperts) + " experts)");
+  launch_kernel(moe_route_softmax_kernel, unsigned(S), 32, 0, "moe_route_softmax_kernel", logits, E, k, norm_topk_prob,
+                ids, weights);
+}
 void moe_dispatch(const int32_t* ids, int64_t S, int64_t k, int64_t E, int32_t* first, int32_t* token_of,
                   int32_t* row_of, const int32_t* real_tokens) {
   if (E > kMaxExperts) throw Error("cuda::moe_dispatch: more than 1024 experts");

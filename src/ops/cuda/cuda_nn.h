@@ -18,6 +18,7 @@ namespace nextn::cuda {
 // ---- memory
 void copy_to_device(void* dst, const void* host_src, size_t bytes);
 void copy_to_host(void* host_dst, const void* src, size_t bytes);  // waits for the kernels queued before it
+void fill_zero(void* dst, size_t bytes);
 // dst[r, 0..cols) = src[r, 0..cols) for r < rows (rows src_stride / dst_stride floats apart).
 void copy_cols(const float* src, int64_t rows, int64_t cols, int64_t src_stride, float* dst, int64_t dst_stride);
 // dst[i] = src[idx[i]] rows of `width` floats, i < n.
@@ -28,10 +29,19 @@ void add(float* a, const float* b, int64_t n);  // a += b
 void swiglu(const float* gate, const float* up, int64_t n, float limit, float* out);  // as ops::swiglu
 void mul_sigmoid(const float* x, const float* g, int64_t n, float* out);             // as ops::mul_sigmoid
 void scale(float* x, int64_t n, float a, float b);                                   // x = x · a · b
+// x = silu(x / d) (kSiluOf) or 2 · sigmoid(x / d) (kTwoSigmoidOf): the gated residual's mix and injection gates.
+enum class Map { kSiluOf, kTwoSigmoidOf };
+void map(float* x, int64_t n, Map f, float d);
+// x[r, :] = x[r, :] · sigmoid(g[r]) for rows of width d (a gated shared expert).
+void scale_rows_sigmoid(float* x, const float* g, int64_t rows, int64_t d);
 
 // ---- norms (rows of width d, x and out rows x_stride / out_stride floats apart; out may be x)
 void rms_norm_rows(const float* x, int64_t rows, int64_t d, int64_t x_stride, const float* weight, float eps,
                    float* out, int64_t out_stride);
+// rms_norm_rows of each of `groups` groups of d elements a row: group j of row r at x + r·row_stride +
+// j·group_stride (out likewise; out may be x), normalized with weight + j·weight_stride (0: one weight for all).
+void rms_norm_groups(const float* x, int64_t rows, int64_t groups, int64_t d, int64_t row_stride, int64_t group_stride,
+                     const float* weight, int64_t weight_stride, float eps, float* out);
 void layer_norm_rows(const float* x, int64_t rows, int64_t d, const float* weight, const float* bias, float eps,
                      float* out);
 
@@ -70,6 +80,14 @@ void hc_pre(const float* streams, const float* mixes, int64_t mix_stride, int64_
 // streams[r, j] = post[r, j] · y[r] + streams[r, j]
 void hc_post(float* streams, const float* post, const float* y, int64_t rows, int64_t C, int64_t H);
 
+// ---- multi-stream mixes (Qwen4-Exp): streams [rows, C, H]
+// x[r] = Σ_c w[r, c] / C (streams in order).
+void stream_mean(const float* w, int64_t rows, int64_t C, int64_t H, float* x);
+// PLE's gate per stream: g = (key[r, c] · query[r, c]) / √H, gate = sigmoid(sign(g) · √max(|g|, 1e-6)),
+// out[r, c] = gate · value[r] (key, query, out [rows, C, H]; value [rows, H]).
+void stream_gates(const float* key, const float* query, const float* value, int64_t rows, int64_t C, int64_t H,
+                  float* out);
+
 // ---- a forward's rows and the paged caches they read and write (all arrays on the device).
 // Row r belongs to span span[r], sits at cache slot slot[r] and sees slots [0, slot[r]]; span s's cache has
 // pages of page_tokens[s] positions, page table tables[table_offset[s] ..], and its pool's planes planes[s][p].
@@ -83,9 +101,10 @@ struct RowCaches {
   const int32_t* tables = nullptr;
   float* const* const* planes = nullptr;
 };
-// Writes src[r, 0..width) (rows src_stride apart) to plane `plane` at row r's slot.
+// Writes src[r, 0..width) (rows src_stride apart) to plane `plane` at row r's slot (the plane's rows
+// plane_width floats, default width; the row's first width of them written).
 void write_cache_rows(const float* src, int64_t rows, int64_t width, int64_t src_stride, const RowCaches& rc,
-                      int plane);
+                      int plane, int64_t plane_width = -1);
 // The cache key of each row made and written in one kernel: src[r, 0..width) (rows src_stride apart) with its
 // first norm.width elements normalized (RMSNorm times weight, or with a bias LayerNorm times weight plus bias,
 // as rms_norm_rows / layer_norm_rows compute them; the rest as they are), then RoPE on [rope_offset,
@@ -109,6 +128,9 @@ void indexer_scores(const float* q, const float* w, int64_t rows, int64_t heads,
 // The k largest of scores[r, 0..slot[r]] (ties: the lower slot), ascending, into topk[r, 0..count[r]) (all
 // the slots when there are at most k); scores are never NaN.
 void topk_rows(const float* scores, int64_t rows, int64_t score_stride, const RowCaches& rc, int64_t k,
+               int32_t* topk, int32_t* count);
+// The same over scores[r, 0..candidates[r]) (candidates on the device).
+void topk_rows(const float* scores, int64_t rows, int64_t score_stride, const int32_t* candidates, int64_t k,
                int32_t* topk, int32_t* count);
 // Rows whose forced_count >= 0 take forced[r, 0..forced_count[r]) as their selection.
 void override_selection(int32_t* topk, int32_t* count, int64_t rows, int64_t k, const int32_t* forced,
@@ -143,6 +165,11 @@ void moe_route(const float* logits, const float* e_bias, int64_t S, const MoeRou
 // row_of and the grouped rows past first[E] are 0, so that every index stays in bounds.
 void moe_dispatch(const int32_t* ids, int64_t S, int64_t k, int64_t E, int32_t* first, int32_t* token_of,
                   int32_t* row_of, const int32_t* real_tokens = nullptr);
+
+// Softmax routing (Qwen4-Exp): p = softmax(logits[t]) over E experts, the k largest (ties: the lower index),
+// ascending, with weights p (divided by their sum, in expert order, with norm_topk_prob).
+void moe_route_softmax(const float* logits, int64_t S, int64_t E, int64_t k, bool norm_topk_prob, int32_t* ids,
+                       float* weights);
 
 // ---- MoE: out[t] = Σ_i w[t, i] · expert_out[rows[t, i]] in i order (i < k), then out[t] += shared[t] when
 // shared is not null; stored through `sink` (cuda_ops.h).

@@ -3,6 +3,8 @@
 #include "core/error.h"
 #include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_recurrent.h"
+#include "ops/cuda/cuda_sparse_attention.h"
 
 namespace nextn::cuda {
 
@@ -62,7 +64,7 @@ void hc_pre(const float*, const float*, int64_t, int64_t, int64_t, int64_t, cons
   unavailable();
 }
 void hc_post(float*, const float*, const float*, int64_t, int64_t, int64_t) { unavailable(); }
-void write_cache_rows(const float*, int64_t, int64_t, int64_t, const RowCaches&, int) { unavailable(); }
+void write_cache_rows(const float*, int64_t, int64_t, int64_t, const RowCaches&, int, int64_t) { unavailable(); }
 void write_key_rows(const float*, int64_t, int64_t, int64_t, const KeyNorm&, int64_t, int64_t, const float*, float,
                     const RowCaches&, int) {
   unavailable();
@@ -93,5 +95,39 @@ void moe_combine(const float*, const int32_t*, const float*, int64_t, int64_t, i
   unavailable();
 }
 void row_argmax(const float*, int64_t, int64_t, int32_t*) { unavailable(); }
+void fill_zero(void*, size_t) { unavailable(); }
+void map(float*, int64_t, Map, float) { unavailable(); }
+void scale_rows_sigmoid(float*, const float*, int64_t, int64_t) { unavailable(); }
+void rms_norm_groups(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const float*, int64_t, float, float*) {
+  unavailable();
+}
+void stream_mean(const float*, int64_t, int64_t, int64_t, float*) { unavailable(); }
+void stream_gates(const float*, const float*, const float*, int64_t, int64_t, int64_t, float*) { unavailable(); }
+void topk_rows(const float*, int64_t, int64_t, const int32_t*, int64_t, int32_t*, int32_t*) { unavailable(); }
+void moe_route_softmax(const float*, int64_t, int64_t, int64_t, bool, int32_t*, float*) { unavailable(); }
+void causal_conv_rows(const float*, int64_t, int64_t, const float*, int64_t, int64_t, const RecurrentSpans&, int64_t,
+                      float*, int64_t, bool) {
+  unavailable();
+}
+void gated_delta_rule(const float*, const float*, const float*, const float*, const float*, const float*, const float*,
+                      const DeltaRuleShape&, const RecurrentSpans&, int64_t, float*) {
+  unavailable();
+}
+void pool_block_keys(const RowCaches&, int, int64_t, int64_t, int64_t, const float*, float, int64_t, const float*, float,
+                     const int32_t*) {
+  unavailable();
+}
+void block_scores(const float*, int64_t, int64_t, int64_t, int64_t, const RowCaches&, int, int64_t, int64_t, float,
+                  float*, int64_t) {
+  unavailable();
+}
+void expand_selection(const RowCaches&, int64_t, int64_t, const int32_t*, const int32_t*, int64_t, const int32_t*,
+                      const int32_t*, const int32_t*, int64_t, int32_t*, int32_t*, int64_t) {
+  unavailable();
+}
+void sparse_gqa_attention(const float*, int64_t, int64_t, int64_t, int64_t, const RowCaches&, int, const int32_t*,
+                          const int32_t*, int64_t, float, float*) {
+  unavailable();
+}
 
 }  // namespace nextn::cuda

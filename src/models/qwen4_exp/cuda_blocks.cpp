@@ -1,0 +1,628 @@
+// The CUDA backend of Qwen4-Exp's blocks (cuda_blocks.h); cpu_blocks.cpp says what each block computes. Shapes
+// are in [rows, cols] comments; every buffer named here lives in device memory unless it says host.
+#include "models/qwen4_exp/cuda_blocks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
+#include "models/qwen4_exp/model.h"
+#include "models/qwen4_exp/ngram.h"
+#include "ops/cuda/cuda_sparse_attention.h"
+
+namespace nextn {
+namespace {
+
+// Draft rows a forced (reused) selection may add after step 0's query: the rest of one round (as the CPU's).
+constexpr int64_t kMaxDraftExtension = 64;
+
+template <typename T>
+T* grow(cuda::DeviceBuffer& b, int64_t n) {
+  const size_t bytes = size_t(std::max<int64_t>(n, 1)) * sizeof(T);
+  if (b.bytes() < bytes) {
+    b = cuda::DeviceBuffer();
+    b = cuda::DeviceBuffer(bytes);
+  }
+  return static_cast<T*>(b.get());
+}
+
+template <typename T>
+T* as(const cuda::DeviceBuffer& b) { return static_cast<T*>(b.get()); }
+
+}  // namespace
+
+struct Qwen4CudaBlocks::PoolMirror {
+  std::weak_ptr<KVPool> pool;
+  int64_t rows = 0;
+  size_t planes_count = 0;
+  std::vector<cuda::DeviceBuffer> planes;  // [rows, width] each
+  cuda::DeviceBuffer table;                // [planes] their device addresses
+};
+
+struct Qwen4CudaBlocks::Workspace {
+  int64_t rows = 0, positions = 0;
+  cuda::DeviceBuffer X, Xn, x, y, inj, mid, wgt, ones, lm_streams;
+  cuda::DeviceBuffer qkv, z, ab, conv, core;
+  cuda::DeviceBuffer q, kv, iq, bscores, blocks, bcount, sel, sel_count;
+  cuda::DeviceBuffer router, ids, wts, moe_i32, gathered, ea, eb, eo, sa, sb, sg, sh;
+  cuda::DeviceBuffer emb, key, value, gated, normed;
+  cuda::DeviceBuffer e_in, e, h_prev, logits, meta_i32, meta_i64;
+};
+
+// Device buffers for sequences' recurrent state, handed back by a sequence's end and reused by the next.
+struct Qwen4CudaBlocks::StateSlots {
+  std::vector<cuda::DeviceBuffer> free;
+};
+
+Qwen4CudaBlocks::~Qwen4CudaBlocks() = default;
+
+Qwen4CudaBlocks::Qwen4CudaBlocks(const Qwen4ExpConfig& config, const Qwen4StateLayout& layout,
+                                 const Qwen4ExpWeights& w)
+    : cfg_(config), layout_(layout), ws_(std::make_unique<Workspace>()), states_(std::make_shared<StateSlots>()) {
+  std::string why;
+  if (!cuda::available(&why)) throw Error("--device cuda: " + why);
+  upload_weights(w);
+  cuda::synchronize();
+}
+
+// ---- weights -------------------------------------------------------------------------------------------------
+
+const Linear& Qwen4CudaBlocks::dev(const Linear& w) const {
+  const auto it = linears_.find(w.data);
+  if (it == linears_.end() || it->second.w.out != w.out || it->second.w.in != w.in)
+    throw Error("internal: a weight the CUDA backend did not upload");
+  return it->second.w;
+}
+
+const float* Qwen4CudaBlocks::dev(const std::vector<float>& v) const {
+  if (v.empty()) return nullptr;
+  const auto it = vectors_.find(v.data());
+  if (it == vectors_.end()) throw Error("internal: a vector the CUDA backend did not upload");
+  return it->second.f32();
+}
+
+// The n-gram table's shards (split along rows in the checkpoint) as one device table, so that a row id indexes it
+// directly: their bytes one after another (every shard has the table's dtype and width).
+void Qwen4CudaBlocks::upload_ple_table(const PleWeights& p) {
+  const Linear& first = p.table_shards.at(0);
+  if (first.dtype == DType::F8_E4M3)
+    throw Error("--device cuda: an FP8 PLE n-gram table (the CUDA backend takes F32 or BF16 tables)");
+  const size_t elem = dtype_size(first.dtype);
+  std::vector<uint8_t> bytes;
+  int64_t rows = 0;
+  for (const Linear& s : p.table_shards) {
+    if (s.dtype != first.dtype || s.in != first.in)
+      throw Error("--device cuda: PLE n-gram table shards of different dtypes or widths");
+    for (int64_t r = 0; r < s.out; ++r) {
+      const auto* row = static_cast<const uint8_t*>(s.data) + size_t(r * s.row_stride) * elem;
+      bytes.insert(bytes.end(), row, row + size_t(s.in) * elem);
+    }
+    rows += s.out;
+  }
+  Linear whole = first;
+  whole.out = rows;
+  whole.row_stride = first.in;
+  whole.data = bytes.data();
+  whole.bias = nullptr;
+  cuda::DeviceLinear d = cuda::upload(whole);
+  weight_bytes_ += d.data.bytes();
+  ple_tables_.emplace(&p, std::move(d));
+}
+
+void Qwen4CudaBlocks::upload_weights(const Qwen4ExpWeights& w) {
+  auto linear = [&](const Linear& l) {
+    if (!l.data || linears_.count(l.data)) return;
+    cuda::DeviceLinear d = cuda::upload(l);
+    weight_bytes_ += d.data.bytes() + d.scale.bytes() + d.bias.bytes();
+    linears_.emplace(l.data, std::move(d));
+  };
+  auto vec = [&](const std::vector<float>& v) {
+    if (v.empty() || vectors_.count(v.data())) return;
+    cuda::DeviceBuffer b(v.size() * sizeof(float));
+    b.upload(v.data(), b.bytes());
+    vectors_.emplace(v.data(), std::move(b));
+  };
+  auto mixer = [&](const GatedResidualWeights& g) {
+    for (const Linear* l : {&g.mix_down, &g.mix_up, &g.inject}) linear(*l);
+    vec(g.hc_norm);
+  };
+  auto layer = [&](const Qwen4LayerWeights& L) {
+    mixer(L.attn_hc);
+    mixer(L.mlp_hc);
+    const GdnWeights& g = L.gdn;
+    for (const Linear* l : {&g.in_q, &g.in_k, &g.in_v, &g.in_z, &g.in_b, &g.in_a, &g.out_proj}) linear(*l);
+    for (const std::vector<float>* v : {&g.conv, &g.neg_A, &g.dt_bias, &g.norm}) vec(*v);
+    const QsaWeights& a = L.attn;
+    for (const Linear* l : {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &a.index_qk}) linear(*l);
+    for (const std::vector<float>* v : {&a.q_norm, &a.k_norm, &a.index_q_norm, &a.index_k_norm}) vec(*v);
+    const MoeWeights& m = L.moe;
+    for (const Linear* l : {&m.router, &m.shared_gate, &m.shared_up, &m.shared_down, &m.shared_expert_gate}) linear(*l);
+    for (size_t e = 0; e < m.gate.size(); ++e) {
+      linear(m.gate[e]);
+      linear(m.up[e]);
+      linear(m.down[e]);
+    }
+    auto table = [&](const std::vector<Linear>& ws) {
+      std::vector<const Linear*> d;
+      for (const Linear& l : ws) d.push_back(&dev(l));
+      return cuda::weight_table(d.data(), int64_t(d.size()));
+    };
+    if (!m.gate.empty()) experts_.emplace(&m, ExpertTables{table(m.gate), table(m.up), table(m.down)});
+    if (L.has_ple) {
+      const PleWeights& p = L.ple;
+      linear(p.key_proj);
+      linear(p.value_proj);
+      for (const std::vector<float>* v : {&p.norm_key, &p.norm_query, &p.norm_conv, &p.conv}) vec(*v);
+      upload_ple_table(p);
+    }
+  };
+  linear(w.embed);
+  linear(w.lm_head);
+  mixer(w.mixer);
+  vec(cfg_.rope.inv_freq);
+  for (const Qwen4LayerWeights& L : w.layers) {
+    layer(L);
+    ple_layers_.push_back(L.has_ple ? &L.ple : nullptr);
+  }
+  const Qwen4MtpWeights& m = w.mtp;
+  linear(m.fc_embedding);
+  linear(m.fc_hidden);
+  vec(m.pre_fc_norm_embedding);
+  vec(m.pre_fc_norm_hidden);
+  mixer(m.mixer);
+  for (const Qwen4LayerWeights& L : m.layers) {
+    if (L.kind == Qwen4LayerKind::Linear || L.has_ple)
+      throw Error("--device cuda: an MTP layer with Gated DeltaNet or PLE (the drafter keeps no recurrent state)");
+    layer(L);
+  }
+}
+
+// ---- workspace, caches, state --------------------------------------------------------------------------------
+
+void Qwen4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
+  Workspace& w = *ws_;
+  if (S <= w.rows && P <= w.positions) return;
+  S = std::max(S, w.rows);
+  P = std::max(P, w.positions);
+  const Qwen4ExpConfig& c = cfg_;
+  const int64_t H = c.hidden_size, C = c.hc_count, CH = c.hc_width(), SK = S * std::max(1, c.num_experts_per_tok);
+  const int64_t qdim = int64_t(c.num_attention_heads) * 2 * c.head_dim, kvd = int64_t(c.num_key_value_heads) * c.head_dim;
+  const int64_t ratio = std::max<int64_t>(c.indexer_compress_ratio, 1);
+  w = Workspace();
+  for (cuda::DeviceBuffer* b : {&w.X, &w.Xn, &w.wgt, &w.lm_streams, &w.key, &w.gated, &w.normed, &w.h_prev})
+    grow<float>(*b, S * CH);
+  for (cuda::DeviceBuffer* b : {&w.x, &w.y, &w.value, &w.e_in, &w.e, &w.sh}) grow<float>(*b, S * H);
+  grow<float>(w.inj, S * C);
+  grow<float>(w.mid, S * c.hc_lowrank);
+  std::vector<float> ones(size_t(S * C), 1.0f);
+  grow<float>(w.ones, S * C);
+  w.ones.upload(ones.data(), ones.size() * sizeof(float));
+  grow<float>(w.qkv, S * c.conv_dim());
+  grow<float>(w.conv, S * c.conv_dim());
+  grow<float>(w.z, S * c.linear_value_dim());
+  grow<float>(w.ab, S * 2 * c.linear_num_value_heads);
+  grow<float>(w.core, S * std::max(c.linear_value_dim(), int64_t(c.num_attention_heads) * c.head_dim));
+  grow<float>(w.q, S * qdim);
+  grow<float>(w.kv, S * 2 * kvd);
+  grow<float>(w.iq, S * int64_t(c.indexer_n_heads + 1) * c.indexer_head_dim);
+  grow<float>(w.bscores, S * (P / ratio + 1));
+  grow<int32_t>(w.blocks, S * std::max<int64_t>(c.block_topk(), 1));
+  grow<int32_t>(w.bcount, S);
+  grow<int32_t>(w.sel, S * (c.indexer_budget + ratio + kMaxDraftExtension));
+  grow<int32_t>(w.sel_count, S);
+  grow<float>(w.router, S * std::max(1, c.num_experts));
+  grow<int32_t>(w.ids, SK);
+  grow<float>(w.wts, SK);
+  grow<int32_t>(w.moe_i32, 2 * SK + std::max(1, c.num_experts) + 1);
+  grow<float>(w.gathered, SK * H);
+  grow<float>(w.eo, SK * H);
+  grow<float>(w.ea, SK * c.moe_intermediate_size);
+  grow<float>(w.eb, SK * c.moe_intermediate_size);
+  grow<float>(w.sa, S * c.shared_expert_intermediate_size);
+  grow<float>(w.sb, S * c.shared_expert_intermediate_size);
+  grow<float>(w.sg, S);
+  grow<float>(w.emb, S * std::max<int64_t>(c.ple_embed_dim, 1));
+  grow<float>(w.logits, S * c.vocab_size);
+  w.rows = S;
+  w.positions = P;
+}
+
+void Qwen4CudaBlocks::reserve(int64_t rows, int64_t positions) {
+  ensure_workspace(std::max<int64_t>(rows, 1), std::max<int64_t>(positions, 1));
+}
+
+Qwen4CudaBlocks::PoolMirror& Qwen4CudaBlocks::mirror(const KVCache& cache) {
+  const std::shared_ptr<KVPool>& pool = cache.shared_pool();
+  std::unique_ptr<PoolMirror>& m = pools_[pool.get()];
+  const int64_t rows = pool->pages() * pool->page_tokens();
+  if (m && m->pool.lock() == pool && m->rows == rows && m->planes_count == pool->num_planes()) return *m;
+  m = std::make_unique<PoolMirror>();
+  m->pool = pool;
+  m->rows = rows;
+  m->planes_count = pool->num_planes();
+  std::vector<float*> addresses;
+  for (size_t p = 0; p < pool->num_planes(); ++p) {
+    m->planes.emplace_back(size_t(rows * pool->plane_width(p)) * sizeof(float));
+    addresses.push_back(m->planes.back().f32());
+  }
+  m->table = cuda::DeviceBuffer(addresses.size() * sizeof(float*));
+  m->table.upload(addresses.data(), m->table.bytes());
+  return *m;
+}
+
+// A sequence's state slots on the device, zeroed (the state of length 0) at its first forward; its buffer comes
+// back to states_ when the sequence ends.
+void Qwen4CudaBlocks::attach_state(Qwen4ExpSequence& seq) {
+  if (seq.device_state()) return;
+  const size_t bytes = size_t(std::max<int64_t>(seq.slots() * seq.slot_floats(), 1)) * sizeof(float);
+  cuda::DeviceBuffer buffer;
+  for (auto it = states_->free.begin(); it != states_->free.end(); ++it)
+    if (it->bytes() == bytes) {
+      buffer = std::move(*it);
+      states_->free.erase(it);
+      break;
+    }
+  if (!buffer.get()) buffer = cuda::DeviceBuffer(bytes);
+  cuda::fill_zero(buffer.get(), bytes);
+  auto* held = new cuda::DeviceBuffer(std::move(buffer));
+  std::weak_ptr<StateSlots> pool = states_;
+  const std::shared_ptr<void> owner(held, [pool](void* p) {
+    auto* b = static_cast<cuda::DeviceBuffer*>(p);
+    if (auto slots = pool.lock()) slots->free.push_back(std::move(*b));
+    delete b;
+  });
+  seq.set_device_state(std::shared_ptr<void>(owner, held->get()));  // (the device address, owned by `owner`)
+}
+
+// ---- a forward's rows ----------------------------------------------------------------------------------------
+
+void Qwen4CudaBlocks::begin(const Qwen4RowSpan* spans, size_t count) {
+  spans_.assign(spans, spans + count);
+  for (auto it = pools_.begin(); it != pools_.end();)  // mirrors of pools that are gone
+    it = it->second->pool.expired() ? pools_.erase(it) : std::next(it);
+  S_ = 0;
+  int64_t max_pos = 1;
+  any_forced_ = false;
+  all_forced_ = true;
+  for (const Qwen4RowSpan& sp : spans_) {
+    S_ += sp.rows;
+    max_pos = std::max(max_pos, sp.seq ? sp.seq->capacity() : sp.cache->capacity());
+    any_forced_ = any_forced_ || sp.forced;
+    all_forced_ = all_forced_ && sp.forced && sp.forced->first_row <= 0;
+    if (sp.seq) attach_state(*sp.seq);
+  }
+  if (S_ == 0) return;
+  constexpr int64_t kMaxRows = 65535;  // (the attention kernels take a row per grid.x, heads per grid.y)
+  if (S_ > kMaxRows)
+    throw Error("cuda: a forward of " + std::to_string(S_) + " rows is more than the " + std::to_string(kMaxRows) +
+                " the GPU's kernels take in one launch; send a shorter prompt");
+  ensure_workspace(S_, max_pos);
+  upload_rows();
+}
+
+// One upload of the rows' facts (int32: tokens, span, slot, position, logit rows, QSA block counts and pooled
+// positions, forced selections, page sizes, the recurrent spans, page tables, PLE n-gram ids; int64: per span its
+// page table's offset, its pool's plane table and its state slots' address).
+void Qwen4CudaBlocks::upload_rows() {
+  const Qwen4ExpConfig& c = cfg_;
+  const int64_t S = S_, n = int64_t(spans_.size()), ratio = std::max<int64_t>(c.indexer_compress_ratio, 1);
+  std::vector<int32_t>& m = meta_i32_;
+  m.assign(size_t(10 * S + 4 * n), 0);
+  int32_t *tokens = m.data(), *span = tokens + S, *slot = span + S, *pos = slot + S, *logit_rows = pos + S;
+  int32_t *blocks = logit_rows + S, *block_pos = blocks + S, *fcount = block_pos + S, *ffrom = fcount + S;
+  int32_t *page_tokens = ffrom + S + S, *first_row = page_tokens + n, *rows = first_row + n, *pos0 = rows + n;
+  std::vector<int64_t>& m64 = meta_i64_;
+  m64.assign(size_t(3 * n), 0);
+  logit_rows_ = 0;
+  max_blocks_ = 0;
+  forced_stride_ = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const Qwen4RowSpan& sp = spans_[size_t(i)];
+    for (int64_t r = 0; r < sp.rows; ++r) {
+      const int64_t row = sp.first_row + r, s = sp.slot0 + r;
+      tokens[row] = sp.tokens[r];
+      span[row] = int32_t(i);
+      slot[row] = int32_t(s);
+      pos[row] = int32_t(sp.pos0 + r);
+      blocks[row] = int32_t((s + 1) / ratio);
+      block_pos[row] = sp.cache ? int32_t(sp.cache->base_position() + s + 1 - ratio) : 0;
+      max_blocks_ = std::max<int64_t>(max_blocks_, blocks[row]);
+      const bool forced = sp.forced && r >= sp.forced->first_row;
+      fcount[row] = forced ? int32_t(sp.forced->count) : -1;
+      ffrom[row] = forced ? int32_t(sp.forced->extend_from_slot >= 0 ? sp.forced->extend_from_slot : s + 1) : 0;
+      if (forced) forced_stride_ = std::max<int64_t>(forced_stride_, sp.forced->count);
+      if (sp.all_logits || r == sp.rows - 1) logit_rows[logit_rows_++] = int32_t(row);
+    }
+    page_tokens[i] = sp.cache ? int32_t(sp.cache->page_tokens()) : 1;
+    first_row[i] = int32_t(sp.first_row);
+    rows[i] = int32_t(sp.rows);
+    pos0[i] = int32_t(sp.pos0);
+    m64[size_t(2 * n + i)] = sp.seq ? reinterpret_cast<int64_t>(sp.seq->device_state()) : 0;
+  }
+  for (int64_t i = 0; i < n; ++i) {  // the page tables, after the fixed part
+    const Qwen4RowSpan& sp = spans_[size_t(i)];
+    m64[size_t(i)] = int64_t(m.size());
+    if (!sp.cache) {
+      m.push_back(0);
+      continue;
+    }
+    const int64_t pt = sp.cache->page_tokens(), pages = (sp.slot0 + sp.rows + pt - 1) / pt;
+    m.insert(m.end(), sp.cache->page_table(), sp.cache->page_table() + pages);
+    m64[size_t(n + i)] = reinterpret_cast<int64_t>(mirror(*sp.cache).table.get());
+  }
+  const size_t forced_at = m.size();
+  if (any_forced_) {  // forced rows' selections [S, forced_stride_]
+    m.resize(forced_at + size_t(S * forced_stride_), 0);
+    for (const Qwen4RowSpan& sp : spans_) {
+      if (!sp.forced) continue;
+      for (int64_t r = std::max<int64_t>(sp.forced->first_row, 0); r < sp.rows; ++r)
+        std::copy(sp.forced->slots, sp.forced->slots + sp.forced->count,
+                  m.data() + forced_at + (sp.first_row + r) * forced_stride_);
+    }
+  }
+  // PLE n-gram table rows per layer (target forwards: the spans' token histories, then their new tokens)
+  std::unordered_map<int, size_t> ple_at;
+  const int heads = c.ngram_heads();
+  ngram_.resize(size_t(std::max(heads, 1)));
+  for (size_t layer = 0; layer < ple_layers_.size(); ++layer) {
+    const PleWeights* p = ple_layers_[layer];
+    if (!p || !spans_[0].seq) continue;
+    ple_at[int(layer)] = m.size();
+    for (const Qwen4RowSpan& sp : spans_) {
+      const std::vector<int32_t>& history = sp.seq->tokens();
+      const int64_t len = int64_t(history.size());
+      auto token = [&](int64_t t) { return int64_t(t < len ? history[size_t(t)] : sp.tokens[t - len]); };
+      for (int64_t r = 0; r < sp.rows; ++r) {
+        ple_ngram_ids(c, *p, sp.pos0 + r, token, ngram_.data());
+        for (int h = 0; h < heads; ++h) m.push_back(int32_t(ngram_[size_t(h)]));
+      }
+    }
+  }
+  Workspace& w = *ws_;
+  int32_t* d32 = grow<int32_t>(w.meta_i32, int64_t(m.size()));
+  int64_t* d64 = grow<int64_t>(w.meta_i64, int64_t(m64.size()));
+  cuda::copy_to_device(d32, m.data(), m.size() * sizeof(int32_t));
+  cuda::copy_to_device(d64, m64.data(), m64.size() * sizeof(int64_t));
+  tokens_ = d32;
+  rc_.span = d32 + S;
+  rc_.slot = d32 + 2 * S;
+  rc_.position = d32 + 3 * S;
+  logit_row_ids_ = d32 + 4 * S;
+  blocks_of_ = d32 + 5 * S;
+  block_position_ = d32 + 6 * S;
+  forced_count_ = d32 + 7 * S;
+  forced_from_ = d32 + 8 * S;
+  rc_.page_tokens = d32 + 10 * S;
+  rc_.tables = d32;
+  rc_.table_offset = d64;
+  rc_.planes = reinterpret_cast<float* const* const*>(d64 + n);
+  forced_ = any_forced_ ? d32 + forced_at : nullptr;
+  rs_.state = reinterpret_cast<float* const*>(d64 + 2 * n);
+  rs_.first_row = d32 + 10 * S + n;
+  rs_.rows = d32 + 10 * S + 2 * n;
+  rs_.pos0 = d32 + 10 * S + 3 * n;
+  rs_.count = n;
+  rs_.slots = layout_.slots;
+  rs_.slot_floats = spans_[0].seq ? spans_[0].seq->slot_floats() : 0;
+  ple_ids_.clear();
+  for (const auto& [layer, at] : ple_at) ple_ids_[layer] = d32 + at;
+}
+
+// ---- blocks --------------------------------------------------------------------------------------------------
+
+void Qwen4CudaBlocks::embed_streams(const Linear& embed) {
+  const int64_t C = cfg_.hc_count, H = cfg_.hidden_size;
+  cuda::embed_rows(dev(embed), tokens_, S_, int(C), ws_->X.f32(), C * H);  // X [S, C, H]
+}
+
+void Qwen4CudaBlocks::mix(const GatedResidualWeights& g, const float* X, int64_t rows, float* x, float* inj) {
+  const Qwen4ExpConfig& c = cfg_;
+  const int64_t H = c.hidden_size, C = c.hc_count, CH = c.hc_width();
+  const float eps = float(c.rms_norm_eps);
+  Workspace& w = *ws_;
+  float* Xn = w.Xn.f32();
+  cuda::rms_norm_groups(X, rows, C, H, CH, H, dev(g.hc_norm), H, eps, Xn);  // per stream
+  cuda::matmul(Xn, rows, dev(g.mix_down), w.mid.f32());                   // [rows, rank]
+  cuda::map(w.mid.f32(), rows * c.hc_lowrank, cuda::Map::kSiluOf, float(C));
+  cuda::matmul(w.mid.f32(), rows, dev(g.mix_up), w.wgt.f32());  // [rows, C·H]
+  cuda::mul_sigmoid(Xn, w.wgt.f32(), rows * CH, w.wgt.f32());
+  cuda::stream_mean(w.wgt.f32(), rows, C, H, x);
+  if (!inj) return;
+  cuda::matmul(Xn, rows, dev(g.inject), inj);  // [rows, C]
+  cuda::map(inj, rows * C, cuda::Map::kTwoSigmoidOf, float(C));
+}
+
+void Qwen4CudaBlocks::gated_residual(const GatedResidualWeights& g, bool inject) {
+  mix(g, ws_->X.f32(), S_, ws_->x.f32(), inject ? ws_->inj.f32() : nullptr);
+}
+
+void Qwen4CudaBlocks::inject() {
+  cuda::hc_post(ws_->X.f32(), ws_->inj.f32(), ws_->y.f32(), S_, cfg_.hc_count, cfg_.hidden_size);
+}
+
+void Qwen4CudaBlocks::ple_add(const PleWeights& p, int layer) {
+  const Qwen4ExpConfig& c = cfg_;
+  const int64_t H = c.hidden_size, C = c.hc_count, CH = c.hc_width(), S = S_, dph = c.ple_head_dim();
+  const float eps = float(c.rms_norm_eps);
+  Workspace& w = *ws_;
+  const auto ids = ple_ids_.find(layer);
+  if (ids == ple_ids_.end()) throw Error("internal: PLE without its n-gram ids (not a target forward?)");
+  cuda::embed_rows(ple_tables_.at(&p).w, ids->second, S * c.ngram_heads(), 1, w.emb.f32(), dph);  // [S, E]
+  const ops::MatmulOut outs[] = {{&dev(p.key_proj), w.key.f32()}, {&dev(p.value_proj), w.value.f32()}};
+  cuda::matmul_many(w.emb.f32(), S, outs, 2);  // key [S, C·H], value [S, H]
+  cuda::rms_norm_groups(w.key.f32(), S, C, H, CH, H, dev(p.norm_key), H, eps, w.key.f32());
+  cuda::rms_norm_groups(w.X.f32(), S, C, H, CH, H, dev(p.norm_query), H, eps, w.Xn.f32());  // the queries
+  cuda::stream_gates(w.key.f32(), w.Xn.f32(), w.value.f32(), S, C, H, w.gated.f32());
+  cuda::rms_norm_groups(w.gated.f32(), S, C, H, CH, H, dev(p.norm_conv), H, eps, w.normed.f32());
+  cuda::causal_conv_rows(w.normed.f32(), CH, CH, dev(p.conv), c.ple_conv_kernel_size, c.ngram_size, rs_,
+                         layout_.ple_off[size_t(layer)], w.gated.f32(), CH, /*accumulate=*/true);
+  cuda::add(w.X.f32(), w.gated.f32(), S * CH);
+}
+
+void Qwen4CudaBlocks::gdn(const GdnWeights& g, int layer) {
+  const Qwen4ExpConfig& c = cfg_;
+  const int64_t S = S_, CD = c.conv_dim(), Kd = c.linear_key_dim(), nv = c.linear_num_value_heads;
+  const int64_t K = c.linear_conv_kernel_dim;
+  Workspace& w = *ws_;
+  float *qkv = w.qkv.f32(), *ab = w.ab.f32();
+  const ops::MatmulOut outs[] = {{&dev(g.in_q), qkv, CD},     {&dev(g.in_k), qkv + Kd, CD},
+                                 {&dev(g.in_v), qkv + 2 * Kd, CD}, {&dev(g.in_z), w.z.f32(), -1},
+                                 {&dev(g.in_b), ab, -1},       {&dev(g.in_a), ab + S * nv, -1}};
+  cuda::matmul_many(w.x.f32(), S, outs, 6);
+  const int64_t off = layout_.state_off[size_t(layer)];
+  cuda::causal_conv_rows(qkv, CD, CD, dev(g.conv), K, 1, rs_, off, w.conv.f32(), CD, false);  // [S, CD]
+  const bool sigmoid_gate = (c.output_gate_type.empty() ? c.hidden_act : c.output_gate_type) == "sigmoid";
+  const cuda::DeltaRuleShape shape{c.linear_num_key_heads, nv, c.linear_key_head_dim, c.linear_value_head_dim,
+                                   float(c.rms_norm_eps), sigmoid_gate};
+  cuda::gated_delta_rule(w.conv.f32(), ab, ab + S * nv, w.z.f32(), dev(g.neg_A), dev(g.dt_bias), dev(g.norm), shape,
+                         rs_, off + (K - 1) * CD, w.core.f32());  // [S, nv·dv]
+  cuda::matmul(w.core.f32(), S, dev(g.out_proj), w.y.f32());
+}
+
+void Qwen4CudaBlocks::qsa(const QsaWeights& a, size_t cache_layer) {
+  const Qwen4ExpConfig& c = cfg_;
+  const int64_t S = S_, hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads, kvd = nkv * hd;
+  const int64_t ih = c.indexer_n_heads, ihd = c.indexer_head_dim, ratio = c.indexer_compress_ratio;
+  const int64_t idim = (ih + 1) * ihd, rope = c.rope.dim, btk = std::max<int64_t>(c.block_topk(), 1);
+  const int64_t sel_cap = c.indexer_budget + ratio + kMaxDraftExtension;
+  const float eps = float(c.rms_norm_eps), af = float(c.rope.attention_factor);
+  const float* inv_freq = dev(c.rope.inv_freq);
+  Workspace& w = *ws_;
+  const LayerPlanes& planes = spans_[0].cache->layer_planes(cache_layer);
+  float *q = w.q.f32(), *kv = w.kv.f32(), *iq = w.iq.f32();
+  const ops::MatmulOut outs[] = {{&dev(a.q_proj), q, -1},
+                                 {&dev(a.k_proj), kv, 2 * kvd},
+                                 {&dev(a.v_proj), kv + kvd, 2 * kvd},
+                                 {&dev(a.index_qk), iq, -1}};
+  cuda::matmul_many(w.x.f32(), S, outs, 4);  // q [S, nh, 2hd], kv [S, k | v], iq [S, ih + 1, ihd]
+  cuda::rms_norm_groups(q, S, nh, hd, nh * 2 * hd, 2 * hd, dev(a.q_norm), 0, eps, q);
+  cuda::rms_norm_groups(kv, S, nkv, hd, 2 * kvd, hd, dev(a.k_norm), 0, eps, kv);
+  cuda::rms_norm_groups(iq, S, ih, ihd, idim, ihd, dev(a.index_q_norm), 0, eps, iq);
+  cuda::rope_rows(q, S, nh, nh * 2 * hd, 2 * hd, 0, rope, rc_.position, inv_freq, af);
+  cuda::rope_rows(kv, S, nkv, 2 * kvd, hd, 0, rope, rc_.position, inv_freq, af);
+  cuda::rope_rows(iq, S, ih, idim, ihd, 0, rope, rc_.position, inv_freq, af);
+  cuda::write_cache_rows(kv, S, 2 * kvd, 2 * kvd, rc_, planes.key_plane);
+  cuda::write_cache_rows(iq + ih * ihd, S, ihd, idim, rc_, planes.index_plane, 2 * ihd);  // the raw index key
+  cuda::pool_block_keys(rc_, planes.index_plane, S, ihd, ratio, dev(a.index_k_norm), eps, rope, inv_freq, af,
+                        block_position_);
+  int32_t *blocks = as<int32_t>(w.blocks), *bcount = as<int32_t>(w.bcount);
+  if (!all_forced_) {
+    const int64_t stride = w.positions / ratio + 1;
+    cuda::block_scores(iq, idim, S, ih, ihd, rc_, planes.index_plane, ratio, max_blocks_,
+                       1.0f / std::sqrt(float(ihd)), w.bscores.f32(), stride);
+    cuda::topk_rows(w.bscores.f32(), S, stride, blocks_of_, btk, blocks, bcount);
+  }
+  int32_t *sel = as<int32_t>(w.sel), *count = as<int32_t>(w.sel_count);
+  cuda::expand_selection(rc_, S, ratio, blocks, bcount, btk, forced_, forced_count_, forced_from_, forced_stride_, sel,
+                         count, sel_cap);
+  cuda::sparse_gqa_attention(q, S, nh, nkv, hd, rc_, planes.key_plane, sel, count, sel_cap, float(c.attn_scale),
+                             w.core.f32());  // [S, nh, hd]
+  cuda::matmul(w.core.f32(), S, dev(a.o_proj), w.y.f32());
+  read_selections();
+}
+
+// The spans' last rows' selections as positions (MTP forwards: the draft steps after step 0 reuse them).
+void Qwen4CudaBlocks::read_selections() {
+  const int64_t sel_cap = cfg_.indexer_budget + cfg_.indexer_compress_ratio + kMaxDraftExtension;
+  for (const Qwen4RowSpan& sp : spans_) {
+    if (!sp.last_topk) continue;
+    const int64_t row = sp.first_row + sp.rows - 1;
+    int32_t n = 0;
+    cuda::copy_to_host(&n, as<int32_t>(ws_->sel_count) + row, sizeof(int32_t));
+    host_sel_.resize(size_t(n));
+    cuda::copy_to_host(host_sel_.data(), as<int32_t>(ws_->sel) + row * sel_cap, size_t(n) * sizeof(int32_t));
+    sp.last_topk->clear();
+    for (int32_t s : host_sel_) sp.last_topk->push_back(int32_t(sp.cache->base_position() + s));
+  }
+}
+
+size_t Qwen4CudaBlocks::moe(const MoeWeights& m) {
+  const Qwen4ExpConfig& c = cfg_;
+  const int64_t S = S_, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, SK = S * k;
+  const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  Workspace& w = *ws_;
+  const float* x = w.x.f32();
+  const ExpertTables& t = experts_.at(&m);
+  cuda::matmul(x, S, dev(m.router), w.router.f32());  // [S, E]
+  int32_t* ids = as<int32_t>(w.ids);
+  int32_t *token_of = as<int32_t>(w.moe_i32), *row_of = token_of + SK, *first = row_of + SK;
+  cuda::moe_route_softmax(w.router.f32(), S, E, k, c.norm_topk_prob, ids, w.wts.f32());
+  cuda::moe_dispatch(ids, S, k, E, first, token_of, row_of);
+  cuda::gather_rows(x, H, token_of, SK, w.gathered.f32());                       // [S·k, H]
+  cuda::grouped_matmul(w.gathered.f32(), t.gate, first, SK, w.ea.f32());        // [S·k, I]
+  cuda::grouped_matmul(w.gathered.f32(), t.up, first, SK, w.eb.f32());
+  cuda::swiglu(w.ea.f32(), w.eb.f32(), SK * I, 0.0f, w.ea.f32());
+  cuda::grouped_matmul(w.ea.f32(), t.down, first, SK, w.eo.f32());              // [S·k, H]
+  const float* shared = nullptr;
+  if (m.shared_gate.out > 0) {  // sigmoid(shared_expert_gate(x)) · shared_expert(x)
+    const ops::MatmulOut outs[] = {{&dev(m.shared_gate), w.sa.f32()}, {&dev(m.shared_up), w.sb.f32()},
+                                   {&dev(m.shared_expert_gate), w.sg.f32()}};
+    cuda::matmul_many(x, S, outs, 3);
+    cuda::swiglu(w.sa.f32(), w.sb.f32(), S * Is, 0.0f, w.sa.f32());
+    cuda::matmul(w.sa.f32(), S, dev(m.shared_down), w.sh.f32());  // [S, H]
+    cuda::scale_rows_sigmoid(w.sh.f32(), w.sg.f32(), S, H);
+    shared = w.sh.f32();
+  }
+  cuda::moe_combine(w.eo.f32(), row_of, w.wts.f32(), S, k, H, shared, w.y.f32());
+  return 0;  // (which experts ran stays on the device)
+}
+
+void Qwen4CudaBlocks::mtp_input(const Qwen4MtpWeights& m, const Linear& embed, DraftRequest* const* requests,
+                                size_t count) {
+  const Qwen4ExpConfig& c = cfg_;
+  const int64_t H = c.hidden_size, C = c.hc_count, CH = c.hc_width(), S = S_;
+  const float eps = float(c.rms_norm_eps);
+  Workspace& w = *ws_;
+  std::vector<float>& h = host_f32_;
+  h.resize(size_t(S * CH));
+  int64_t row = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const DraftRequest& r = *requests[i];
+    std::copy(r.h_prev, r.h_prev + r.rows * CH, h.data() + row * CH);
+    row += r.rows;
+  }
+  cuda::copy_to_device(w.h_prev.f32(), h.data(), h.size() * sizeof(float));
+  // e = fc_embedding(pre_fc_norm_embedding(embed(token)))  [S, H]
+  cuda::embed_rows(dev(embed), tokens_, S, 1, w.e_in.f32(), H);
+  cuda::rms_norm_rows(w.e_in.f32(), S, H, H, dev(m.pre_fc_norm_embedding), eps, w.e_in.f32(), H);
+  cuda::matmul(w.e_in.f32(), S, dev(m.fc_embedding), w.e.f32());
+  // X = fc_hidden(pre_fc_norm_hidden(h_prev)) per stream, + e on every stream  [S, C·H]
+  cuda::rms_norm_rows(w.h_prev.f32(), S, CH, CH, dev(m.pre_fc_norm_hidden), eps, w.Xn.f32(), CH);
+  cuda::matmul(w.Xn.f32(), S * C, dev(m.fc_hidden), w.X.f32());
+  cuda::hc_post(w.X.f32(), w.ones.f32(), w.e.f32(), S, C, H);
+}
+
+// ---- what comes back to the host -----------------------------------------------------------------------------
+
+void Qwen4CudaBlocks::read_streams(int64_t first, int64_t rows, float* out) {
+  const int64_t CH = cfg_.hc_width();
+  cuda::copy_to_host(out, ws_->X.f32() + first * CH, size_t(rows * CH) * sizeof(float));
+}
+
+void Qwen4CudaBlocks::final_logits(const GatedResidualWeights& mixer, const Linear& lm_head, const float* X,
+                                   int64_t rows, float* out) {
+  float* x = ws_->x.f32();
+  mix(mixer, X, rows, x, nullptr);
+  cuda::matmul(x, rows, dev(lm_head), ws_->logits.f32());  // [rows, V]
+  cuda::copy_to_host(out, ws_->logits.f32(), size_t(rows * cfg_.vocab_size) * sizeof(float));
+}
+
+void Qwen4CudaBlocks::logits(const GatedResidualWeights& mixer, const Linear& lm_head, float* out) {
+  // The rows that want logits (every row of an all_logits span, else its last), gathered, through the mixer.
+  float* rows = ws_->lm_streams.f32();
+  cuda::gather_rows(ws_->X.f32(), cfg_.hc_width(), logit_row_ids_, logit_rows_, rows);
+  final_logits(mixer, lm_head, rows, logit_rows_, out);
+}
+
+void Qwen4CudaBlocks::logits_of(const GatedResidualWeights& mixer, const Linear& lm_head, const float* streams,
+                                int64_t rows, float* out) {
+  if (rows <= 0) return;
+  ensure_workspace(rows, 1);
+  float* X = ws_->lm_streams.f32();
+  cuda::copy_to_device(X, streams, size_t(rows * cfg_.hc_width()) * sizeof(float));
+  final_logits(mixer, lm_head, X, rows, out);
+}
+
+}  // namespace nextn

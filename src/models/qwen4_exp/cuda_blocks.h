@@ -1,0 +1,99 @@
+// The CUDA backend of Qwen4-Exp's blocks (blocks.h): weights uploaded once as stored (FP8 stays FP8 with its
+// block scales), the activations, the QSA layers' KV planes and each sequence's recurrent state slots in device
+// memory, the kernels of ops/cuda. The host keeps the page tables and the token history (the PLE n-gram ids are
+// hashed there: a small upload per forward with the page tables), and reads back logits, the hidden streams the
+// drafter asks for, and the MTP layers' selections. Forwards run eagerly (no CUDA graphs yet).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "models/qwen4_exp/blocks.h"
+#include "models/qwen4_exp/config.h"
+#include "ops/cuda/cuda_nn.h"
+#include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/cuda_recurrent.h"
+
+namespace nextn {
+
+struct Qwen4ExpWeights;
+
+class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
+ public:
+  // Uploads every weight of w (throws nextn::Error when there is no usable device or too little memory).
+  Qwen4CudaBlocks(const Qwen4ExpConfig& config, const Qwen4StateLayout& layout, const Qwen4ExpWeights& w);
+  ~Qwen4CudaBlocks() override;
+
+  void reserve(int64_t rows, int64_t positions) override;
+  void begin(const Qwen4RowSpan* spans, size_t count) override;
+  void embed_streams(const Linear& embed) override;
+  void ple_add(const PleWeights& p, int layer) override;
+  void gated_residual(const GatedResidualWeights& g, bool inject) override;
+  void gdn(const GdnWeights& g, int layer) override;
+  void qsa(const QsaWeights& a, size_t cache_layer) override;
+  size_t moe(const MoeWeights& m) override;
+  void inject() override;
+  void mtp_input(const Qwen4MtpWeights& m, const Linear& embed, DraftRequest* const* requests, size_t count) override;
+  void read_streams(int64_t first, int64_t rows, float* out) override;
+  void logits(const GatedResidualWeights& mixer, const Linear& lm_head, float* out) override;
+  void logits_of(const GatedResidualWeights& mixer, const Linear& lm_head, const float* streams, int64_t rows,
+                 float* out) override;
+
+  size_t weight_bytes_on_device() const { return weight_bytes_; }
+
+ private:
+  struct PoolMirror;  // a KV pool's planes in device memory
+  struct Workspace;   // the forward's device buffers
+  struct StateSlots;  // recycled device buffers for sequences' recurrent state
+  const Linear& dev(const Linear& w) const;
+  const float* dev(const std::vector<float>& v) const;
+  void upload_weights(const Qwen4ExpWeights& w);
+  void upload_ple_table(const PleWeights& p);
+  PoolMirror& mirror(const KVCache& cache);
+  void ensure_workspace(int64_t rows, int64_t positions);
+  void attach_state(Qwen4ExpSequence& seq);
+  void upload_rows();
+  // X [rows, C·H] -> x [rows, H] (and the injection gates [rows, C] when inj is not null), as cpu_blocks.cpp.
+  void mix(const GatedResidualWeights& g, const float* X, int64_t rows, float* x, float* inj);
+  void final_logits(const GatedResidualWeights& mixer, const Linear& lm_head, const float* X, int64_t rows,
+                    float* out);
+  void read_selections();
+
+  const Qwen4ExpConfig& cfg_;
+  const Qwen4StateLayout& layout_;
+  std::unordered_map<const void*, cuda::DeviceLinear> linears_;  // by the host weight's bytes
+  std::unordered_map<const float*, cuda::DeviceBuffer> vectors_;
+  std::unordered_map<const PleWeights*, cuda::DeviceLinear> ple_tables_;  // a PLE layer's shards as one table
+  struct ExpertTables {
+    cuda::WeightTable gate, up, down;
+  };
+  std::unordered_map<const MoeWeights*, ExpertTables> experts_;
+  std::vector<const PleWeights*> ple_layers_;  // per layer: its PLE weights (null: none)
+  size_t weight_bytes_ = 0;
+  std::unordered_map<const KVPool*, std::unique_ptr<PoolMirror>> pools_;
+  std::unique_ptr<Workspace> ws_;
+  std::shared_ptr<StateSlots> states_;
+
+  // The current forward (begin()): its spans, rows and their device views.
+  std::vector<Qwen4RowSpan> spans_;
+  int64_t S_ = 0, logit_rows_ = 0, max_blocks_ = 0;
+  bool any_forced_ = false, all_forced_ = false;
+  cuda::RowCaches rc_;
+  cuda::RecurrentSpans rs_;
+  const int32_t* tokens_ = nullptr;          // [S] on the device
+  const int32_t* logit_row_ids_ = nullptr;   // [logit_rows_]
+  const int32_t* blocks_of_ = nullptr;       // [S] complete QSA blocks a row sees
+  const int32_t* block_position_ = nullptr;  // [S] the position of the block a row completes
+  const int32_t* forced_count_ = nullptr;    // [S] (-1: not forced)
+  const int32_t* forced_from_ = nullptr;     // [S]
+  const int32_t* forced_ = nullptr;          // [S, forced_stride_]
+  int64_t forced_stride_ = 1;
+  std::unordered_map<int, const int32_t*> ple_ids_;  // per PLE layer: [S, ngram heads] table rows
+  std::vector<int32_t> meta_i32_;  // host staging of the per-forward uploads
+  std::vector<int64_t> meta_i64_, ngram_;
+  std::vector<float> host_f32_;   // an MTP forward's h_prev rows
+  std::vector<int32_t> host_sel_;  // a span's last row's selection
+};
+
+}  // namespace nextn
