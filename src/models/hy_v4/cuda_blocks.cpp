@@ -315,8 +315,7 @@ HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::pad_mirror(const KVCache& like) {
 // last, as one more span.
 void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   const profile::Sections prof(kUpload);
-  if (mode_ == Mode::kRecording) cuda::abandon_capture();  // (a forward that threw mid-way)
-  mode_ = Mode::kEager;
+  graphs_.abandon();  // (a forward that threw mid-way)
   spans_.assign(spans, spans + count);
   for (auto it = pools_.begin(); it != pools_.end();)  // mirrors of pools that are gone
     it = it->second->pool.expired() ? pools_.erase(it) : std::next(it);
@@ -432,38 +431,7 @@ bool HYV4CudaBlocks::replay_or_record(uintptr_t which) {
   if (profile::enabled()) return false;  // (BlockTimer times each block as it runs)
   // (neither the spans nor the logit rows change a kernel's arguments: the spans are read from the uploads at
   // addresses set by S alone, and logits() runs after the graph)
-  key_ = GraphKey{S_, which, int(any_forced_) + 2 * int(all_forced_)};
-  if (auto it = graphs_.find(key_); it != graphs_.end()) {
-    it->second.used = ++uses_;
-    mode_ = Mode::kReplaying;
-    return true;
-  }
-  constexpr size_t kMaxSeen = 1 << 14;  // (shapes seen once: forgotten wholesale rather than kept forever)
-  if (seen_.size() >= kMaxSeen) seen_.clear();
-  const int seen = ++seen_[key_];
-  // A shape is recorded at its second run while there is room, and once kMaxGraphs are kept only at its
-  // kFrequent-th, evicting the least recently replayed graph: recording (capture and instantiation) costs more
-  // than an eager run of these small forwards, and the MTP forwards' row counts vary with each round's
-  // acceptance, so recording every shape that recurs once churned (at 32-64 sequences, 7% slower than a hard
-  // cap), while a hard cap left shapes that came after it eager for good (the bench's 64-sequence verify).
-  constexpr int kFrequent = 16;
-  const bool full = graphs_.size() >= kMaxGraphs;
-  one_offs_ += !full || seen == kFrequent;  // (once full, the eager runs before a recording are the steady state)
-  if (seen == (full ? kFrequent : 2)) {
-    cuda::begin_capture();
-    mode_ = Mode::kRecording;
-  }
-  return false;
-}
-
-void HYV4CudaBlocks::keep_graph(cuda::Graph graph) {
-  if (graphs_.size() >= kMaxGraphs) {
-    auto oldest = graphs_.begin();
-    for (auto it = graphs_.begin(); it != graphs_.end(); ++it)
-      if (it->second.used < oldest->second.used) oldest = it;
-    graphs_.erase(oldest);
-  }
-  graphs_[key_] = Recorded{std::move(graph), ++uses_};
+  return graphs_.replay_or_record({S_, which, int(any_forced_) + 2 * int(all_forced_)});
 }
 
 void HYV4CudaBlocks::embed_streams(const Linear& embed) {
@@ -705,21 +673,11 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F, HYV4Out out) {
 // ---- what comes back to the host ---------------------------------------------------------------------------
 
 void HYV4CudaBlocks::finish() {
-  if (mode_ == Mode::kRecording) {
-    mode_ = Mode::kEager;
-    keep_graph(cuda::end_capture());
-    graphs_.at(key_).graph.launch();
-  } else if (mode_ == Mode::kReplaying) {
-    mode_ = Mode::kEager;
-    graphs_.at(key_).graph.launch();
-  }
+  graphs_.finish();
   read_selections();
 }
 
-void HYV4CudaBlocks::forget_graphs() {
-  graphs_.clear();
-  seen_.clear();
-}
+void HYV4CudaBlocks::forget_graphs() { graphs_.forget(); }
 
 void HYV4CudaBlocks::read_hidden(int64_t first, int64_t rows, float* out) {
   const int64_t H = cfg_.hidden_size;

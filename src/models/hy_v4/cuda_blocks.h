@@ -4,13 +4,12 @@
 // the expert choices go out) and what the engine reads: logits, and hidden states for the drafter.
 #pragma once
 #include <cstdint>
-#include <map>
 #include <memory>
-#include <tuple>
 #include <unordered_map>
 #include <vector>
 
 #include "models/hy_v4/blocks.h"
+#include "models/common/forward_graphs.h"
 #include "models/hy_v4/config.h"
 #include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/cuda_ops.h"
@@ -72,26 +71,13 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   // queue nothing). The kernels' arguments are the workspace's addresses and these sizes; positions, slots,
   // spans, page tables, tokens, h_prev and forced selections are read from the per-forward uploads, which come
   // before. What a forward hands back mid-way (an MTP layer's top-k) is read after the graph, in finish().
-  using GraphKey = std::tuple<int64_t, uintptr_t, int>;
-  enum class Mode { kEager, kRecording, kReplaying };
-  bool skipping() const { return mode_ == Mode::kReplaying; }
+  bool skipping() const { return graphs_.skipping(); }
   // At a forward's first block: replay its shape's graph (true: queue nothing), or record or run it.
   bool replay_or_record(uintptr_t which);
   void read_selections();  // the spans' last_topk, from the device
-  uint64_t one_off_forwards() const override { return one_offs_; }
+  uint64_t one_off_forwards() const override { return graphs_.one_offs(); }
   void forget_graphs();
-  Mode mode_ = Mode::kEager;
-  GraphKey key_{};
-  static constexpr size_t kMaxGraphs = 256;
-  void keep_graph(cuda::Graph graph);  // under key_, evicting the least recently replayed when full
-  struct Recorded {
-    cuda::Graph graph;
-    uint64_t used = 0;  // uses_ at its last replay (or recording)
-  };
-  std::map<GraphKey, Recorded> graphs_;
-  std::map<GraphKey, int> seen_;
-  uint64_t uses_ = 0;
-  uint64_t one_offs_ = 0;  // forwards that ran eagerly or recorded (a shape's first two)
+  ForwardGraphs graphs_;
 
   // The current forward (begin()): its spans, rows, and the device view of its rows' caches.
   std::vector<HYV4RowSpan> spans_;

@@ -69,6 +69,11 @@ class Qwen4ExpBlocks {
   virtual void mtp_input(const Qwen4MtpWeights& m, const Linear& embed, DraftRequest* const* requests,
                          size_t count) = 0;
 
+  // After a forward's last layer, before anything is read back (a backend that queued the forward, or replays
+  // it as a recorded graph, runs it now).
+  virtual void finish() {}
+  virtual uint64_t one_off_forwards() const { return 0; }  // Model::one_off_forwards
+
   virtual void read_streams(int64_t first, int64_t rows, float* out) = 0;  // X rows -> out [rows, C·H]
   // Logits of the rows that want them (every row of an all_logits span, else its last), through `mixer` and
   // one lm_head: out [n, V]. X is spent.

@@ -63,6 +63,7 @@ Qwen4CudaBlocks::Qwen4CudaBlocks(const Qwen4ExpConfig& config, const Qwen4StateL
     : cfg_(config), layout_(layout), ws_(std::make_unique<Workspace>()), states_(std::make_shared<StateSlots>()) {
   std::string why;
   if (!cuda::available(&why)) throw Error("--device cuda: " + why);
+  forced_stride_ = config.indexer_budget + std::max<int64_t>(config.indexer_compress_ratio, 1) + kMaxDraftExtension;
   upload_weights(w);
   cuda::synchronize();
 }
@@ -190,6 +191,7 @@ void Qwen4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   const int64_t H = c.hidden_size, C = c.hc_count, CH = c.hc_width(), SK = S * std::max(1, c.num_experts_per_tok);
   const int64_t qdim = int64_t(c.num_attention_heads) * 2 * c.head_dim, kvd = int64_t(c.num_key_value_heads) * c.head_dim;
   const int64_t ratio = std::max<int64_t>(c.indexer_compress_ratio, 1);
+  graphs_.forget();  // (recorded with the old buffers' addresses)
   w = Workspace();
   for (cuda::DeviceBuffer* b : {&w.X, &w.Xn, &w.wgt, &w.lm_streams, &w.key, &w.gated, &w.normed, &w.h_prev})
     grow<float>(*b, S * CH);
@@ -279,6 +281,7 @@ void Qwen4CudaBlocks::attach_state(Qwen4ExpSequence& seq) {
 // ---- a forward's rows ----------------------------------------------------------------------------------------
 
 void Qwen4CudaBlocks::begin(const Qwen4RowSpan* spans, size_t count) {
+  graphs_.abandon();  // (a forward that threw mid-way)
   spans_.assign(spans, spans + count);
   for (auto it = pools_.begin(); it != pools_.end();)  // mirrors of pools that are gone
     it = it->second->pool.expired() ? pools_.erase(it) : std::next(it);
@@ -302,22 +305,27 @@ void Qwen4CudaBlocks::begin(const Qwen4RowSpan* spans, size_t count) {
   upload_rows();
 }
 
-// One upload of the rows' facts (int32: tokens, span, slot, position, logit rows, QSA block counts and pooled
-// positions, forced selections, page sizes, the recurrent spans, page tables, PLE n-gram ids; int64: per span its
-// page table's offset, its pool's plane table and its state slots' address).
+// One upload of the rows' facts, at offsets set by the rows S alone (a recorded forward reads them there):
+// int32 [S] each: tokens, span, slot, position, logit rows, QSA blocks a row sees, the position of the block it
+// completes, forced count, forced-from, (unused), then [S] (at most a span a row) each: page size, first row,
+// rows, first position; per PLE layer [S, ngram heads] table rows; forced selections [S, kForcedStride] when
+// any; then the page tables. int64 [S] each: a span's page-table offset, its pool's plane table, its state
+// slots' address.
 void Qwen4CudaBlocks::upload_rows() {
   const Qwen4ExpConfig& c = cfg_;
   const int64_t S = S_, n = int64_t(spans_.size()), ratio = std::max<int64_t>(c.indexer_compress_ratio, 1);
+  const int heads = c.ngram_heads();
+  int64_t ple_layers = 0;
+  for (const PleWeights* p : ple_layers_) ple_layers += p != nullptr;
+  const int64_t forced_at = 14 * S + ple_layers * S * heads, fixed = forced_at + (any_forced_ ? S * forced_stride_ : 0);
   std::vector<int32_t>& m = meta_i32_;
-  m.assign(size_t(10 * S + 4 * n), 0);
+  m.assign(size_t(fixed), 0);
   int32_t *tokens = m.data(), *span = tokens + S, *slot = span + S, *pos = slot + S, *logit_rows = pos + S;
   int32_t *blocks = logit_rows + S, *block_pos = blocks + S, *fcount = block_pos + S, *ffrom = fcount + S;
-  int32_t *page_tokens = ffrom + S + S, *first_row = page_tokens + n, *rows = first_row + n, *pos0 = rows + n;
+  int32_t *page_tokens = m.data() + 10 * S, *first_row = page_tokens + S, *rows = first_row + S, *pos0 = rows + S;
   std::vector<int64_t>& m64 = meta_i64_;
-  m64.assign(size_t(3 * n), 0);
+  m64.assign(size_t(3 * S), 0);
   logit_rows_ = 0;
-  max_blocks_ = 0;
-  forced_stride_ = 1;
   for (int64_t i = 0; i < n; ++i) {
     const Qwen4RowSpan& sp = spans_[size_t(i)];
     for (int64_t r = 0; r < sp.rows; ++r) {
@@ -328,18 +336,41 @@ void Qwen4CudaBlocks::upload_rows() {
       pos[row] = int32_t(sp.pos0 + r);
       blocks[row] = int32_t((s + 1) / ratio);
       block_pos[row] = sp.cache ? int32_t(sp.cache->base_position() + s + 1 - ratio) : 0;
-      max_blocks_ = std::max<int64_t>(max_blocks_, blocks[row]);
       const bool forced = sp.forced && r >= sp.forced->first_row;
-      fcount[row] = forced ? int32_t(sp.forced->count) : -1;
+      fcount[row] = forced ? int32_t(std::min<int64_t>(sp.forced->count, forced_stride_)) : -1;
       ffrom[row] = forced ? int32_t(sp.forced->extend_from_slot >= 0 ? sp.forced->extend_from_slot : s + 1) : 0;
-      if (forced) forced_stride_ = std::max<int64_t>(forced_stride_, sp.forced->count);
+      if (forced)
+        std::copy(sp.forced->slots, sp.forced->slots + fcount[row], m.data() + forced_at + row * forced_stride_);
       if (sp.all_logits || r == sp.rows - 1) logit_rows[logit_rows_++] = int32_t(row);
     }
     page_tokens[i] = sp.cache ? int32_t(sp.cache->page_tokens()) : 1;
     first_row[i] = int32_t(sp.first_row);
     rows[i] = int32_t(sp.rows);
     pos0[i] = int32_t(sp.pos0);
-    m64[size_t(2 * n + i)] = sp.seq ? reinterpret_cast<int64_t>(sp.seq->device_state()) : 0;
+    m64[size_t(2 * S + i)] = sp.seq ? reinterpret_cast<int64_t>(sp.seq->device_state()) : 0;
+  }
+  // PLE n-gram table rows per layer (target forwards: the spans' token histories, then their new tokens)
+  ple_ids_.assign(ple_layers_.size(), nullptr);
+  std::vector<int64_t>& ple_at = ple_at_;  // per layer: where its ids start in m (-1: none)
+  ple_at.assign(ple_layers_.size(), -1);
+  int64_t at = 14 * S;
+  ngram_.resize(size_t(std::max(heads, 1)));
+  for (size_t layer = 0; layer < ple_layers_.size(); ++layer) {
+    const PleWeights* p = ple_layers_[layer];
+    if (!p) continue;
+    ple_at[layer] = at;
+    at += S * heads;
+    if (!spans_[0].seq) continue;  // (MTP forwards run no PLE layer)
+    int32_t* ids = m.data() + ple_at[layer];
+    for (const Qwen4RowSpan& sp : spans_) {
+      const std::vector<int32_t>& history = sp.seq->tokens();
+      const int64_t len = int64_t(history.size());
+      auto token = [&](int64_t t) { return int64_t(t < len ? history[size_t(t)] : sp.tokens[t - len]); };
+      for (int64_t r = 0; r < sp.rows; ++r) {
+        ple_ngram_ids(c, *p, sp.pos0 + r, token, ngram_.data());
+        for (int h = 0; h < heads; ++h) ids[(sp.first_row + r) * heads + h] = int32_t(ngram_[size_t(h)]);
+      }
+    }
   }
   for (int64_t i = 0; i < n; ++i) {  // the page tables, after the fixed part
     const Qwen4RowSpan& sp = spans_[size_t(i)];
@@ -350,39 +381,16 @@ void Qwen4CudaBlocks::upload_rows() {
     }
     const int64_t pt = sp.cache->page_tokens(), pages = (sp.slot0 + sp.rows + pt - 1) / pt;
     m.insert(m.end(), sp.cache->page_table(), sp.cache->page_table() + pages);
-    m64[size_t(n + i)] = reinterpret_cast<int64_t>(mirror(*sp.cache).table.get());
-  }
-  const size_t forced_at = m.size();
-  if (any_forced_) {  // forced rows' selections [S, forced_stride_]
-    m.resize(forced_at + size_t(S * forced_stride_), 0);
-    for (const Qwen4RowSpan& sp : spans_) {
-      if (!sp.forced) continue;
-      for (int64_t r = std::max<int64_t>(sp.forced->first_row, 0); r < sp.rows; ++r)
-        std::copy(sp.forced->slots, sp.forced->slots + sp.forced->count,
-                  m.data() + forced_at + (sp.first_row + r) * forced_stride_);
-    }
-  }
-  // PLE n-gram table rows per layer (target forwards: the spans' token histories, then their new tokens)
-  std::unordered_map<int, size_t> ple_at;
-  const int heads = c.ngram_heads();
-  ngram_.resize(size_t(std::max(heads, 1)));
-  for (size_t layer = 0; layer < ple_layers_.size(); ++layer) {
-    const PleWeights* p = ple_layers_[layer];
-    if (!p || !spans_[0].seq) continue;
-    ple_at[int(layer)] = m.size();
-    for (const Qwen4RowSpan& sp : spans_) {
-      const std::vector<int32_t>& history = sp.seq->tokens();
-      const int64_t len = int64_t(history.size());
-      auto token = [&](int64_t t) { return int64_t(t < len ? history[size_t(t)] : sp.tokens[t - len]); };
-      for (int64_t r = 0; r < sp.rows; ++r) {
-        ple_ngram_ids(c, *p, sp.pos0 + r, token, ngram_.data());
-        for (int h = 0; h < heads; ++h) m.push_back(int32_t(ngram_[size_t(h)]));
-      }
-    }
+    m64[size_t(S + i)] = reinterpret_cast<int64_t>(mirror(*sp.cache).table.get());
   }
   Workspace& w = *ws_;
-  int32_t* d32 = grow<int32_t>(w.meta_i32, int64_t(m.size()));
-  int64_t* d64 = grow<int64_t>(w.meta_i64, int64_t(m64.size()));
+  const void* before[2] = {w.meta_i32.get(), w.meta_i64.get()};
+  // (twice what this forward needs when they grow: the page tables lengthen as sequences do)
+  if (w.meta_i32.bytes() < m.size() * sizeof(int32_t)) grow<int32_t>(w.meta_i32, 2 * int64_t(m.size()));
+  if (w.meta_i64.bytes() < m64.size() * sizeof(int64_t)) grow<int64_t>(w.meta_i64, 2 * int64_t(m64.size()));
+  int32_t* d32 = as<int32_t>(w.meta_i32);
+  int64_t* d64 = as<int64_t>(w.meta_i64);
+  if (d32 != before[0] || d64 != before[1]) graphs_.forget();  // (recorded with the old addresses)
   cuda::copy_to_device(d32, m.data(), m.size() * sizeof(int32_t));
   cuda::copy_to_device(d64, m64.data(), m64.size() * sizeof(int64_t));
   tokens_ = d32;
@@ -397,22 +405,34 @@ void Qwen4CudaBlocks::upload_rows() {
   rc_.page_tokens = d32 + 10 * S;
   rc_.tables = d32;
   rc_.table_offset = d64;
-  rc_.planes = reinterpret_cast<float* const* const*>(d64 + n);
+  rc_.planes = reinterpret_cast<float* const* const*>(d64 + S);
   forced_ = any_forced_ ? d32 + forced_at : nullptr;
-  rs_.state = reinterpret_cast<float* const*>(d64 + 2 * n);
-  rs_.first_row = d32 + 10 * S + n;
-  rs_.rows = d32 + 10 * S + 2 * n;
-  rs_.pos0 = d32 + 10 * S + 3 * n;
+  rs_.state = reinterpret_cast<float* const*>(d64 + 2 * S);
+  rs_.first_row = d32 + 11 * S;
+  rs_.rows = d32 + 12 * S;
+  rs_.pos0 = d32 + 13 * S;
   rs_.count = n;
   rs_.slots = layout_.slots;
   rs_.slot_floats = spans_[0].seq ? spans_[0].seq->slot_floats() : 0;
-  ple_ids_.clear();
-  for (const auto& [layer, at] : ple_at) ple_ids_[layer] = d32 + at;
+  for (size_t layer = 0; layer < ple_at.size(); ++layer)
+    if (ple_at[layer] >= 0) ple_ids_[layer] = d32 + ple_at[layer];
+}
+
+// At a forward's first block (embed_streams or mtp_input): replay its shape's graph, or record or run it. The
+// spans' count is part of the shape: the recurrent kernels take a block per span.
+bool Qwen4CudaBlocks::replay_or_record(uintptr_t which) {
+  return graphs_.replay_or_record({S_, which, int(any_forced_) + 2 * int(all_forced_) + 4 * int(spans_.size())});
+}
+
+void Qwen4CudaBlocks::finish() {
+  graphs_.finish();
+  read_selections();
 }
 
 // ---- blocks --------------------------------------------------------------------------------------------------
 
 void Qwen4CudaBlocks::embed_streams(const Linear& embed) {
+  if (replay_or_record(0)) return;  // (a target forward starts here)
   const int64_t C = cfg_.hc_count, H = cfg_.hidden_size;
   cuda::embed_rows(dev(embed), tokens_, S_, int(C), ws_->X.f32(), C * H);  // X [S, C, H]
 }
@@ -435,21 +455,24 @@ void Qwen4CudaBlocks::mix(const GatedResidualWeights& g, const float* X, int64_t
 }
 
 void Qwen4CudaBlocks::gated_residual(const GatedResidualWeights& g, bool inject) {
+  if (graphs_.skipping()) return;
   mix(g, ws_->X.f32(), S_, ws_->x.f32(), inject ? ws_->inj.f32() : nullptr);
 }
 
 void Qwen4CudaBlocks::inject() {
+  if (graphs_.skipping()) return;
   cuda::hc_post(ws_->X.f32(), ws_->inj.f32(), ws_->y.f32(), S_, cfg_.hc_count, cfg_.hidden_size);
 }
 
 void Qwen4CudaBlocks::ple_add(const PleWeights& p, int layer) {
+  if (graphs_.skipping()) return;
   const Qwen4ExpConfig& c = cfg_;
   const int64_t H = c.hidden_size, C = c.hc_count, CH = c.hc_width(), S = S_, dph = c.ple_head_dim();
   const float eps = float(c.rms_norm_eps);
   Workspace& w = *ws_;
-  const auto ids = ple_ids_.find(layer);
-  if (ids == ple_ids_.end()) throw Error("internal: PLE without its n-gram ids (not a target forward?)");
-  cuda::embed_rows(ple_tables_.at(&p).w, ids->second, S * c.ngram_heads(), 1, w.emb.f32(), dph);  // [S, E]
+  const int32_t* ids = size_t(layer) < ple_ids_.size() ? ple_ids_[size_t(layer)] : nullptr;
+  if (!ids) throw Error("internal: PLE without its n-gram ids (not a target forward?)");
+  cuda::embed_rows(ple_tables_.at(&p).w, ids, S * c.ngram_heads(), 1, w.emb.f32(), dph);  // [S, E]
   const ops::MatmulOut outs[] = {{&dev(p.key_proj), w.key.f32()}, {&dev(p.value_proj), w.value.f32()}};
   cuda::matmul_many(w.emb.f32(), S, outs, 2);  // key [S, C·H], value [S, H]
   cuda::rms_norm_groups(w.key.f32(), S, C, H, CH, H, dev(p.norm_key), H, eps, w.key.f32());
@@ -462,6 +485,7 @@ void Qwen4CudaBlocks::ple_add(const PleWeights& p, int layer) {
 }
 
 void Qwen4CudaBlocks::gdn(const GdnWeights& g, int layer) {
+  if (graphs_.skipping()) return;
   const Qwen4ExpConfig& c = cfg_;
   const int64_t S = S_, CD = c.conv_dim(), Kd = c.linear_key_dim(), nv = c.linear_num_value_heads;
   const int64_t K = c.linear_conv_kernel_dim;
@@ -482,6 +506,7 @@ void Qwen4CudaBlocks::gdn(const GdnWeights& g, int layer) {
 }
 
 void Qwen4CudaBlocks::qsa(const QsaWeights& a, size_t cache_layer) {
+  if (graphs_.skipping()) return;
   const Qwen4ExpConfig& c = cfg_;
   const int64_t S = S_, hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads, kvd = nkv * hd;
   const int64_t ih = c.indexer_n_heads, ihd = c.indexer_head_dim, ratio = c.indexer_compress_ratio;
@@ -510,7 +535,7 @@ void Qwen4CudaBlocks::qsa(const QsaWeights& a, size_t cache_layer) {
   int32_t *blocks = as<int32_t>(w.blocks), *bcount = as<int32_t>(w.bcount);
   if (!all_forced_) {
     const int64_t stride = w.positions / ratio + 1;
-    cuda::block_scores(iq, idim, S, ih, ihd, rc_, planes.index_plane, ratio, max_blocks_,
+    cuda::block_scores(iq, idim, S, ih, ihd, rc_, planes.index_plane, ratio, stride,
                        1.0f / std::sqrt(float(ihd)), w.bscores.f32(), stride);
     cuda::topk_rows(w.bscores.f32(), S, stride, blocks_of_, btk, blocks, bcount);
   }
@@ -520,7 +545,6 @@ void Qwen4CudaBlocks::qsa(const QsaWeights& a, size_t cache_layer) {
   cuda::sparse_gqa_attention(q, S, nh, nkv, hd, rc_, planes.key_plane, sel, count, sel_cap, float(c.attn_scale),
                              w.core.f32());  // [S, nh, hd]
   cuda::matmul(w.core.f32(), S, dev(a.o_proj), w.y.f32());
-  read_selections();
 }
 
 // The spans' last rows' selections as positions (MTP forwards: the draft steps after step 0 reuse them).
@@ -539,6 +563,7 @@ void Qwen4CudaBlocks::read_selections() {
 }
 
 size_t Qwen4CudaBlocks::moe(const MoeWeights& m) {
+  if (graphs_.skipping()) return 0;
   const Qwen4ExpConfig& c = cfg_;
   const int64_t S = S_, H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok, SK = S * k;
   const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
@@ -584,6 +609,7 @@ void Qwen4CudaBlocks::mtp_input(const Qwen4MtpWeights& m, const Linear& embed, D
     row += r.rows;
   }
   cuda::copy_to_device(w.h_prev.f32(), h.data(), h.size() * sizeof(float));
+  if (replay_or_record(reinterpret_cast<uintptr_t>(&m))) return;  // (after the upload: an MTP forward starts here)
   // e = fc_embedding(pre_fc_norm_embedding(embed(token)))  [S, H]
   cuda::embed_rows(dev(embed), tokens_, S, 1, w.e_in.f32(), H);
   cuda::rms_norm_rows(w.e_in.f32(), S, H, H, dev(m.pre_fc_norm_embedding), eps, w.e_in.f32(), H);

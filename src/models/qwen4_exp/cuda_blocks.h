@@ -2,13 +2,14 @@
 // block scales), the activations, the QSA layers' KV planes and each sequence's recurrent state slots in device
 // memory, the kernels of ops/cuda. The host keeps the page tables and the token history (the PLE n-gram ids are
 // hashed there: a small upload per forward with the page tables), and reads back logits, the hidden streams the
-// drafter asks for, and the MTP layers' selections. Forwards run eagerly (no CUDA graphs yet).
+// drafter asks for, and the MTP layers' selections. A forward's shape recurring runs as a CUDA graph.
 #pragma once
 #include <cstdint>
 #include <memory>
 #include <unordered_map>
 #include <vector>
 
+#include "models/common/forward_graphs.h"
 #include "models/qwen4_exp/blocks.h"
 #include "models/qwen4_exp/config.h"
 #include "ops/cuda/cuda_nn.h"
@@ -39,6 +40,8 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   void logits(const GatedResidualWeights& mixer, const Linear& lm_head, float* out) override;
   void logits_of(const GatedResidualWeights& mixer, const Linear& lm_head, const float* streams, int64_t rows,
                  float* out) override;
+  void finish() override;
+  uint64_t one_off_forwards() const override { return graphs_.one_offs(); }
 
   size_t weight_bytes_on_device() const { return weight_bytes_; }
 
@@ -54,6 +57,7 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   void ensure_workspace(int64_t rows, int64_t positions);
   void attach_state(Qwen4ExpSequence& seq);
   void upload_rows();
+  bool replay_or_record(uintptr_t which);
   // X [rows, C·H] -> x [rows, H] (and the injection gates [rows, C] when inj is not null), as cpu_blocks.cpp.
   void mix(const GatedResidualWeights& g, const float* X, int64_t rows, float* x, float* inj);
   void final_logits(const GatedResidualWeights& mixer, const Linear& lm_head, const float* X, int64_t rows,
@@ -74,10 +78,11 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   std::unordered_map<const KVPool*, std::unique_ptr<PoolMirror>> pools_;
   std::unique_ptr<Workspace> ws_;
   std::shared_ptr<StateSlots> states_;
+  ForwardGraphs graphs_;  // forwards by shape (forward_graphs.h); eager for a shape's first run
 
   // The current forward (begin()): its spans, rows and their device views.
   std::vector<Qwen4RowSpan> spans_;
-  int64_t S_ = 0, logit_rows_ = 0, max_blocks_ = 0;
+  int64_t S_ = 0, logit_rows_ = 0;
   bool any_forced_ = false, all_forced_ = false;
   cuda::RowCaches rc_;
   cuda::RecurrentSpans rs_;
@@ -88,8 +93,9 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   const int32_t* forced_count_ = nullptr;    // [S] (-1: not forced)
   const int32_t* forced_from_ = nullptr;     // [S]
   const int32_t* forced_ = nullptr;          // [S, forced_stride_]
-  int64_t forced_stride_ = 1;
-  std::unordered_map<int, const int32_t*> ple_ids_;  // per PLE layer: [S, ngram heads] table rows
+  int64_t forced_stride_ = 1;                // a forced selection's most slots (a QSA selection's most)
+  std::vector<const int32_t*> ple_ids_;  // per layer: its PLE n-gram table rows [S, ngram heads] (null: none)
+  std::vector<int64_t> ple_at_;          // (their offsets in the upload)
   std::vector<int32_t> meta_i32_;  // host staging of the per-forward uploads
   std::vector<int64_t> meta_i64_, ngram_;
   std::vector<float> host_f32_;   // an MTP forward's h_prev rows

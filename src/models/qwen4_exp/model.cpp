@@ -402,15 +402,15 @@ void Qwen4ExpModel::forward(const BatchSegment* segments, size_t count, float* l
   // (tensor parallel: this rank's blocks over its shard; every rank runs this builder with the same rows)
   Qwen4ExpBlocks& b = target_blocks();
   const Qwen4ExpWeights& w = target_weights();
-  b.begin(spans_.data(), spans_.size());
-  for (Qwen4RowSpan& sp : spans_) {
+  for (Qwen4RowSpan& sp : spans_)
     if (sp.cache) sp.cache->prepare(sp.rows);
-    sp.seq->tokens().insert(sp.seq->tokens().end(), sp.tokens, sp.tokens + sp.rows);
-  }
+  b.begin(spans_.data(), spans_.size());  // (after prepare: a backend may read the page tables)
+  for (Qwen4RowSpan& sp : spans_) sp.seq->tokens().insert(sp.seq->tokens().end(), sp.tokens, sp.tokens + sp.rows);
   size_t routed = 0;
   b.embed_streams(w.embed);  // X [S, C·H]
   for (size_t li = 0; li < w.layers.size(); ++li)
     routed += layer_forward(b, w.layers[li], static_cast<int>(li), qsa_index_[li]);
+  b.finish();
   for (const Qwen4RowSpan& sp : spans_)
     if (sp.cache) sp.cache->advance(sp.rows);
   last_routed_bytes_ = routed;
@@ -466,10 +466,11 @@ void Qwen4ExpModel::draft_forward_batch(int layer, DraftRequest* const* requests
     spans_.push_back({nullptr, r.cache, row, r.rows, r.cache->length(), r.pos0, r.tokens, true, r.forced, r.topk_out});
     row += r.rows;
   }
-  blocks_->begin(spans_.data(), spans_.size());
   for (size_t i = 0; i < count; ++i) requests[i]->cache->prepare(requests[i]->rows);
+  blocks_->begin(spans_.data(), spans_.size());  // (after prepare: a backend may read the page tables)
   blocks_->mtp_input(w_.mtp, w_.embed, requests, count);  // X [S, C·H]
   layer_forward(*blocks_, w_.mtp.layers[layer], -1, 0);
+  blocks_->finish();
   for (size_t i = 0; i < count; ++i) {
     const DraftRequest& r = *requests[i];
     r.cache->advance(r.rows);

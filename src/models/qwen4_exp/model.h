@@ -175,6 +175,7 @@ class Qwen4ExpModel : public Model {
   // Moves the forwards to `device` (before any sequence exists); the CUDA backend uploads the weights.
   void use_device(Device device) override;
   Device device() const override { return device_; }
+  uint64_t one_off_forwards() const override { return blocks_->one_off_forwards(); }
   void reserve_batch(int64_t rows, int64_t positions) override;
   void forward(const BatchSegment* segments, size_t count, float* logits, float* hidden) override;
   // This model as rank comm.rank() of a tensor-parallel group (sharding.h): its target forwards compute over
