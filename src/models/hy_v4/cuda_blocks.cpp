@@ -54,30 +54,7 @@ class BlockTimer {
   std::optional<profile::Sections> sections_;
 };
 
-
-// A device buffer of n elements of T, grown (never shrunk) to at least n.
-template <typename T>
-T* grow(cuda::DeviceBuffer& b, int64_t n) {
-  const size_t bytes = size_t(std::max<int64_t>(n, 1)) * sizeof(T);
-  if (b.bytes() < bytes) {
-    b = cuda::DeviceBuffer();
-    b = cuda::DeviceBuffer(bytes);
-  }
-  return static_cast<T*>(b.get());
-}
-
-template <typename T>
-T* as(const cuda::DeviceBuffer& b) { return static_cast<T*>(b.get()); }
-
 }  // namespace
-
-struct HYV4CudaBlocks::PoolMirror {
-  std::weak_ptr<KVPool> pool;
-  std::vector<int64_t> widths;
-  int64_t rows = 0;
-  std::vector<cuda::DeviceBuffer> planes;  // [rows, width] each
-  cuda::DeviceBuffer table;                // [planes] their device addresses
-};
 
 struct HYV4CudaBlocks::Workspace {
   int64_t rows = 0, positions = 0;
@@ -111,33 +88,12 @@ HYV4CudaBlocks::HYV4CudaBlocks(const HYV4Config& config, const HYV4Weights& w)
 
 // ---- weights -------------------------------------------------------------------------------------------------
 
-const Linear& HYV4CudaBlocks::dev(const Linear& w) {
-  const auto it = linears_.find(w.data);
-  if (it == linears_.end() || it->second.w.out != w.out || it->second.w.in != w.in)
-    throw Error("internal: a weight the CUDA backend did not upload");
-  return it->second.w;
-}
-
-const float* HYV4CudaBlocks::dev(const std::vector<float>& v) {
-  if (v.empty()) return nullptr;
-  const auto it = vectors_.find(v.data());
-  if (it == vectors_.end()) throw Error("internal: a vector the CUDA backend did not upload");
-  return it->second.f32();
-}
+const Linear& HYV4CudaBlocks::dev(const Linear& w) { return weights_(w); }
+const float* HYV4CudaBlocks::dev(const std::vector<float>& v) { return weights_(v); }
 
 void HYV4CudaBlocks::upload_weights(const HYV4Weights& w) {
-  auto linear = [&](const Linear& l) {
-    if (!l.data || linears_.count(l.data)) return;
-    cuda::DeviceLinear d = cuda::upload(l);
-    weight_bytes_ += d.data.bytes() + d.scale.bytes() + d.bias.bytes();
-    linears_.emplace(l.data, std::move(d));
-  };
-  auto vec = [&](const std::vector<float>& v) {
-    if (v.empty() || vectors_.count(v.data())) return;
-    cuda::DeviceBuffer b(v.size() * sizeof(float));
-    b.upload(v.data(), b.bytes());
-    vectors_.emplace(v.data(), std::move(b));
-  };
+  auto linear = [&](const Linear& l) { weights_.add(l); };
+  auto vec = [&](const std::vector<float>& v) { weights_.add(v); };
   auto ffn = [&](const FfnWeights& f) {
     for (const Linear* l : {&f.gate_proj, &f.up_proj, &f.down_proj, &f.router}) linear(*l);
     vec(f.e_bias);
@@ -199,37 +155,37 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   const int64_t SK = S * k;
   forget_graphs();  // (recorded with the old buffers' addresses)
   w = Workspace();  // (frees the old buffers before the new ones are taken)
-  grow<float>(w.streams, S * C * H);
+  grow_device<float>(w.streams, S * C * H);
   for (cuda::DeviceBuffer* b : {&w.x, &w.xn, &w.y, &w.hidden, &w.shared_out, &w.h_prev, &w.lm_in})
-    grow<float>(*b, S * H);
-  grow<float>(w.mixes, S * 2 * C);
-  grow<float>(w.post, S * C);
-  grow<float>(w.q_resid, S * c.q_lora_rank);
-  grow<float>(w.q, S * nh * c.qk_head_dim);
-  grow<float>(w.kv_a, S * kr);
-  for (cuda::DeviceBuffer* b : {&w.gate, &w.attn, &w.vout}) grow<float>(*b, S * nh * c.v_head_dim);
-  grow<float>(w.qcat, S * nh * kr);
-  grow<float>(w.olat, S * nh * kvl);
-  grow<float>(w.mla_part, cuda::sparse_mla_scratch_floats(S, nh, kvl));
-  grow<float>(w.iq, S * c.index_n_heads * c.index_head_dim);
-  grow<float>(w.ik, S * c.index_head_dim);
-  grow<float>(w.iw, S * c.index_n_heads);
-  grow<float>(w.scores, S * P);
-  grow<int32_t>(w.topk, S * K);
-  grow<int32_t>(w.forced, S * K);
-  grow<int32_t>(w.topk_count, S);
-  grow<float>(w.ffn_a, S * I2);
-  grow<float>(w.ffn_b, S * I2);
-  grow<float>(w.router, S * std::max(1, c.n_routed_experts));
-  grow<float>(w.gathered, SK * H);
-  grow<float>(w.expert_out, SK * H);
-  grow<float>(w.expert_a, SK * c.moe_intermediate_size);
-  grow<float>(w.expert_b, SK * c.moe_intermediate_size);
-  grow<int32_t>(w.moe_i32, 3 * SK + std::max(1, c.n_routed_experts) + 1);
-  grow<float>(w.moe_f32, SK);
-  grow<float>(w.mtp_in, S * 2 * H);
-  grow<float>(w.logits, S * c.vocab_size);
-  grow<float>(w.lm_out, S * c.vocab_size);
+    grow_device<float>(*b, S * H);
+  grow_device<float>(w.mixes, S * 2 * C);
+  grow_device<float>(w.post, S * C);
+  grow_device<float>(w.q_resid, S * c.q_lora_rank);
+  grow_device<float>(w.q, S * nh * c.qk_head_dim);
+  grow_device<float>(w.kv_a, S * kr);
+  for (cuda::DeviceBuffer* b : {&w.gate, &w.attn, &w.vout}) grow_device<float>(*b, S * nh * c.v_head_dim);
+  grow_device<float>(w.qcat, S * nh * kr);
+  grow_device<float>(w.olat, S * nh * kvl);
+  grow_device<float>(w.mla_part, cuda::sparse_mla_scratch_floats(S, nh, kvl));
+  grow_device<float>(w.iq, S * c.index_n_heads * c.index_head_dim);
+  grow_device<float>(w.ik, S * c.index_head_dim);
+  grow_device<float>(w.iw, S * c.index_n_heads);
+  grow_device<float>(w.scores, S * P);
+  grow_device<int32_t>(w.topk, S * K);
+  grow_device<int32_t>(w.forced, S * K);
+  grow_device<int32_t>(w.topk_count, S);
+  grow_device<float>(w.ffn_a, S * I2);
+  grow_device<float>(w.ffn_b, S * I2);
+  grow_device<float>(w.router, S * std::max(1, c.n_routed_experts));
+  grow_device<float>(w.gathered, SK * H);
+  grow_device<float>(w.expert_out, SK * H);
+  grow_device<float>(w.expert_a, SK * c.moe_intermediate_size);
+  grow_device<float>(w.expert_b, SK * c.moe_intermediate_size);
+  grow_device<int32_t>(w.moe_i32, 3 * SK + std::max(1, c.n_routed_experts) + 1);
+  grow_device<float>(w.moe_f32, SK);
+  grow_device<float>(w.mtp_in, S * 2 * H);
+  grow_device<float>(w.logits, S * c.vocab_size);
+  grow_device<float>(w.lm_out, S * c.vocab_size);
   w.rows = S;
   w.positions = P;
   // The host staging of the per-forward uploads, sized now so that a forward does not allocate.
@@ -243,25 +199,6 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
 
 void HYV4CudaBlocks::reserve(int64_t rows, int64_t positions) {
   ensure_workspace(std::max<int64_t>(rows, 1), std::max<int64_t>(positions, 1));
-}
-
-HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::mirror(const KVCache& cache) {
-  const std::shared_ptr<KVPool>& pool = cache.shared_pool();
-  std::unique_ptr<PoolMirror>& m = pools_[pool.get()];
-  const int64_t rows = pool->pages() * pool->page_tokens();
-  if (m && m->pool.lock() == pool && m->rows == rows && m->widths.size() == pool->num_planes()) return *m;
-  m = std::make_unique<PoolMirror>();
-  m->pool = pool;
-  m->rows = rows;
-  std::vector<float*> addresses;
-  for (size_t p = 0; p < pool->num_planes(); ++p) {
-    m->widths.push_back(pool->plane_width(p));
-    m->planes.emplace_back(size_t(rows * pool->plane_width(p)) * sizeof(float));
-    addresses.push_back(m->planes.back().f32());
-  }
-  m->table = cuda::DeviceBuffer(addresses.size() * sizeof(float*));
-  m->table.upload(addresses.data(), m->table.bytes());
-  return *m;
 }
 
 namespace {
@@ -290,23 +227,13 @@ constexpr int64_t kPadRowsMax = kPadUpTo / 4;  // (the most padded_rows adds)
 // One per plane layout (the target's pool and the MTP layers' have different widths), kept for good: forwards
 // of both kinds alternate, and none of their graphs holds a mirror's address (each forward uploads its table's
 // address with the page tables), so a new layout only adds one.
-HYV4CudaBlocks::PoolMirror& HYV4CudaBlocks::pad_mirror(const KVCache& like) {
+DevicePlanes& HYV4CudaBlocks::pad_mirror(const KVCache& like) {
   const KVPool& pool = *like.shared_pool();
   std::vector<int64_t> widths;
   for (size_t p = 0; p < pool.num_planes(); ++p) widths.push_back(pool.plane_width(p));
-  for (const std::unique_ptr<PoolMirror>& m : pad_mirrors_)
+  for (const std::unique_ptr<DevicePlanes>& m : pad_mirrors_)
     if (m->widths == widths) return *m;
-  auto m = std::make_unique<PoolMirror>();
-  m->rows = kPadRowsMax;
-  m->widths = widths;
-  std::vector<float*> addresses;
-  for (int64_t w : widths) {
-    m->planes.emplace_back(size_t(kPadRowsMax * w) * sizeof(float));
-    addresses.push_back(m->planes.back().f32());
-  }
-  m->table = cuda::DeviceBuffer(addresses.size() * sizeof(float*));
-  m->table.upload(addresses.data(), m->table.bytes());
-  pad_mirrors_.push_back(std::move(m));
+  pad_mirrors_.push_back(std::make_unique<DevicePlanes>(kPadRowsMax, std::move(widths)));
   return *pad_mirrors_.back();
 }
 
@@ -317,8 +244,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   const profile::Sections prof(kUpload);
   graphs_.abandon();  // (a forward that threw mid-way)
   spans_.assign(spans, spans + count);
-  for (auto it = pools_.begin(); it != pools_.end();)  // mirrors of pools that are gone
-    it = it->second->pool.expired() ? pools_.erase(it) : std::next(it);
+  mirrors_.drop_expired();
   S_ = 0;
   pad_ = 0;
   int64_t max_seq = 1;
@@ -373,7 +299,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
     const int64_t pt = sp.cache->page_tokens(), pages = (sp.slot0 + sp.rows + pt - 1) / pt;
     m64[size_t(i)] = int64_t(m.size());
     m.insert(m.end(), sp.cache->page_table(), sp.cache->page_table() + pages);
-    m64[size_t(S + i)] = reinterpret_cast<int64_t>(mirror(*sp.cache).table.get());
+    m64[size_t(S + i)] = reinterpret_cast<int64_t>(mirrors_.of(*sp.cache).table.get());
   }
   if (pad_ > 0) {
     m64[size_t(n - 1)] = int64_t(m.size());
@@ -398,10 +324,10 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   }
   const void* before[2] = {ws_->meta_i32.get(), ws_->meta_i64.get()};
   // (twice what this forward needs when they grow: the page tables lengthen as sequences do)
-  if (ws_->meta_i32.bytes() < m.size() * sizeof(int32_t)) grow<int32_t>(ws_->meta_i32, 2 * int64_t(m.size()));
-  if (ws_->meta_i64.bytes() < size_t(2 * S) * sizeof(int64_t)) grow<int64_t>(ws_->meta_i64, 4 * S);
-  int32_t* d32 = as<int32_t>(ws_->meta_i32);
-  int64_t* d64 = as<int64_t>(ws_->meta_i64);
+  if (ws_->meta_i32.bytes() < m.size() * sizeof(int32_t)) grow_device<int32_t>(ws_->meta_i32, 2 * int64_t(m.size()));
+  if (ws_->meta_i64.bytes() < size_t(2 * S) * sizeof(int64_t)) grow_device<int64_t>(ws_->meta_i64, 4 * S);
+  int32_t* d32 = device_as<int32_t>(ws_->meta_i32);
+  int64_t* d64 = device_as<int64_t>(ws_->meta_i64);
   if (d32 != before[0] || d64 != before[1]) forget_graphs();  // (recorded with the old addresses)
   cuda::copy_to_device(d32, m.data(), m.size() * sizeof(int32_t));
   cuda::copy_to_device(d64, m64.data(), m64.size() * sizeof(int64_t));
@@ -438,7 +364,7 @@ void HYV4CudaBlocks::embed_streams(const Linear& embed) {
   if (replay_or_record(0)) return;  // (a target forward starts here)
   const BlockTimer timer(kNorms);
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
-  cuda::embed_rows(dev(embed), as<int32_t>(ws_->meta_i32), S_, int(C), ws_->streams.f32(), C * H);  // [S, C, H]
+  cuda::embed_rows(dev(embed), device_as<int32_t>(ws_->meta_i32), S_, int(C), ws_->streams.f32(), C * H);  // [S, C, H]
 }
 
 // streams -> xn [S, H] (the pre-mix normed in the same kernel), post gates [S, C]
@@ -499,7 +425,7 @@ void HYV4CudaBlocks::mtp_input(const MtpLayerWeights& m, const Linear& embed, Dr
   }
   ids.resize(size_t(S), -1);  // padding rows: no embedding, no previous hidden state
   std::fill(h.begin() + row * H, h.end(), 0.0f);
-  int32_t* ids_d = as<int32_t>(ws_->moe_i32);
+  int32_t* ids_d = device_as<int32_t>(ws_->moe_i32);
   cuda::copy_to_device(ids_d, ids.data(), ids.size() * sizeof(int32_t));
   cuda::copy_to_device(ws_->h_prev.f32(), h.data(), h.size() * sizeof(float));
   if (replay_or_record(reinterpret_cast<uintptr_t>(&m))) return;  // (after the uploads: an MTP forward starts here)
@@ -560,8 +486,8 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4O
                        key_plane);
 
   const int64_t K = topk_stride();
-  int32_t* topk = as<int32_t>(w.topk);  // [S, K] slots, ascending (kept for the layers that share it)
-  int32_t* count = as<int32_t>(w.topk_count);
+  int32_t* topk = device_as<int32_t>(w.topk);  // [S, K] slots, ascending (kept for the layers that share it)
+  int32_t* count = device_as<int32_t>(w.topk_count);
   timer.next(kIndexer);
   if (run_indexer) {
     const IndexerWeights& ix = a.indexer;
@@ -576,7 +502,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4O
     cuda::topk_rows(w.scores.f32(), S, w.positions, rc_, K, topk, count);
   }
   if (any_forced_)
-    cuda::override_selection(topk, count, S, K, as<int32_t>(w.forced), as<int32_t>(w.meta_i32) + 4 * S);
+    cuda::override_selection(topk, count, S, K, device_as<int32_t>(w.forced), device_as<int32_t>(w.meta_i32) + 4 * S);
 
   // Absorbed: q_cat [S, nh, kr] = [W_kb[h]ᵀ q_nope, q_rope]; o_lat [S, nh, kvl] over the selected keys;
   // out [S, nh, v] = o_lat · W_vb[h]ᵀ, times the sigmoid gate.
@@ -610,8 +536,8 @@ void HYV4CudaBlocks::read_selections() {
   const int64_t K = topk_stride(), n = hi - lo + 1;
   host_sel_count_.resize(size_t(n));
   host_sel_.resize(size_t(n * K));
-  cuda::copy_to_host(host_sel_count_.data(), as<int32_t>(ws_->topk_count) + lo, size_t(n) * sizeof(int32_t));
-  cuda::copy_to_host(host_sel_.data(), as<int32_t>(ws_->topk) + lo * K, size_t(n * K) * sizeof(int32_t));
+  cuda::copy_to_host(host_sel_count_.data(), device_as<int32_t>(ws_->topk_count) + lo, size_t(n) * sizeof(int32_t));
+  cuda::copy_to_host(host_sel_.data(), device_as<int32_t>(ws_->topk) + lo * K, size_t(n * K) * sizeof(int32_t));
   for (const HYV4RowSpan& sp : spans_)
     if (sp.last_topk) {
       const int64_t at = sp.first_row + sp.rows - 1 - lo;
@@ -654,7 +580,7 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F, HYV4Out out) {
   const ExpertTables& t = experts_.at(&F);
   cuda::matmul(x, S, dev(F.router), w.router.f32());  // [S, E]
   const cuda::MoeRouting r = moe_routing(c);
-  int32_t* ids = as<int32_t>(w.moe_i32);  // [S, k] | token_of [S·k] | row_of [S, k] | first [E + 1]
+  int32_t* ids = device_as<int32_t>(w.moe_i32);  // [S, k] | token_of [S·k] | row_of [S, k] | first [E + 1]
   int32_t *token_of = ids + SK, *row_of = token_of + SK, *first = row_of + SK;
   cuda::moe_route(w.router.f32(), dev(F.e_bias), S, r, ids, w.moe_f32.f32());
   cuda::moe_dispatch(ids, S, k, E, first, token_of, row_of, real_rows_);  // (padding rows run no expert)
@@ -689,7 +615,7 @@ void HYV4CudaBlocks::logits(const Linear& lm_head, float* out) {
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size, n = logit_rows_;
   const float* rows = ws_->hidden.f32();
   if (n < S_ - pad_) {  // only some rows want logits (prefill: the last): gather them, one lm_head for all
-    cuda::gather_rows(ws_->hidden.f32(), H, as<int32_t>(ws_->meta_i32) + 5 * S_, n, ws_->x.f32());
+    cuda::gather_rows(ws_->hidden.f32(), H, device_as<int32_t>(ws_->meta_i32) + 5 * S_, n, ws_->x.f32());
     rows = ws_->x.f32();
   }
   {
@@ -699,7 +625,7 @@ void HYV4CudaBlocks::logits(const Linear& lm_head, float* out) {
   bool any_argmax = false;
   for (const HYV4RowSpan& sp : spans_) any_argmax |= sp.argmax != nullptr;
   if (any_argmax) {  // greedy rows: their ids come back, not their rows
-    int32_t* ids = grow<int32_t>(ws_->argmax, n);
+    int32_t* ids = grow_device<int32_t>(ws_->argmax, n);
     cuda::row_argmax(ws_->logits.f32(), n, V, ids);
     if (int64_t(host_argmax_.size()) < n) host_argmax_.resize(n);
     const profile::Sections prof(kWait);
@@ -730,13 +656,13 @@ void HYV4CudaBlocks::lm_head_rows(const Linear& lm_head, const float* hidden, in
                                   int32_t* argmax, int64_t argmax_rows) {
   if (rows <= 0) return;
   const int64_t H = cfg_.hidden_size, V = cfg_.vocab_size;
-  float* in = grow<float>(ws_->lm_in, rows * H);
-  float* y = grow<float>(ws_->lm_out, rows * V);
+  float* in = grow_device<float>(ws_->lm_in, rows * H);
+  float* y = grow_device<float>(ws_->lm_out, rows * V);
   cuda::copy_to_device(in, hidden, size_t(rows * H) * sizeof(float));
   cuda::matmul(in, rows, dev(lm_head), y);
   const profile::Sections prof(kWait);
   if (argmax_rows > 0) {  // greedy drafts: ids, not rows
-    int32_t* ids = grow<int32_t>(ws_->argmax, argmax_rows);
+    int32_t* ids = grow_device<int32_t>(ws_->argmax, argmax_rows);
     cuda::row_argmax(y, argmax_rows, V, ids);
     cuda::copy_to_host(argmax, ids, size_t(argmax_rows) * sizeof(int32_t));
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "models/hy_v4/blocks.h"
+#include "models/common/device_memory.h"
 #include "models/common/forward_graphs.h"
 #include "models/hy_v4/config.h"
 #include "ops/cuda/cuda_nn.h"
@@ -41,17 +42,15 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   void lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out, int32_t* argmax,
                     int64_t argmax_rows) override;
 
-  size_t weight_bytes_on_device() const { return weight_bytes_; }
+  size_t weight_bytes_on_device() const { return weights_.bytes(); }
 
  private:
-  struct PoolMirror;   // a KV pool's planes in device memory
   struct Workspace;    // the forward's device buffers
   const Linear& dev(const Linear& w);              // w's device twin (uploaded at construction)
   const float* dev(const std::vector<float>& v);   // likewise for norm weights, biases, sinks
   void upload_weights(const HYV4Weights& w);
   float* act(HYV4Act a);
-  PoolMirror& mirror(const KVCache& cache);
-  PoolMirror& pad_mirror(const KVCache& like);  // planes shaped as like's pool's, for padding rows
+  DevicePlanes& pad_mirror(const KVCache& like);  // planes shaped as like's pool's, for padding rows
   void ensure_workspace(int64_t rows, int64_t positions);
   // Where a block's last kernel stores its output (blocks.h, HYV4Out): *y and the sink to store through.
   cuda::OutputSink sink_for(HYV4Out out, float** y);
@@ -60,10 +59,8 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   int64_t topk_stride() const;
 
   const HYV4Config& cfg_;
-  std::unordered_map<const void*, cuda::DeviceLinear> linears_;  // by the host weight's bytes
-  std::unordered_map<const float*, cuda::DeviceBuffer> vectors_;
-  size_t weight_bytes_ = 0;
-  std::unordered_map<const KVPool*, std::unique_ptr<PoolMirror>> pools_;
+  DeviceWeights weights_;
+  KVMirrors mirrors_;
   std::unique_ptr<Workspace> ws_;
 
   // Forwards as CUDA graphs, by shape (rows, padding included; which forward: the target's or an MTP layer's;
@@ -87,7 +84,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   // (the target's token 0, an MTP layer's -1: no embedding; positions 0.., their keys in pad_mirrors_' scratch
   // planes; nothing reads their outputs).
   int64_t pad_ = 0;
-  std::vector<std::unique_ptr<PoolMirror>> pad_mirrors_;  // per plane layout (pad_mirror())
+  std::vector<std::unique_ptr<DevicePlanes>> pad_mirrors_;  // per plane layout (pad_mirror())
   bool any_forced_ = false, all_forced_ = false;
   int64_t logit_rows_ = 0;
   cuda::RowCaches rc_;

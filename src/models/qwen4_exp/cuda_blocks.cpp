@@ -18,28 +18,7 @@ namespace {
 // Draft rows a forced (reused) selection may add after step 0's query: the rest of one round (as the CPU's).
 constexpr int64_t kMaxDraftExtension = 64;
 
-template <typename T>
-T* grow(cuda::DeviceBuffer& b, int64_t n) {
-  const size_t bytes = size_t(std::max<int64_t>(n, 1)) * sizeof(T);
-  if (b.bytes() < bytes) {
-    b = cuda::DeviceBuffer();
-    b = cuda::DeviceBuffer(bytes);
-  }
-  return static_cast<T*>(b.get());
-}
-
-template <typename T>
-T* as(const cuda::DeviceBuffer& b) { return static_cast<T*>(b.get()); }
-
 }  // namespace
-
-struct Qwen4CudaBlocks::PoolMirror {
-  std::weak_ptr<KVPool> pool;
-  int64_t rows = 0;
-  size_t planes_count = 0;
-  std::vector<cuda::DeviceBuffer> planes;  // [rows, width] each
-  cuda::DeviceBuffer table;                // [planes] their device addresses
-};
 
 struct Qwen4CudaBlocks::Workspace {
   int64_t rows = 0, positions = 0;
@@ -70,19 +49,8 @@ Qwen4CudaBlocks::Qwen4CudaBlocks(const Qwen4ExpConfig& config, const Qwen4StateL
 
 // ---- weights -------------------------------------------------------------------------------------------------
 
-const Linear& Qwen4CudaBlocks::dev(const Linear& w) const {
-  const auto it = linears_.find(w.data);
-  if (it == linears_.end() || it->second.w.out != w.out || it->second.w.in != w.in)
-    throw Error("internal: a weight the CUDA backend did not upload");
-  return it->second.w;
-}
-
-const float* Qwen4CudaBlocks::dev(const std::vector<float>& v) const {
-  if (v.empty()) return nullptr;
-  const auto it = vectors_.find(v.data());
-  if (it == vectors_.end()) throw Error("internal: a vector the CUDA backend did not upload");
-  return it->second.f32();
-}
+const Linear& Qwen4CudaBlocks::dev(const Linear& w) const { return weights_(w); }
+const float* Qwen4CudaBlocks::dev(const std::vector<float>& v) const { return weights_(v); }
 
 // The n-gram table's shards (split along rows in the checkpoint) as one device table, so that a row id indexes it
 // directly: their bytes one after another (every shard has the table's dtype and width).
@@ -107,24 +75,12 @@ void Qwen4CudaBlocks::upload_ple_table(const PleWeights& p) {
   whole.row_stride = first.in;
   whole.data = bytes.data();
   whole.bias = nullptr;
-  cuda::DeviceLinear d = cuda::upload(whole);
-  weight_bytes_ += d.data.bytes();
-  ple_tables_.emplace(&p, std::move(d));
+  ple_tables_.emplace(&p, cuda::upload(whole));
 }
 
 void Qwen4CudaBlocks::upload_weights(const Qwen4ExpWeights& w) {
-  auto linear = [&](const Linear& l) {
-    if (!l.data || linears_.count(l.data)) return;
-    cuda::DeviceLinear d = cuda::upload(l);
-    weight_bytes_ += d.data.bytes() + d.scale.bytes() + d.bias.bytes();
-    linears_.emplace(l.data, std::move(d));
-  };
-  auto vec = [&](const std::vector<float>& v) {
-    if (v.empty() || vectors_.count(v.data())) return;
-    cuda::DeviceBuffer b(v.size() * sizeof(float));
-    b.upload(v.data(), b.bytes());
-    vectors_.emplace(v.data(), std::move(b));
-  };
+  auto linear = [&](const Linear& l) { weights_.add(l); };
+  auto vec = [&](const std::vector<float>& v) { weights_.add(v); };
   auto mixer = [&](const GatedResidualWeights& g) {
     for (const Linear* l : {&g.mix_down, &g.mix_up, &g.inject}) linear(*l);
     vec(g.hc_norm);
@@ -180,6 +136,12 @@ void Qwen4CudaBlocks::upload_weights(const Qwen4ExpWeights& w) {
   }
 }
 
+size_t Qwen4CudaBlocks::weight_bytes_on_device() const {
+  size_t bytes = weights_.bytes();
+  for (const auto& [p, t] : ple_tables_) bytes += t.data.bytes();
+  return bytes;
+}
+
 // ---- workspace, caches, state --------------------------------------------------------------------------------
 
 void Qwen4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
@@ -194,64 +156,45 @@ void Qwen4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   graphs_.forget();  // (recorded with the old buffers' addresses)
   w = Workspace();
   for (cuda::DeviceBuffer* b : {&w.X, &w.Xn, &w.wgt, &w.lm_streams, &w.key, &w.gated, &w.normed, &w.h_prev})
-    grow<float>(*b, S * CH);
-  for (cuda::DeviceBuffer* b : {&w.x, &w.y, &w.value, &w.e_in, &w.e, &w.sh}) grow<float>(*b, S * H);
-  grow<float>(w.inj, S * C);
-  grow<float>(w.mid, S * c.hc_lowrank);
+    grow_device<float>(*b, S * CH);
+  for (cuda::DeviceBuffer* b : {&w.x, &w.y, &w.value, &w.e_in, &w.e, &w.sh}) grow_device<float>(*b, S * H);
+  grow_device<float>(w.inj, S * C);
+  grow_device<float>(w.mid, S * c.hc_lowrank);
   std::vector<float> ones(size_t(S * C), 1.0f);
-  grow<float>(w.ones, S * C);
+  grow_device<float>(w.ones, S * C);
   w.ones.upload(ones.data(), ones.size() * sizeof(float));
-  grow<float>(w.qkv, S * c.conv_dim());
-  grow<float>(w.conv, S * c.conv_dim());
-  grow<float>(w.z, S * c.linear_value_dim());
-  grow<float>(w.ab, S * 2 * c.linear_num_value_heads);
-  grow<float>(w.core, S * std::max(c.linear_value_dim(), int64_t(c.num_attention_heads) * c.head_dim));
-  grow<float>(w.q, S * qdim);
-  grow<float>(w.kv, S * 2 * kvd);
-  grow<float>(w.iq, S * int64_t(c.indexer_n_heads + 1) * c.indexer_head_dim);
-  grow<float>(w.bscores, S * (P / ratio + 1));
-  grow<int32_t>(w.blocks, S * std::max<int64_t>(c.block_topk(), 1));
-  grow<int32_t>(w.bcount, S);
-  grow<int32_t>(w.sel, S * (c.indexer_budget + ratio + kMaxDraftExtension));
-  grow<int32_t>(w.sel_count, S);
-  grow<float>(w.router, S * std::max(1, c.num_experts));
-  grow<int32_t>(w.ids, SK);
-  grow<float>(w.wts, SK);
-  grow<int32_t>(w.moe_i32, 2 * SK + std::max(1, c.num_experts) + 1);
-  grow<float>(w.gathered, SK * H);
-  grow<float>(w.eo, SK * H);
-  grow<float>(w.ea, SK * c.moe_intermediate_size);
-  grow<float>(w.eb, SK * c.moe_intermediate_size);
-  grow<float>(w.sa, S * c.shared_expert_intermediate_size);
-  grow<float>(w.sb, S * c.shared_expert_intermediate_size);
-  grow<float>(w.sg, S);
-  grow<float>(w.emb, S * std::max<int64_t>(c.ple_embed_dim, 1));
-  grow<float>(w.logits, S * c.vocab_size);
+  grow_device<float>(w.qkv, S * c.conv_dim());
+  grow_device<float>(w.conv, S * c.conv_dim());
+  grow_device<float>(w.z, S * c.linear_value_dim());
+  grow_device<float>(w.ab, S * 2 * c.linear_num_value_heads);
+  grow_device<float>(w.core, S * std::max(c.linear_value_dim(), int64_t(c.num_attention_heads) * c.head_dim));
+  grow_device<float>(w.q, S * qdim);
+  grow_device<float>(w.kv, S * 2 * kvd);
+  grow_device<float>(w.iq, S * int64_t(c.indexer_n_heads + 1) * c.indexer_head_dim);
+  grow_device<float>(w.bscores, S * (P / ratio + 1));
+  grow_device<int32_t>(w.blocks, S * std::max<int64_t>(c.block_topk(), 1));
+  grow_device<int32_t>(w.bcount, S);
+  grow_device<int32_t>(w.sel, S * (c.indexer_budget + ratio + kMaxDraftExtension));
+  grow_device<int32_t>(w.sel_count, S);
+  grow_device<float>(w.router, S * std::max(1, c.num_experts));
+  grow_device<int32_t>(w.ids, SK);
+  grow_device<float>(w.wts, SK);
+  grow_device<int32_t>(w.moe_i32, 2 * SK + std::max(1, c.num_experts) + 1);
+  grow_device<float>(w.gathered, SK * H);
+  grow_device<float>(w.eo, SK * H);
+  grow_device<float>(w.ea, SK * c.moe_intermediate_size);
+  grow_device<float>(w.eb, SK * c.moe_intermediate_size);
+  grow_device<float>(w.sa, S * c.shared_expert_intermediate_size);
+  grow_device<float>(w.sb, S * c.shared_expert_intermediate_size);
+  grow_device<float>(w.sg, S);
+  grow_device<float>(w.emb, S * std::max<int64_t>(c.ple_embed_dim, 1));
+  grow_device<float>(w.logits, S * c.vocab_size);
   w.rows = S;
   w.positions = P;
 }
 
 void Qwen4CudaBlocks::reserve(int64_t rows, int64_t positions) {
   ensure_workspace(std::max<int64_t>(rows, 1), std::max<int64_t>(positions, 1));
-}
-
-Qwen4CudaBlocks::PoolMirror& Qwen4CudaBlocks::mirror(const KVCache& cache) {
-  const std::shared_ptr<KVPool>& pool = cache.shared_pool();
-  std::unique_ptr<PoolMirror>& m = pools_[pool.get()];
-  const int64_t rows = pool->pages() * pool->page_tokens();
-  if (m && m->pool.lock() == pool && m->rows == rows && m->planes_count == pool->num_planes()) return *m;
-  m = std::make_unique<PoolMirror>();
-  m->pool = pool;
-  m->rows = rows;
-  m->planes_count = pool->num_planes();
-  std::vector<float*> addresses;
-  for (size_t p = 0; p < pool->num_planes(); ++p) {
-    m->planes.emplace_back(size_t(rows * pool->plane_width(p)) * sizeof(float));
-    addresses.push_back(m->planes.back().f32());
-  }
-  m->table = cuda::DeviceBuffer(addresses.size() * sizeof(float*));
-  m->table.upload(addresses.data(), m->table.bytes());
-  return *m;
 }
 
 // A sequence's state slots on the device, zeroed (the state of length 0) at its first forward; its buffer comes
@@ -283,8 +226,7 @@ void Qwen4CudaBlocks::attach_state(Qwen4ExpSequence& seq) {
 void Qwen4CudaBlocks::begin(const Qwen4RowSpan* spans, size_t count) {
   graphs_.abandon();  // (a forward that threw mid-way)
   spans_.assign(spans, spans + count);
-  for (auto it = pools_.begin(); it != pools_.end();)  // mirrors of pools that are gone
-    it = it->second->pool.expired() ? pools_.erase(it) : std::next(it);
+  mirrors_.drop_expired();
   S_ = 0;
   int64_t max_pos = 1;
   any_forced_ = false;
@@ -381,15 +323,15 @@ void Qwen4CudaBlocks::upload_rows() {
     }
     const int64_t pt = sp.cache->page_tokens(), pages = (sp.slot0 + sp.rows + pt - 1) / pt;
     m.insert(m.end(), sp.cache->page_table(), sp.cache->page_table() + pages);
-    m64[size_t(S + i)] = reinterpret_cast<int64_t>(mirror(*sp.cache).table.get());
+    m64[size_t(S + i)] = reinterpret_cast<int64_t>(mirrors_.of(*sp.cache).table.get());
   }
   Workspace& w = *ws_;
   const void* before[2] = {w.meta_i32.get(), w.meta_i64.get()};
   // (twice what this forward needs when they grow: the page tables lengthen as sequences do)
-  if (w.meta_i32.bytes() < m.size() * sizeof(int32_t)) grow<int32_t>(w.meta_i32, 2 * int64_t(m.size()));
-  if (w.meta_i64.bytes() < m64.size() * sizeof(int64_t)) grow<int64_t>(w.meta_i64, 2 * int64_t(m64.size()));
-  int32_t* d32 = as<int32_t>(w.meta_i32);
-  int64_t* d64 = as<int64_t>(w.meta_i64);
+  if (w.meta_i32.bytes() < m.size() * sizeof(int32_t)) grow_device<int32_t>(w.meta_i32, 2 * int64_t(m.size()));
+  if (w.meta_i64.bytes() < m64.size() * sizeof(int64_t)) grow_device<int64_t>(w.meta_i64, 2 * int64_t(m64.size()));
+  int32_t* d32 = device_as<int32_t>(w.meta_i32);
+  int64_t* d64 = device_as<int64_t>(w.meta_i64);
   if (d32 != before[0] || d64 != before[1]) graphs_.forget();  // (recorded with the old addresses)
   cuda::copy_to_device(d32, m.data(), m.size() * sizeof(int32_t));
   cuda::copy_to_device(d64, m64.data(), m64.size() * sizeof(int64_t));
@@ -532,14 +474,14 @@ void Qwen4CudaBlocks::qsa(const QsaWeights& a, size_t cache_layer) {
   cuda::write_cache_rows(iq + ih * ihd, S, ihd, idim, rc_, planes.index_plane, 2 * ihd);  // the raw index key
   cuda::pool_block_keys(rc_, planes.index_plane, S, ihd, ratio, dev(a.index_k_norm), eps, rope, inv_freq, af,
                         block_position_);
-  int32_t *blocks = as<int32_t>(w.blocks), *bcount = as<int32_t>(w.bcount);
+  int32_t *blocks = device_as<int32_t>(w.blocks), *bcount = device_as<int32_t>(w.bcount);
   if (!all_forced_) {
     const int64_t stride = w.positions / ratio + 1;
     cuda::block_scores(iq, idim, S, ih, ihd, rc_, planes.index_plane, ratio, stride,
                        1.0f / std::sqrt(float(ihd)), w.bscores.f32(), stride);
     cuda::topk_rows(w.bscores.f32(), S, stride, blocks_of_, btk, blocks, bcount);
   }
-  int32_t *sel = as<int32_t>(w.sel), *count = as<int32_t>(w.sel_count);
+  int32_t *sel = device_as<int32_t>(w.sel), *count = device_as<int32_t>(w.sel_count);
   cuda::expand_selection(rc_, S, ratio, blocks, bcount, btk, forced_, forced_count_, forced_from_, forced_stride_, sel,
                          count, sel_cap);
   cuda::sparse_gqa_attention(q, S, nh, nkv, hd, rc_, planes.key_plane, sel, count, sel_cap, float(c.attn_scale),
@@ -554,9 +496,9 @@ void Qwen4CudaBlocks::read_selections() {
     if (!sp.last_topk) continue;
     const int64_t row = sp.first_row + sp.rows - 1;
     int32_t n = 0;
-    cuda::copy_to_host(&n, as<int32_t>(ws_->sel_count) + row, sizeof(int32_t));
+    cuda::copy_to_host(&n, device_as<int32_t>(ws_->sel_count) + row, sizeof(int32_t));
     host_sel_.resize(size_t(n));
-    cuda::copy_to_host(host_sel_.data(), as<int32_t>(ws_->sel) + row * sel_cap, size_t(n) * sizeof(int32_t));
+    cuda::copy_to_host(host_sel_.data(), device_as<int32_t>(ws_->sel) + row * sel_cap, size_t(n) * sizeof(int32_t));
     sp.last_topk->clear();
     for (int32_t s : host_sel_) sp.last_topk->push_back(int32_t(sp.cache->base_position() + s));
   }
@@ -571,8 +513,8 @@ size_t Qwen4CudaBlocks::moe(const MoeWeights& m) {
   const float* x = w.x.f32();
   const ExpertTables& t = experts_.at(&m);
   cuda::matmul(x, S, dev(m.router), w.router.f32());  // [S, E]
-  int32_t* ids = as<int32_t>(w.ids);
-  int32_t *token_of = as<int32_t>(w.moe_i32), *row_of = token_of + SK, *first = row_of + SK;
+  int32_t* ids = device_as<int32_t>(w.ids);
+  int32_t *token_of = device_as<int32_t>(w.moe_i32), *row_of = token_of + SK, *first = row_of + SK;
   cuda::moe_route_softmax(w.router.f32(), S, E, k, c.norm_topk_prob, ids, w.wts.f32());
   cuda::moe_dispatch(ids, S, k, E, first, token_of, row_of);
   cuda::gather_rows(x, H, token_of, SK, w.gathered.f32());                       // [S·k, H]

@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "models/common/device_memory.h"
 #include "models/common/forward_graphs.h"
 #include "models/qwen4_exp/blocks.h"
 #include "models/qwen4_exp/config.h"
@@ -43,17 +44,15 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   void finish() override;
   uint64_t one_off_forwards() const override { return graphs_.one_offs(); }
 
-  size_t weight_bytes_on_device() const { return weight_bytes_; }
+  size_t weight_bytes_on_device() const;
 
  private:
-  struct PoolMirror;  // a KV pool's planes in device memory
   struct Workspace;   // the forward's device buffers
   struct StateSlots;  // recycled device buffers for sequences' recurrent state
   const Linear& dev(const Linear& w) const;
   const float* dev(const std::vector<float>& v) const;
   void upload_weights(const Qwen4ExpWeights& w);
   void upload_ple_table(const PleWeights& p);
-  PoolMirror& mirror(const KVCache& cache);
   void ensure_workspace(int64_t rows, int64_t positions);
   void attach_state(Qwen4ExpSequence& seq);
   void upload_rows();
@@ -66,16 +65,14 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
 
   const Qwen4ExpConfig& cfg_;
   const Qwen4StateLayout& layout_;
-  std::unordered_map<const void*, cuda::DeviceLinear> linears_;  // by the host weight's bytes
-  std::unordered_map<const float*, cuda::DeviceBuffer> vectors_;
+  DeviceWeights weights_;
   std::unordered_map<const PleWeights*, cuda::DeviceLinear> ple_tables_;  // a PLE layer's shards as one table
   struct ExpertTables {
     cuda::WeightTable gate, up, down;
   };
   std::unordered_map<const MoeWeights*, ExpertTables> experts_;
   std::vector<const PleWeights*> ple_layers_;  // per layer: its PLE weights (null: none)
-  size_t weight_bytes_ = 0;
-  std::unordered_map<const KVPool*, std::unique_ptr<PoolMirror>> pools_;
+  KVMirrors mirrors_;
   std::unique_ptr<Workspace> ws_;
   std::shared_ptr<StateSlots> states_;
   ForwardGraphs graphs_;  // forwards by shape (forward_graphs.h); eager for a shape's first run

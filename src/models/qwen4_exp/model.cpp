@@ -4,6 +4,7 @@
 #include "models/qwen4_exp/sharding.h"
 #include "core/communicator.h"
 #include "models/qwen4_exp/cuda_blocks.h"
+#include "models/common/device_memory.h"
 #include "ops/cuda/cuda_ops.h"
 
 #include <algorithm>
@@ -99,12 +100,7 @@ void Qwen4ExpModel::use_device(Device device) {
   if (target_pool_) throw Error("use_device: the model already has sequences on its current device");
   if (shard_) throw Error("--device cuda: tensor parallelism runs on the CPU backend only so far");
   if (device == Device::kCuda) {
-    std::string why;
-    if (!cuda::available(&why)) throw Error("--device cuda: " + why);
-    const size_t need = checkpoint_bytes(), free = cuda::free_memory();
-    if (need > free)
-      throw Error(dir_ + ": the checkpoint's " + gib(int64_t(need)) + " do not fit in the GPU's free memory (" +
-                  gib(int64_t(free)) + " of " + cuda::device_name() + ")");
+    require_device_room(dir_, checkpoint_bytes());
     device_blocks_ = std::make_unique<Qwen4CudaBlocks>(cfg_, layout_, w_);
     blocks_ = device_blocks_.get();
   } else {

@@ -20,28 +20,7 @@
 namespace nextn {
 namespace {
 
-std::vector<float> normal(size_t n, uint32_t seed, float sd = 1.f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = g(rng);
-  return v;
-}
-
-template <typename T>
-cuda::DeviceBuffer to_device(const std::vector<T>& v) {
-  cuda::DeviceBuffer b(v.size() * sizeof(T));
-  b.upload(v.data(), b.bytes());
-  return b;
-}
-
-template <typename T>
-std::vector<T> to_host(const cuda::DeviceBuffer& b, size_t n) {
-  cuda::synchronize();
-  std::vector<T> v(n);
-  b.download(v.data(), n * sizeof(T));
-  return v;
-}
+using namespace cuda_test;
 
 // A bf16 [out, in] weight of its own bytes.
 struct Bf16Weight {

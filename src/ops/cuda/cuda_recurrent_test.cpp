@@ -27,40 +27,7 @@
 namespace nextn {
 namespace {
 
-std::vector<float> normal(size_t n, uint32_t seed, float sd = 1.f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> g(0.f, sd);
-  std::vector<float> v(n);
-  for (float& x : v) x = g(rng);
-  return v;
-}
-
-template <typename T>
-cuda::DeviceBuffer to_device(const std::vector<T>& v) {
-  cuda::DeviceBuffer b(v.size() * sizeof(T));
-  b.upload(v.data(), b.bytes());
-  return b;
-}
-
-template <typename T>
-std::vector<T> to_host(const cuda::DeviceBuffer& b, size_t n) {
-  cuda::synchronize();
-  std::vector<T> v(n);
-  b.download(v.data(), n * sizeof(T));
-  return v;
-}
-
-bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
-
-// |got - want| <= tol · (1 + |want|) for every element (relative for large values, absolute near zero). NaN fails.
-::testing::AssertionResult near_all(const float* got, const float* want, size_t n, double tol) {
-  for (size_t i = 0; i < n; ++i) {
-    const double g = got[i], w = want[i];
-    if (!(std::fabs(g - w) <= tol * (1 + std::fabs(w))))
-      return ::testing::AssertionFailure() << "element " << i << ": got " << g << ", want " << w;
-  }
-  return ::testing::AssertionSuccess();
-}
+using namespace cuda_test;
 
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }

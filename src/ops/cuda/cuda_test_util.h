@@ -3,6 +3,7 @@
 #pragma once
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -20,6 +21,42 @@
   } while (0)
 
 namespace nextn::cuda_test {
+
+// n normal(0, sd) floats from a fixed seed.
+inline std::vector<float> normal(size_t n, uint32_t seed, float sd = 1.f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, sd);
+  std::vector<float> v(n);
+  for (float& x : v) x = g(rng);
+  return v;
+}
+
+template <typename T>
+cuda::DeviceBuffer to_device(const std::vector<T>& v) {
+  cuda::DeviceBuffer b(v.size() * sizeof(T));
+  b.upload(v.data(), b.bytes());
+  return b;
+}
+
+template <typename T>
+std::vector<T> to_host(const cuda::DeviceBuffer& b, size_t n) {
+  cuda::synchronize();
+  std::vector<T> v(n);
+  b.download(v.data(), n * sizeof(T));
+  return v;
+}
+
+inline bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+// |got - want| <= tol · (1 + |want|) for every element (relative for large values, absolute near zero). NaN fails.
+inline ::testing::AssertionResult near_all(const float* got, const float* want, size_t n, double tol) {
+  for (size_t i = 0; i < n; ++i) {
+    const double g = got[i], w = want[i];
+    if (!(std::fabs(g - w) <= tol * (1 + std::fabs(w))))
+      return ::testing::AssertionFailure() << "element " << i << ": got " << g << ", want " << w;
+  }
+  return ::testing::AssertionSuccess();
+}
 
 // A random weight as a checkpoint stores it, with the bytes it points into.
 struct HostWeight {

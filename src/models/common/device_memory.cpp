@@ -1,0 +1,75 @@
+// DeviceWeights, DevicePlanes and KVMirrors (device_memory.h).
+#include "models/common/device_memory.h"
+
+#include "core/error.h"
+#include "core/sizes.h"
+
+namespace nextn {
+
+void require_device_room(const std::string& dir, size_t bytes) {
+  std::string why;
+  if (!cuda::available(&why)) throw Error("--device cuda: " + why);
+  const size_t free = cuda::free_memory();
+  if (bytes > free)
+    throw Error(dir + ": the checkpoint's " + gib(int64_t(bytes)) + " do not fit in the GPU's free memory (" +
+                gib(int64_t(free)) + " of " + cuda::device_name() + ")");
+}
+
+void DeviceWeights::add(const Linear& w) {
+  if (!w.data || linears_.count(w.data)) return;
+  cuda::DeviceLinear d = cuda::upload(w);
+  bytes_ += d.data.bytes() + d.scale.bytes() + d.bias.bytes();
+  linears_.emplace(w.data, std::move(d));
+}
+
+void DeviceWeights::add(const std::vector<float>& v) {
+  if (v.empty() || vectors_.count(v.data())) return;
+  cuda::DeviceBuffer b(v.size() * sizeof(float));
+  b.upload(v.data(), b.bytes());
+  bytes_ += b.bytes();
+  vectors_.emplace(v.data(), std::move(b));
+}
+
+const Linear& DeviceWeights::operator()(const Linear& w) const {
+  const auto it = linears_.find(w.data);
+  if (it == linears_.end() || it->second.w.out != w.out || it->second.w.in != w.in)
+    throw Error("internal: a weight the CUDA backend did not upload");
+  return it->second.w;
+}
+
+const float* DeviceWeights::operator()(const std::vector<float>& v) const {
+  if (v.empty()) return nullptr;
+  const auto it = vectors_.find(v.data());
+  if (it == vectors_.end()) throw Error("internal: a vector the CUDA backend did not upload");
+  return it->second.f32();
+}
+
+DevicePlanes::DevicePlanes(int64_t rows_, std::vector<int64_t> widths_) : rows(rows_), widths(std::move(widths_)) {
+  std::vector<float*> addresses;
+  for (int64_t w : widths) {
+    planes.emplace_back(size_t(rows * w) * sizeof(float));
+    addresses.push_back(planes.back().f32());
+  }
+  table = cuda::DeviceBuffer(addresses.size() * sizeof(float*));
+  table.upload(addresses.data(), table.bytes());
+}
+
+DevicePlanes& KVMirrors::of(const KVCache& cache) {
+  const std::shared_ptr<KVPool>& pool = cache.shared_pool();
+  std::unique_ptr<DevicePlanes>& m = mirrors_[pool.get()];
+  const int64_t rows = pool->pages() * pool->page_tokens();
+  if (m && m->pool.lock() == pool && m->rows == rows && m->widths.size() == pool->num_planes()) return *m;
+  std::vector<int64_t> widths;
+  for (size_t p = 0; p < pool->num_planes(); ++p) widths.push_back(pool->plane_width(p));
+  m.reset();  // (the old planes freed before the new ones are taken)
+  m = std::make_unique<DevicePlanes>(rows, std::move(widths));
+  m->pool = pool;
+  return *m;
+}
+
+void KVMirrors::drop_expired() {
+  for (auto it = mirrors_.begin(); it != mirrors_.end();)
+    it = it->second->pool.expired() ? mirrors_.erase(it) : std::next(it);
+}
+
+}  // namespace nextn
