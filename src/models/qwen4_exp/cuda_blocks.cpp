@@ -551,7 +551,9 @@ void Qwen4CudaBlocks::mtp_input(const Qwen4MtpWeights& m, const Linear& embed, D
     row += r.rows;
   }
   cuda::copy_to_device(w.h_prev.f32(), h.data(), h.size() * sizeof(float));
-  if (replay_or_record(reinterpret_cast<uintptr_t>(&m))) return;  // (after the upload: an MTP forward starts here)
+  // (after the upload: an MTP forward starts here; its shape is its layer's, every request being of one layer)
+  const Qwen4LayerWeights& layer = m.layers.at(size_t(requests[0]->layer));
+  if (replay_or_record(reinterpret_cast<uintptr_t>(&layer))) return;
   // e = fc_embedding(pre_fc_norm_embedding(embed(token)))  [S, H]
   cuda::embed_rows(dev(embed), tokens_, S, 1, w.e_in.f32(), H);
   cuda::rms_norm_rows(w.e_in.f32(), S, H, H, dev(m.pre_fc_norm_embedding), eps, w.e_in.f32(), H);
