@@ -14,6 +14,7 @@
 
 #include "memory/kv_cache.h"
 #include "models/common/draft_round.h"
+#include "models/qwen4_exp/config.h"
 #include "ops/ops.h"
 
 namespace nextn {
@@ -26,6 +27,13 @@ struct MoeWeights;
 struct PleWeights;
 struct Qwen4MtpWeights;
 struct DraftRequest;
+
+// The most slots one QSA row attends to, as both backends size it: the budget's blocks, the incomplete block's
+// tail, and the draft rows a forced (reused) selection adds after step 0's query (the rest of one round).
+constexpr int64_t kMaxDraftExtension = 64;
+inline int64_t qsa_selection_cap(const Qwen4ExpConfig& c) {
+  return c.indexer_budget + (c.indexer_compress_ratio > 1 ? c.indexer_compress_ratio : 1) + kMaxDraftExtension;
+}
 
 // One segment's rows in the current forward: rows [first_row, first_row + rows) of the batch at cache slots
 // slot0.. and positions pos0..

@@ -17,9 +17,6 @@ namespace nextn {
 
 namespace {
 
-// Draft rows a forced (reused) selection may add after step 0's query: the rest of one round.
-constexpr int64_t kMaxDraftExtension = 64;
-
 float silu(float x) { return x / (1.0f + std::exp(-x)); }
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch's threshold 20
 
@@ -236,7 +233,7 @@ void Qwen4CpuBlocks::ensure_thread_scratch(int64_t positions) {
   int64_t qsa = 0, ints = 1;
   if (c.has_qsa()) {
     const int64_t nb = max_positions_ / c.indexer_compress_ratio + 1;
-    const int64_t sel = c.indexer_budget + c.indexer_compress_ratio + kMaxDraftExtension;
+    const int64_t sel = qsa_selection_cap(c);
     qsa = int64_t(c.num_attention_heads) * sel + int64_t(c.indexer_n_heads) * nb + 2 * nb;
     ints = nb + c.block_topk() + 2 * sel;
   }
@@ -460,7 +457,7 @@ void Qwen4CpuBlocks::qsa(const QsaWeights& a, size_t cache_layer, const float* x
     }
   }
   // Per query row: selection, then attention over the selected slots.
-  const int64_t sel_cap = c.indexer_budget + ratio + kMaxDraftExtension;
+  const int64_t sel_cap = qsa_selection_cap(c);
   const int64_t nb_cap = max_positions_ / ratio + 1;
   const float scale = static_cast<float>(c.attn_scale);
   const float idx_scale = 1.0f / std::sqrt(static_cast<float>(ihd));

@@ -13,13 +13,6 @@
 #include "ops/cuda/cuda_sparse_attention.h"
 
 namespace nextn {
-namespace {
-
-// Draft rows a forced (reused) selection may add after step 0's query: the rest of one round (as the CPU's).
-constexpr int64_t kMaxDraftExtension = 64;
-
-}  // namespace
-
 struct Qwen4CudaBlocks::Workspace {
   int64_t rows = 0, positions = 0;
   cuda::DeviceBuffer X, Xn, x, y, inj, mid, wgt, ones, lm_streams;
@@ -42,7 +35,7 @@ Qwen4CudaBlocks::Qwen4CudaBlocks(const Qwen4ExpConfig& config, const Qwen4StateL
     : cfg_(config), layout_(layout), ws_(std::make_unique<Workspace>()), states_(std::make_shared<StateSlots>()) {
   std::string why;
   if (!cuda::available(&why)) throw Error("--device cuda: " + why);
-  forced_stride_ = config.indexer_budget + std::max<int64_t>(config.indexer_compress_ratio, 1) + kMaxDraftExtension;
+  forced_stride_ = qsa_selection_cap(config);
   upload_weights(w);
   cuda::synchronize();
 }
@@ -174,7 +167,7 @@ void Qwen4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   grow_device<float>(w.bscores, S * (P / ratio + 1));
   grow_device<int32_t>(w.blocks, S * std::max<int64_t>(c.block_topk(), 1));
   grow_device<int32_t>(w.bcount, S);
-  grow_device<int32_t>(w.sel, S * (c.indexer_budget + ratio + kMaxDraftExtension));
+  grow_device<int32_t>(w.sel, S * qsa_selection_cap(c));
   grow_device<int32_t>(w.sel_count, S);
   grow_device<float>(w.router, S * std::max(1, c.num_experts));
   grow_device<int32_t>(w.ids, SK);
@@ -453,7 +446,7 @@ void Qwen4CudaBlocks::qsa(const QsaWeights& a, size_t cache_layer) {
   const int64_t S = S_, hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads, kvd = nkv * hd;
   const int64_t ih = c.indexer_n_heads, ihd = c.indexer_head_dim, ratio = c.indexer_compress_ratio;
   const int64_t idim = (ih + 1) * ihd, rope = c.rope.dim, btk = std::max<int64_t>(c.block_topk(), 1);
-  const int64_t sel_cap = c.indexer_budget + ratio + kMaxDraftExtension;
+  const int64_t sel_cap = qsa_selection_cap(c);
   const float eps = float(c.rms_norm_eps), af = float(c.rope.attention_factor);
   const float* inv_freq = dev(c.rope.inv_freq);
   Workspace& w = *ws_;
@@ -491,7 +484,7 @@ void Qwen4CudaBlocks::qsa(const QsaWeights& a, size_t cache_layer) {
 
 // The spans' last rows' selections as positions (MTP forwards: the draft steps after step 0 reuse them).
 void Qwen4CudaBlocks::read_selections() {
-  const int64_t sel_cap = cfg_.indexer_budget + cfg_.indexer_compress_ratio + kMaxDraftExtension;
+  const int64_t sel_cap = qsa_selection_cap(cfg_);
   for (const Qwen4RowSpan& sp : spans_) {
     if (!sp.last_topk) continue;
     const int64_t row = sp.first_row + sp.rows - 1;
