@@ -109,6 +109,10 @@ void weighted_row_sum(const float* p, const float* rows, int64_t n, int64_t dim,
 // each q row and row(j); writes out[h * out_stride + j] only.
 void gathered_dots(const float* q, int64_t heads, int64_t q_stride, const float* rows, int64_t row_stride,
                    const int32_t* idx, int64_t n, int64_t dim, float* out, int64_t out_stride);
+// One token of the gated delta rule on a head's state [dk, dv]: state <- state · decay; u = beta · (v - stateᵀk);
+// state <- state + k ⊗ u; out[dv] = stateᵀq. A value column's result does not depend on dv or the target's width.
+void gated_delta_step(float* state, int64_t dk, int64_t dv, const float* q, const float* k, const float* v,
+                      float decay, float beta, float* out);
 inline float sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 float dot(const float* a, const float* b, int64_t n);
 // Indices of the k largest values of x[0..n) (ties: lower index first), written ascending.

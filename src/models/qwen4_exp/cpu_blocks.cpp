@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/profile.h"
 #include "core/threadpool.h"
 #include "models/common/mlp_bytes.h"
 #include "models/common/row_spans.h"
@@ -33,17 +34,28 @@ void l2_normalize(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= r;
 }
 
+// (a softmax without a sink: the sink's term is exp(-inf) = 0)
 void softmax_scaled(float* x, int64_t n, float scale) {
-  float m = -std::numeric_limits<float>::infinity();
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i] * scale);
-  float sum = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    x[i] = std::exp(x[i] * scale - m);
-    sum += x[i];
-  }
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+  ops::softmax_with_sink(x, n, scale, -std::numeric_limits<float>::infinity());
 }
+
+// In place: x[i] <- silu(x[i]) (vectorized: a step's convolutions take thousands).
+void silu_inplace(float* x, int64_t n) { ops::mul_sigmoid(x, x, n, x); }
+
+// Where the forward's time goes (NEXTN_PROFILE=1), in report order.
+namespace sections {
+const profile::Section kMixers = profile::section("mixers");  // gated residual mixes and injections
+const profile::Section kPle = profile::section("ple");        // n-gram embeddings, gates and conv
+const profile::Section kGdnProjections = profile::section("gdn projections");  // in_proj, conv, q/k norms
+const profile::Section kGdnRecurrence = profile::section("gdn recurrence");    // the delta rule per head
+const profile::Section kGdnOutput = profile::section("gdn output");            // gated norm, out_proj
+const profile::Section kQsaProjections = profile::section("qsa projections");  // q/k/v/index, norms, RoPE, cache
+const profile::Section kQsaAttention = profile::section("qsa attention");      // block scores, top-k, attention
+const profile::Section kQsaOutput = profile::section("qsa output");            // o_proj
+const profile::Section kMoe = profile::section("moe");                         // router, experts, shared expert
+const profile::Section kMtpInput = profile::section("mtp input");
+const profile::Section kLmHead = profile::section("lm_head");                  // final mixer and lm_head
+}  // namespace sections
 
 template <class V>
 void grow(V& v, int64_t n) {
@@ -98,6 +110,7 @@ void Qwen4CpuBlocks::qsa(const QsaWeights& a, size_t cache_layer) {
 }
 
 void Qwen4CpuBlocks::ple_add(const PleWeights& p, int layer) {
+  const profile::Sections prof(sections::kPle);
   float* X = b_.X.data();
   float* add = b_.rows_out.data();
   ple(p, layer, X, S_, add);
@@ -105,10 +118,12 @@ void Qwen4CpuBlocks::ple_add(const PleWeights& p, int layer) {
 }
 
 void Qwen4CpuBlocks::gated_residual(const GatedResidualWeights& g, bool inject) {
+  const profile::Sections prof(sections::kMixers);
   gated_residual(g, b_.X.data(), S_, b_.x.data(), inject ? b_.inj.data() : nullptr);
 }
 
 size_t Qwen4CpuBlocks::moe(const MoeWeights& m) {
+  const profile::Sections prof(sections::kMoe);
   const size_t before = routed_bytes_;
   moe(m, b_.x.data(), S_, b_.y.data());
   tp_.sum(b_.y.data(), S_ * cfg_.hidden_size);
@@ -117,6 +132,7 @@ size_t Qwen4CpuBlocks::moe(const MoeWeights& m) {
 
 void Qwen4CpuBlocks::mtp_input(const Qwen4MtpWeights& m, const Linear& embed, DraftRequest* const* requests,
                                size_t count) {
+  const profile::Sections prof(sections::kMtpInput);
   const Qwen4ExpConfig& c = cfg_;
   const int64_t H = c.hidden_size, C = c.hc_count, CH = c.hc_width(), S = S_;
   const float eps = static_cast<float>(c.rms_norm_eps);
@@ -146,6 +162,7 @@ void Qwen4CpuBlocks::read_streams(int64_t first, int64_t rows, float* out) {
 }
 
 void Qwen4CpuBlocks::logits(const GatedResidualWeights& mixer, const Linear& lm_head, float* out) {
+  const profile::Sections prof(sections::kLmHead);
   const int64_t CH = cfg_.hc_width();
   float* X = b_.X.data();
   // The rows that need logits (a prefill only its last), gathered in place at the front of X (a row never moves
@@ -163,6 +180,7 @@ void Qwen4CpuBlocks::logits(const GatedResidualWeights& mixer, const Linear& lm_
 
 void Qwen4CpuBlocks::logits_of(const GatedResidualWeights& mixer, const Linear& lm_head, const float* streams,
                                int64_t rows, float* out) {
+  const profile::Sections prof(sections::kLmHead);
   ensure_rows(rows);
   float* X = b_.X.data();
   std::copy(streams, streams + rows * cfg_.hc_width(), X);
@@ -294,6 +312,7 @@ void Qwen4CpuBlocks::gdn(const GdnWeights& g, int layer, const float* x, int64_t
   const int64_t nv = c.linear_num_value_heads, dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t group = nv / c.linear_num_key_heads;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  profile::Sections prof(sections::kGdnProjections);
   float* qkv = b_.qkv.data();
   float* z = b_.z.data();
   float* ab = b_.ab.data();  // [S, nv] b, then [S, nv] a
@@ -314,8 +333,9 @@ void Qwen4CpuBlocks::gdn(const GdnWeights& g, int layer, const float* x, int64_t
         const float* wk = g.conv.data() + ch * K;
         float acc = 0;
         for (int64_t j = 0; j < K; ++j) acc += wk[j] * win[(i + j) * CD + ch];
-        out[ch] = silu(acc);
+        out[ch] = acc;
       }
+      silu_inplace(out, CD);
       const int64_t len = sp.pos0 + i + 1;
       if (len > sp.pos0 + sp.rows - layout_.slots) {
         float* dst = sp.seq->state(len) + layout_.state_off[layer];
@@ -333,12 +353,12 @@ void Qwen4CpuBlocks::gdn(const GdnWeights& g, int layer, const float* x, int64_t
       }
     }
   }
+  prof.next(sections::kGdnRecurrence);
   float* core = b_.core.data();
   const int64_t tasks = static_cast<int64_t>(spans_.size()) * nv;
   const int64_t rec_off = conv_state;
   auto head_task = [&](int64_t begin, int64_t end, int thread) {
     float* Sm = b_.thread.data() + int64_t(thread) * b_.thread_floats;  // [dk, dv]
-    float* kv_mem = Sm + dk * dv;
     for (int64_t t = begin; t < end; ++t) {
       const Qwen4RowSpan& sp = spans_[t / nv];
       const int64_t h = t % nv, kh = h / group;
@@ -351,17 +371,8 @@ void Qwen4CpuBlocks::gdn(const GdnWeights& g, int layer, const float* x, int64_t
         const float* v = conv + row * CD + 2 * Kd + h * dv;
         const float beta = ops::sigmoid(ab[row * nv + h]);
         const float decay = std::exp(g.neg_A[h] * softplus(ab[S * nv + row * nv + h] + g.dt_bias[h]));
-        for (int64_t e = 0; e < dk * dv; ++e) Sm[e] *= decay;
-        std::fill(kv_mem, kv_mem + dv, 0.0f);
-        for (int64_t a = 0; a < dk; ++a)
-          for (int64_t e = 0; e < dv; ++e) kv_mem[e] += Sm[a * dv + e] * k[a];
-        for (int64_t e = 0; e < dv; ++e) kv_mem[e] = (v[e] - kv_mem[e]) * beta;  // delta
-        for (int64_t a = 0; a < dk; ++a)
-          for (int64_t e = 0; e < dv; ++e) Sm[a * dv + e] += k[a] * kv_mem[e];
         float* o = core + row * c.linear_value_dim() + h * dv;
-        std::fill(o, o + dv, 0.0f);
-        for (int64_t a = 0; a < dk; ++a)
-          for (int64_t e = 0; e < dv; ++e) o[e] += Sm[a * dv + e] * q[a];
+        ops::gated_delta_step(Sm, dk, dv, q, k, v, decay, beta, o);
         const int64_t len = sp.pos0 + i + 1;
         if (len > sp.pos0 + sp.rows - layout_.slots) {
           float* dst = sp.seq->state(len) + layout_.state_off[layer] + rec_off + h * dk * dv;
@@ -376,17 +387,21 @@ void Qwen4CpuBlocks::gdn(const GdnWeights& g, int layer, const float* x, int64_t
   else
     head_task(0, tasks, 0);
   // Gated RMSNorm per head: norm(o) · w · act(z), then the output projection.
+  prof.next(sections::kGdnOutput);
   const bool sigmoid_gate = (c.output_gate_type.empty() ? c.hidden_act : c.output_gate_type) == "sigmoid";
-  for (int64_t s = 0; s < S; ++s)
+  for (int64_t s = 0; s < S; ++s) {
+    float* os = core + s * c.linear_value_dim();
+    float* zs = z + s * c.linear_value_dim();
     for (int64_t h = 0; h < nv; ++h) {
-      float* o = core + s * c.linear_value_dim() + h * dv;
-      const float* zz = z + s * c.linear_value_dim() + h * dv;
+      float* o = os + h * dv;
       const float r = ops::inv_rms(o, dv, eps);
-      for (int64_t e = 0; e < dv; ++e) {
-        const float gate = sigmoid_gate ? ops::sigmoid(zz[e]) : silu(zz[e]);
-        o[e] = g.norm[e] * (o[e] * r) * gate;
-      }
+      for (int64_t e = 0; e < dv; ++e) o[e] = g.norm[e] * (o[e] * r);
     }
+    // · sigmoid(z), or · silu(z) = · z · sigmoid(z)
+    if (!sigmoid_gate)
+      for (int64_t e = 0; e < c.linear_value_dim(); ++e) os[e] *= zs[e];
+    ops::mul_sigmoid(os, zs, c.linear_value_dim(), os);
+  }
   ops::matmul(pool_, core, S, g.out_proj, y);
 }
 
@@ -402,6 +417,7 @@ void Qwen4CpuBlocks::qsa(const QsaWeights& a, size_t cache_layer, const float* x
   const int64_t half = c.rope.dim / 2, group = nh / nkv;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const float af = static_cast<float>(c.rope.attention_factor);
+  profile::Sections prof(sections::kQsaProjections);
   float* q = b_.q.data();
   float* k = b_.k.data();
   float* v = b_.v.data();
@@ -457,6 +473,7 @@ void Qwen4CpuBlocks::qsa(const QsaWeights& a, size_t cache_layer, const float* x
     }
   }
   // Per query row: selection, then attention over the selected slots.
+  prof.next(sections::kQsaAttention);
   const int64_t sel_cap = qsa_selection_cap(c);
   const int64_t nb_cap = max_positions_ / ratio + 1;
   const float scale = static_cast<float>(c.attn_scale);
@@ -536,6 +553,7 @@ void Qwen4CpuBlocks::qsa(const QsaWeights& a, size_t cache_layer, const float* x
     p->parallel_for(S, 1, row_task);
   else
     row_task(0, S, 0);
+  prof.next(sections::kQsaOutput);
   ops::matmul(pool_, out, S, a.o_proj, y);
 }
 
@@ -648,13 +666,16 @@ void Qwen4CpuBlocks::ple(const PleWeights& p, int layer, const float* X, int64_t
     const float* st = sp.seq->state(sp.pos0) + layout_.ple_off[layer];
     std::copy(st, st + R * CH, win);
     std::copy(normed + sp.first_row * CH, normed + (sp.first_row + sp.rows) * CH, win + R * CH);
+    float* act = key;  // [CH] (the keys are spent: the gates are made)
     for (int64_t i = 0; i < sp.rows; ++i) {
       float* o = out + (sp.first_row + i) * CH;
       for (int64_t ch = 0; ch < CH; ++ch) {
         float acc = 0;
         for (int64_t j = 0; j < K; ++j) acc += p.conv[ch * K + j] * win[(i + j * n) * CH + ch];
-        o[ch] += silu(acc);
+        act[ch] = acc;
       }
+      silu_inplace(act, CH);
+      for (int64_t ch = 0; ch < CH; ++ch) o[ch] += act[ch];
       const int64_t len = sp.pos0 + i + 1;
       if (len > sp.pos0 + sp.rows - layout_.slots) {
         float* dst = sp.seq->state(len) + layout_.ple_off[layer];

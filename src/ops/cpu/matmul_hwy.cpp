@@ -95,6 +95,17 @@ constexpr int kShortRowsOne = 8;
 #else
 constexpr int kShortRowsOne = kFusedRows<1>;
 #endif
+// Rows of at most kTinyKVectors vectors (the hyper-connection mixers' low-rank up projections, K = 16; small
+// experts' down projections, K = 32..64) take TinyKCols: a fused tile there spends nearly all its time on its
+// own setup and lane reduction, not on multiply-adds.
+constexpr int64_t kTinyKVectors = 4;
+#if HWY_TARGET == HWY_SCALAR
+constexpr int kTinyRows = 4;
+#elif HWY_TARGET <= HWY_AVX3
+constexpr int kTinyRows = 16;  // ReduceMany's group: 16 accumulators share one transpose
+#else
+constexpr int kTinyRows = 8;
+#endif
 
 // Decode two weight vectors per step in the fused tiles (FP8: one double-width integer stage). On AVX-512
 // for every weight type; on AVX2 (16 registers) for FP8 only, whose decode is most of the work there: one
@@ -437,6 +448,73 @@ void FusedCols(const Job& job, const float* xt) {
   for (; n < job.n1; ++n) group(n, 0, std::integral_constant<int, 1>());
 }
 
+// ---- tiny K: rows of at most kTinyKVectors vectors ------------------------------------------------------
+
+// M <= kFusedMaxM, K <= kTinyKVectors · Lanes, unscaled decoders. Each group of kTinyRows weight rows is
+// decoded once into an L1 buffer; every x row then runs the group's chains from there and reduces them
+// together. The chain of each output is FusedTile's: lane j sums fma(x[k], w[k]) over k ≡ j (mod Lanes),
+// ascending, from zero, the k tail as one zero-padded vector (x's from xt, as the fused tiles read it),
+// then ReduceMany and the bias.
+template <class Dec, int NV>  // NV = ceil(K / Lanes): whole groups stay in registers
+void TinyKColsN(const Job& job, const float* xt) {
+  static_assert(!Dec::kScaled);
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const Weight& w = *job.w;
+  const int64_t K = w.K, Kfull = K - K % N;
+  const VF one = hn::Set(d, 1.0f);
+  HWY_ALIGN float buf[kTinyRows * NV * kMaxLanes];
+  float res[kTinyRows];
+  const float* bias = w.bias;
+  for (int64_t n = job.n0; n < job.n1; n += kTinyRows) {
+    const int g = static_cast<int>(std::min<int64_t>(kTinyRows, job.n1 - n));
+    for (int r = 0; r < g; ++r) {
+      const typename Dec::T* row = RowPtr<Dec>(w, n + r);
+      float* dst = buf + r * NV * N;
+      for (int v = 0; v < NV; ++v)
+        hn::Store(v * N < Kfull ? Dec::Load(d, row + v * N, one) : LoadTail<Dec>(d, row + Kfull, K - Kfull, one), d,
+                  dst + v * N);
+    }
+    for (int64_t m = 0; m < job.M; ++m) {
+      const float* x = job.x + m * job.x_stride;
+      VF xv[NV];
+      for (int v = 0; v < NV; ++v) xv[v] = v * N < Kfull ? hn::LoadU(d, x + v * N) : hn::Load(d, xt + m * kMaxLanes);
+      VF acc[kTinyRows];
+      for (int r = 0; r < kTinyRows; ++r) {  // (rows past g: zero weights, never stored)
+        const float* wr = buf + r * NV * N;
+        VF a = r < g ? Fma(xv[0], hn::Load(d, wr), hn::Zero(d)) : hn::Zero(d);
+        for (int v = 1; v < NV; ++v)
+          if (r < g) a = Fma(xv[v], hn::Load(d, wr + v * N), a);
+        acc[r] = a;
+      }
+      float* y = job.y + m * job.y_stride + n;
+      if (bias) {
+        ReduceMany(acc, g, res);
+        for (int r = 0; r < g; ++r) y[r] = res[r] + bias[n + r];
+      } else {
+        ReduceMany(acc, g, y);
+      }
+    }
+  }
+}
+
+template <class Dec>
+void TinyKCols(const Job& job, const float* xt) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  static_assert(kTinyKVectors == 4);
+  switch ((job.w->K + N - 1) / N) {
+    case 1:
+      return TinyKColsN<Dec, 1>(job, xt);
+    case 2:
+      return TinyKColsN<Dec, 2>(job, xt);
+    case 3:
+      return TinyKColsN<Dec, 3>(job, xt);
+    default:
+      return TinyKColsN<Dec, 4>(job, xt);
+  }
+}
+
 // ---- panel tiles: TT x rows by RR fp32 weight rows, accumulators in memory ----------------------------
 
 // Adds nvec vectors of (x row t) · (weight row r) into acc + (t * acc_stride + r) * Lanes.
@@ -718,6 +796,8 @@ void ColsFor(const Job& job) {
     HWY_ALIGN float xt[kFusedMaxM * kMaxLanes] = {};
     if (Kfull < K)
       for (int64_t m = 0; m < job.M; ++m) std::copy_n(job.x + m * job.x_stride + Kfull, K - Kfull, xt + m * kMaxLanes);
+    if constexpr (!Dec::kScaled)
+      if (K <= kTinyKVectors * N) return TinyKCols<Dec>(job, xt);
     const int64_t tiles = FusedTiles(job.M);
     switch ((job.M + tiles - 1) / tiles) {  // rows of the largest x tile
       case 1:

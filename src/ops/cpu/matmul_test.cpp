@@ -435,6 +435,14 @@ const Case kKernelCases[] = {
     {"fp8_block100_table", DType::F8_E4M3, DType::BF16, 150, 300, 100},
     {"fp8_streamed", DType::F8_E4M3, DType::F32, 1000, 1100, 128},
     {"fp8_streamed_e8m0", DType::F8_E4M3, DType::F8_E8M0, 520, 2048, 128},
+    // Rows of a few vectors (the tiny-K route: mixers' low-rank projections, small experts' down
+    // projections), with and without a k tail on each target, and row counts that leave partial row groups.
+    {"bf16_k16", DType::BF16, DType::F32, 72, 16, 128},
+    {"f32_k24", DType::F32, DType::F32, 40, 24, 128},
+    {"bf16_k40", DType::BF16, DType::F32, 50, 40, 128},
+    {"f16_k48", DType::F16, DType::F32, 33, 48, 128},
+    {"fp8_k32", DType::F8_E4M3, DType::F32, 70, 32, 128},
+    {"fp8_k64_e8m0", DType::F8_E4M3, DType::F8_E8M0, 130, 64, 128},
 };
 
 constexpr int64_t kKernelMs[] = {1, 3, 5, 6, 7, 16, 33};

@@ -321,6 +321,43 @@ int64_t TopkAscending(const float* x, int64_t n, int64_t k, int32_t* out, float*
   return m;
 }
 
+// One token of the gated delta rule on a head's state S [dk, dv] (row a: key element a; columns: value
+// elements): S <- S · decay; u = beta · (v - Sᵀk); S <- S + k ⊗ u; o = Sᵀq. Columns are independent: each
+// chunk of Lanes columns runs both passes over the rows (a ascending, one rounding per multiply-add), so a
+// column's value does not depend on the chunk it falls in, nor on dv.
+void GatedDeltaStep(float* S, int64_t dk, int64_t dv, const float* q, const float* k, const float* v, float decay,
+                    float beta, float* o) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vdecay = hn::Set(d, decay), vbeta = hn::Set(d, beta);
+  for (int64_t e = 0; e < dv; e += N) {
+    const int64_t w = std::min(N, dv - e);
+    auto load = [&](const float* p) { return w == N ? hn::LoadU(d, p) : LoadTail(d, p, w, 0.0f); };
+    auto store = [&](VF x, float* p) {
+      if (w == N)
+        hn::StoreU(x, d, p);
+      else
+        StoreTail(d, x, w, p);
+    };
+    VF kv = hn::Zero(d);
+    for (int64_t a = 0; a < dk; ++a) {
+      float* row = S + a * dv + e;
+      const VF sa = hn::Mul(load(row), vdecay);
+      store(sa, row);
+      kv = Fma(sa, hn::Set(d, k[a]), kv);
+    }
+    const VF u = hn::Mul(hn::Sub(load(v + e), kv), vbeta);
+    VF out = hn::Zero(d);
+    for (int64_t a = 0; a < dk; ++a) {
+      float* row = S + a * dv + e;
+      const VF sa = Fma(hn::Set(d, k[a]), u, load(row));
+      store(sa, row);
+      out = Fma(sa, hn::Set(d, q[a]), out);
+    }
+    store(out, o + e);
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace nextn::nn_kernels
 HWY_AFTER_NAMESPACE();
@@ -334,6 +371,7 @@ HWY_EXPORT(WeightedRowSum);
 HWY_EXPORT(GatheredDots);
 HWY_EXPORT(Swiglu);
 HWY_EXPORT(MulSigmoid);
+HWY_EXPORT(GatedDeltaStep);
 HWY_EXPORT(TopkAscending);
 
 // NEXTN_CPU_TARGET is applied before main (also when these kernels are linked without the matmul ones).
@@ -369,6 +407,11 @@ void swiglu(const float* gate, const float* up, int64_t n, float limit, float* o
 void mul_sigmoid(const float* x, const float* g, int64_t n, float* out) {
   using namespace nn_kernels;
   HWY_DYNAMIC_DISPATCH(MulSigmoid)(x, g, n, out);
+}
+void gated_delta_step(float* state, int64_t dk, int64_t dv, const float* q, const float* k, const float* v,
+                      float decay, float beta, float* out) {
+  using namespace nn_kernels;
+  if (dk > 0 && dv > 0) HWY_DYNAMIC_DISPATCH(GatedDeltaStep)(state, dk, dv, q, k, v, decay, beta, out);
 }
 int64_t topk_ascending(const float* x, int64_t n, int64_t k, int32_t* out, float* scratch) {
   using namespace nn_kernels;

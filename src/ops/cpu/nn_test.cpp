@@ -133,6 +133,40 @@ TEST(NnKernels, ActivationsMatchReferenceOnEveryTarget) {
   }
 }
 
+// The gated delta rule's step against a double-precision reference, for value widths with and without a
+// vector tail; a value column's result is the same whether its neighbours are computed or not.
+TEST(NnKernels, GatedDeltaStepMatchesReferenceOnEveryTarget) {
+  const int64_t dk = 24;
+  for (int64_t dv : {int64_t(32), int64_t(19), int64_t(128)}) {
+    const std::vector<float> s0 = randn(dk * dv, 31, 0.5f), q = randn(dk, 32), k = randn(dk, 33), v = randn(dv, 34);
+    const float decay = 0.93f, beta = 0.61f;
+    std::vector<double> ws(s0.begin(), s0.end()), want_o(dv, 0.0), u(dv, 0.0);
+    for (double& x : ws) x *= decay;
+    for (int64_t e = 0; e < dv; ++e) {
+      for (int64_t a = 0; a < dk; ++a) u[e] += ws[a * dv + e] * k[a];
+      u[e] = beta * (v[e] - u[e]);
+    }
+    for (int64_t a = 0; a < dk; ++a)
+      for (int64_t e = 0; e < dv; ++e) ws[a * dv + e] += double(k[a]) * u[e];
+    for (int64_t a = 0; a < dk; ++a)
+      for (int64_t e = 0; e < dv; ++e) want_o[e] += ws[a * dv + e] * q[a];
+    for (int64_t target : kernel_targets()) {
+      ForceTarget force(target);
+      std::vector<float> st = s0, o(dv);
+      ops::gated_delta_step(st.data(), dk, dv, q.data(), k.data(), v.data(), decay, beta, o.data());
+      const std::string what = name(target) + " dv " + std::to_string(dv);
+      expect_close(o, want_o, 1e-5, what + " output");
+      expect_close(st, ws, 1e-5, what + " state");
+      if (dv != 32) continue;
+      // The first 19 columns alone (a narrower state with the same rows) give the same bits.
+      std::vector<float> narrow(dk * 19), o19(19);
+      for (int64_t a = 0; a < dk; ++a) std::copy_n(s0.data() + a * dv, 19, narrow.data() + a * 19);
+      ops::gated_delta_step(narrow.data(), dk, 19, q.data(), k.data(), v.data(), decay, beta, o19.data());
+      for (int64_t e = 0; e < 19; ++e) ASSERT_EQ(o19[e], o[e]) << what << " column " << e;
+    }
+  }
+}
+
 // Scores over selected rows read in place: bit-identical to ops::matmul over the same rows gathered (the
 // attention used to gather them), and the indexed value sum to the plain one over gathered rows.
 TEST(NnKernels, GatheredDotsEqualMatmulOverGatheredRows) {

@@ -69,9 +69,10 @@ HWY_INLINE void ReduceMany(const VF* acc, int n, float* out) {
       const __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
       t[q] = _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xDD));
     }
-    alignas(64) float lanes[16];  // block k, lane j: accumulator 4j + k
-    _mm512_store_ps(lanes, SumBlocksOf4(VF{t[0]}, VF{t[1]}, VF{t[2]}, VF{t[3]}).raw);
-    for (int i = 0; i < m; ++i) out[g0 + i] = lanes[4 * (i % 4) + i / 4];
+    // block k, lane j holds accumulator 4j + k: lane 4 (i % 4) + i / 4 goes to out[i], stored in one go
+    const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    const __m512 sums = _mm512_permutexvar_ps(order, SumBlocksOf4(VF{t[0]}, VF{t[1]}, VF{t[2]}, VF{t[3]}).raw);
+    _mm512_mask_storeu_ps(out + g0, static_cast<__mmask16>((1u << m) - 1), sums);
   }
 #elif HWY_TARGET == HWY_AVX2
   const __m256 z = _mm256_setzero_ps();
@@ -82,9 +83,16 @@ HWY_INLINE void ReduceMany(const VF* acc, int n, float* out) {
       const __m256 a = 2 * p < m ? acc[g0 + 2 * p].raw : z, b = 2 * p + 1 < m ? acc[g0 + 2 * p + 1].raw : z;
       t[p] = 2 * p < m ? _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31)) : z;
     }
-    alignas(32) float lanes[8];  // block k, lane j: accumulator 2j + k
-    _mm256_store_ps(lanes, SumBlocksOf4(VF{t[0]}, VF{t[1]}, VF{t[2]}, VF{t[3]}).raw);
-    for (int i = 0; i < m; ++i) out[g0 + i] = lanes[4 * (i % 2) + i / 2];
+    // block k, lane j holds accumulator 2j + k: lane 4 (i % 2) + i / 2 goes to out[i]
+    const __m256 sums = _mm256_permutevar8x32_ps(SumBlocksOf4(VF{t[0]}, VF{t[1]}, VF{t[2]}, VF{t[3]}).raw,
+                                                 _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    if (m == 8) {
+      _mm256_storeu_ps(out + g0, sums);
+    } else {
+      alignas(32) float lanes[8];
+      _mm256_store_ps(lanes, sums);
+      for (int i = 0; i < m; ++i) out[g0 + i] = lanes[i];
+    }
   }
 #else
   const hn::ScalableTag<float> d;
