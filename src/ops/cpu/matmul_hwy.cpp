@@ -796,8 +796,10 @@ void ColsFor(const Job& job) {
     HWY_ALIGN float xt[kFusedMaxM * kMaxLanes] = {};
     if (Kfull < K)
       for (int64_t m = 0; m < job.M; ++m) std::copy_n(job.x + m * job.x_stride + Kfull, K - Kfull, xt + m * kMaxLanes);
+    // (one x row with 3-4 vectors a row: the buffer's round trip costs what the reductions save, measured
+    // on AVX2; the fused tile keeps the weights in registers)
     if constexpr (!Dec::kScaled)
-      if (K <= kTinyKVectors * N) return TinyKCols<Dec>(job, xt);
+      if (K <= (job.M > 1 ? kTinyKVectors : 2) * N) return TinyKCols<Dec>(job, xt);
     const int64_t tiles = FusedTiles(job.M);
     switch ((job.M + tiles - 1) / tiles) {  // rows of the largest x tile
       case 1:
