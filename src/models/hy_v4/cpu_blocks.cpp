@@ -640,22 +640,16 @@ size_t HYV4CpuBlocks::ffn(const FfnWeights& F) {
   const int64_t I = c.moe_intermediate_size;
   float* shared_out = ws_.shared_out.data();  // [S, H]
   // Job j < njobs is routed expert jobs[j].expert on its gathered rows; job njobs, if any, the shared expert
-  // on all S rows. A job's cost, in multiply-add units: its weights are decoded once whatever its rows (an
-  // e4m3 weight costs about four rows' multiply-adds to decode, a bf16 one about one), then each row
-  // multiplies them.
+  // on all S rows (models/common/expert_jobs.h).
   ExpertJob* jobs = ws_.expert_jobs.data();
-  auto job_cost = [](const Linear& g, const Linear& u, const Linear& d, int64_t rows) {
-    const int64_t decode = g.dtype == DType::F8_E4M3 ? 4 : g.dtype == DType::F32 ? 0 : 1;
-    return (g.out * g.in + u.out * u.in + d.out * d.in) * (decode + rows);
-  };
   for (int64_t j = 0; j < njobs; ++j) {
     const int32_t e = jobs[j].expert;
     const Linear &g = F.expert_gate[e], &u = F.expert_up[e], &d = F.expert_down[e];
     routed_bytes += swiglu_bytes(g, u, d);
-    jobs[j].cost = job_cost(g, u, d, jobs[j].rows);
+    jobs[j].cost = swiglu_job_cost(g, u, d, jobs[j].rows);
   }
   const int64_t n_all = njobs + (F.has_shared ? 1 : 0);
-  if (F.has_shared) jobs[njobs] = {-1, 0, S, job_cost(F.gate_proj, F.up_proj, F.down_proj, S)};
+  if (F.has_shared) jobs[njobs] = {-1, 0, S, swiglu_job_cost(F.gate_proj, F.up_proj, F.down_proj, S)};
   int64_t total_cost = 0;
   for (int64_t j = 0; j < n_all; ++j) total_cost += jobs[j].cost;
   const int64_t scratch_floats = static_cast<int64_t>(ws_.expert_scratch.size()) / std::max(1, threads);
@@ -732,24 +726,8 @@ size_t HYV4CpuBlocks::ffn(const FfnWeights& F) {
             ops::matmul(nullptr, q.act, q.rows, q.d->rows(h0, h1 - h0), q.dst + h0, q.I, H);
           });
   } else if (parallel) {
-    // At least as many jobs as threads: whole jobs per thread, longest first onto the least-loaded thread
-    // (deterministic; which thread runs a job never changes its values), one hand-off.
-    int32_t by_cost[1025], owner[1025];  // (n_jobs <= E + 1 <= 1025, so threads <= 1025 here)
-    int64_t load[1025] = {};
-    for (int64_t j = 0; j < n_jobs; ++j) by_cost[j] = static_cast<int32_t>(j);
-    std::sort(by_cost, by_cost + n_jobs, [&](int32_t p, int32_t q) {
-      return jobs[p].cost != jobs[q].cost ? jobs[p].cost > jobs[q].cost : p < q;
-    });
-    for (int64_t i = 0; i < n_jobs; ++i) {
-      const int32_t j = by_cost[i];
-      owner[j] = static_cast<int32_t>(std::min_element(load, load + threads) - load);
-      load[owner[j]] += jobs[j].cost;
-    }
-    parallel_for(pool_, threads, 1, [&](int64_t t0, int64_t t1, int tid) {
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t j = 0; j < n_jobs; ++j)
-          if (owner[j] == t) run_job(jobs[j], tid);
-    });
+    // At least as many jobs as threads: whole jobs per thread (expert_jobs.h), one hand-off.
+    run_expert_jobs(*pool_, jobs, n_jobs, run_job);
   } else {
     for (int64_t j = 0; j < njobs; ++j) {
       const ExpertJob& job = ws_.expert_jobs[j];

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "models/common/expert_jobs.h"
 #include "models/common/tensor_parallel_rank.h"
 #include "models/hy_v4/blocks.h"
 #include "models/hy_v4/config.h"
@@ -13,12 +14,6 @@
 namespace nextn {
 
 class ThreadPool;
-
-struct ExpertJob {
-  int32_t expert = 0;           // routed expert id, or -1 for the shared expert (all S rows of x)
-  int64_t first = 0, rows = 0;  // rows [first, first + rows) of the gathered tokens
-  int64_t cost = 0;             // decode + multiply-add work: what balancing the threads goes by
-};
 
 // Reusable activation buffers for up to `rows` tokens per forward: sized once, grown only when a
 // larger batch arrives, so the decode loop never allocates; 64-byte aligned, so that the kernels read

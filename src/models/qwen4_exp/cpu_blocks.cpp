@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/profile.h"
 #include "core/threadpool.h"
+#include "models/common/expert_jobs.h"
 #include "models/common/mlp_bytes.h"
 #include "models/common/row_spans.h"
 #include "models/qwen4_exp/model.h"
@@ -224,7 +225,6 @@ void Qwen4CpuBlocks::ensure_rows(int64_t S) {
   grow(b_.iq, S * idim);
   grow(b_.router, S * c.num_experts);
   grow(b_.eh, S * H);
-  grow(b_.ew, S * 2 * c.moe_intermediate_size);
   grow(b_.eo, S * H);
   grow(b_.shared, S * H);
   grow(b_.sgate, S);
@@ -233,7 +233,14 @@ void Qwen4CpuBlocks::ensure_rows(int64_t S) {
   grow(b_.rope1, c.rope.dim);
   grow(b_.expert_ids, S * c.num_experts_per_tok);
   grow(b_.expert_w, S * c.num_experts_per_tok);
-  grow(b_.expert_rows, S);
+  grow(b_.expert_rows, S * c.num_experts_per_tok);
+  grow(b_.gathered, S * c.num_experts_per_tok * H);
+  grow(b_.expert_out, S * c.num_experts_per_tok * H);
+  grow(b_.jobs, c.num_experts + 1);
+  // per thread: the largest job's gate and up activations (an expert's rows, or the shared expert's S)
+  b_.expert_act_floats = std::max(b_.expert_act_floats,
+                                  S * 2 * std::max(c.moe_intermediate_size, c.shared_expert_intermediate_size));
+  grow(b_.expert_act, (pool_ ? pool_->size() : 1) * b_.expert_act_floats);
   const int64_t window_rows = std::max<int64_t>(c.linear_conv_kernel_dim - 1, c.ple_conv_state_rows()) + S;
   grow(b_.window, window_rows * std::max(c.conv_dim(), CH));
   grow(tokens_, S);
@@ -559,10 +566,12 @@ void Qwen4CpuBlocks::qsa(const QsaWeights& a, size_t cache_layer, const float* x
 
 // MoE: softmax router over all experts, the top k (renormalized when norm_topk_prob), each expert run over the
 // rows that chose it, summed per row in ascending expert order; plus the shared expert scaled by
-// sigmoid(shared_expert_gate(x)).
+// sigmoid(shared_expert_gate(x)). The experts (and the shared one) run as whole jobs spread over the threads
+// (models/common/expert_jobs.h): a verify's extra rows route to extra experts, which then run side by side.
 void Qwen4CpuBlocks::moe(const MoeWeights& m, const float* x, int64_t S, float* y) {
   const Qwen4ExpConfig& c = cfg_;
   const int64_t H = c.hidden_size, E = c.num_experts, topk = c.num_experts_per_tok, I = c.moe_intermediate_size;
+  const int64_t Is = c.shared_expert_intermediate_size;
   float* logits = b_.router.data();
   ops::matmul(pool_, x, S, m.router, logits);  // [S, E]
   int32_t* ids = b_.expert_ids.data();
@@ -576,42 +585,67 @@ void Qwen4CpuBlocks::moe(const MoeWeights& m, const float* x, int64_t S, float* 
     for (int64_t j = 0; j < topk; ++j) sum += p[ids[s * topk + j]];
     for (int64_t j = 0; j < topk; ++j) wts[s * topk + j] = c.norm_topk_prob ? p[ids[s * topk + j]] / sum : p[ids[s * topk + j]];
   }
-  std::fill(y, y + S * H, 0.0f);
-  float* xe = b_.eh.data();
-  float* gu = b_.ew.data();
-  float* eo = b_.eo.data();
-  int32_t* rows = b_.expert_rows.data();
+  // Each used expert's rows gathered (experts ascending, rows grouped by expert): one job per expert, and one
+  // for the shared expert over all rows (none on a tensor-parallel rank without its features).
+  float* gathered = b_.gathered.data();    // [n, H]
+  float* expert_out = b_.expert_out.data();  // [n, H]
+  int32_t* rows = b_.expert_rows.data();     // [n] the (row, choice) slot of each gathered row
+  ExpertJob* jobs = b_.jobs.data();
+  int64_t n = 0, njobs = 0;
   for (int64_t e = 0; e < E; ++e) {
     if (m.gate[e].out == 0) continue;  // another tensor-parallel rank's expert
-    int64_t n = 0;
+    const int64_t first = n;
     for (int64_t s = 0; s < S; ++s)
       for (int64_t j = 0; j < topk; ++j)
-        if (ids[s * topk + j] == e) rows[n++] = static_cast<int32_t>(s * topk + j);
-    if (n == 0) continue;
+        if (ids[s * topk + j] == e) {
+          rows[n] = static_cast<int32_t>(s * topk + j);
+          std::copy(x + s * H, x + (s + 1) * H, gathered + n * H);
+          ++n;
+        }
+    if (n == first) continue;
     routed_bytes_ += swiglu_bytes(m.gate[e], m.up[e], m.down[e]);
-    for (int64_t r = 0; r < n; ++r) std::copy(x + (rows[r] / topk) * H, x + (rows[r] / topk + 1) * H, xe + r * H);
-    const ops::MatmulOut o2[] = {{&m.gate[e], gu, 2 * I}, {&m.up[e], gu + I, 2 * I}};
-    ops::matmul_many(pool_, xe, n, o2, 2);
-    for (int64_t r = 0; r < n; ++r) ops::swiglu(gu + r * 2 * I, gu + r * 2 * I + I, I, 0.0f, gu + r * 2 * I);
-    ops::matmul(pool_, gu, n, m.down[e], eo, 2 * I);
-    for (int64_t r = 0; r < n; ++r) {
-      const float w = wts[rows[r]];
-      float* dst = y + (rows[r] / topk) * H;
-      for (int64_t h = 0; h < H; ++h) dst[h] += eo[r * H + h] * w;
-    }
+    jobs[njobs++] = {static_cast<int32_t>(e), first, n - first, swiglu_job_cost(m.gate[e], m.up[e], m.down[e], n - first)};
   }
-  // Shared expert (none on a tensor-parallel rank without its features).
-  const int64_t Is = c.shared_expert_intermediate_size;
-  if (m.shared_gate.out == 0) return;
-  float* sgu = b_.wide.data();
-  float* sg = b_.sgate.data();
-  const ops::MatmulOut o3[] = {{&m.shared_gate, sgu, 2 * Is}, {&m.shared_up, sgu + Is, 2 * Is}, {&m.shared_expert_gate, sg, 1}};
-  ops::matmul_many(pool_, x, S, o3, 3);
-  for (int64_t s = 0; s < S; ++s) ops::swiglu(sgu + s * 2 * Is, sgu + s * 2 * Is + Is, Is, 0.0f, sgu + s * 2 * Is);
-  float* sh = b_.shared.data();
-  ops::matmul(pool_, sgu, S, m.shared_down, sh, 2 * Is);
+  const bool has_shared = m.shared_gate.out > 0;
+  const int64_t n_all = njobs + (has_shared ? 1 : 0);
+  if (has_shared) jobs[njobs] = {-1, 0, S, swiglu_job_cost(m.shared_gate, m.shared_up, m.shared_down, S)};
+  int64_t total = 0;
+  for (int64_t j = 0; j < n_all; ++j) total += jobs[j].cost;
+  const int64_t act_floats = b_.expert_act_floats;
+  // A job on thread `thread`, its matmuls split over `inner` (null: on that thread alone).
+  auto run_job = [&](const ExpertJob& job, int thread, ThreadPool* inner) {
+    float* act = b_.expert_act.data() + int64_t(thread) * act_floats;
+    if (job.expert < 0) {
+      float* sgu = act;  // [S, 2 Is]: gate, then up
+      const ops::MatmulOut o3[] = {
+          {&m.shared_gate, sgu, 2 * Is}, {&m.shared_up, sgu + Is, 2 * Is}, {&m.shared_expert_gate, b_.sgate.data(), 1}};
+      ops::matmul_many(inner, x, S, o3, 3);
+      for (int64_t s = 0; s < S; ++s) ops::swiglu(sgu + s * 2 * Is, sgu + s * 2 * Is + Is, Is, 0.0f, sgu + s * 2 * Is);
+      ops::matmul(inner, sgu, S, m.shared_down, b_.shared.data(), 2 * Is);
+      return;
+    }
+    const int64_t e = job.expert;
+    float* gu = act;  // [rows, 2 I]: gate, then up
+    const ops::MatmulOut o2[] = {{&m.gate[e], gu, 2 * I}, {&m.up[e], gu + I, 2 * I}};
+    ops::matmul_many(inner, gathered + job.first * H, job.rows, o2, 2);
+    for (int64_t r = 0; r < job.rows; ++r) ops::swiglu(gu + r * 2 * I, gu + r * 2 * I + I, I, 0.0f, gu + r * 2 * I);
+    ops::matmul(inner, gu, job.rows, m.down[e], expert_out + job.first * H, 2 * I);
+  };
+  ThreadPool* pool = pool_for(total);
+  if (pool && n_all >= pool->size() && n_all <= kMaxExpertJobs)
+    run_expert_jobs(*pool, jobs, n_all, [&](const ExpertJob& job, int thread) { run_job(job, thread, nullptr); });
+  else  // fewer jobs than threads (or tiny ones): one after the other, each one's matmuls split if worth it
+    for (int64_t j = 0; j < n_all; ++j) run_job(jobs[j], 0, pool_);
+  std::fill(y, y + S * H, 0.0f);
+  for (int64_t r = 0; r < n; ++r) {  // rows are in ascending expert order
+    const float w = wts[rows[r]];
+    float* dst = y + (rows[r] / topk) * H;
+    for (int64_t h = 0; h < H; ++h) dst[h] += expert_out[r * H + h] * w;
+  }
+  if (!has_shared) return;
+  const float* sh = b_.shared.data();
   for (int64_t s = 0; s < S; ++s) {
-    const float gate = ops::sigmoid(sg[s]);
+    const float gate = ops::sigmoid(b_.sgate[s]);
     for (int64_t h = 0; h < H; ++h) y[s * H + h] += gate * sh[s * H + h];
   }
 }

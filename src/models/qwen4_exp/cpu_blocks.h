@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/aligned.h"
+#include "models/common/expert_jobs.h"
 #include "models/common/tensor_parallel_rank.h"
 #include "models/qwen4_exp/blocks.h"
 #include "models/qwen4_exp/config.h"
@@ -66,7 +67,11 @@ class Qwen4CpuBlocks final : public Qwen4ExpBlocks {
     AlignedFloats X, Xn, x, y, inj, mid, wide, wide2, rows_out;  // [S, C·H] / [S, H] / [S, rank] ...
     AlignedFloats qkv, z, ab, conv, core;                         // GDN: [S, conv_dim], [S, Vd], [S, 2nv], ...
     AlignedFloats q, k, v, iq, attn;                              // QSA projections and head outputs
-    AlignedFloats router, eh, ew, eo, shared, sgate;              // MoE
+    AlignedFloats router, eh, eo, shared, sgate;                  // MoE (eh, eo: also MTP input, PLE)
+    AlignedFloats gathered, expert_out;                           // [S·k, H] rows grouped by expert, outputs
+    AlignedFloats expert_act;                                     // [threads, expert_act_floats] job scratch
+    int64_t expert_act_floats = 0;
+    std::vector<ExpertJob> jobs;                                  // [E + 1]
     AlignedFloats emb, window;                                    // PLE embeddings, conv windows
     AlignedFloats expert_w, rope, rope1;                          // [S, k], [S, rope dim], [rope dim]
     std::vector<int32_t> expert_ids, expert_rows;
