@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The GPU checks the CUDA backends still owe (P11), in one device call. Here, first:
+#   bash tools/device/pack_cpu_binaries.sh && rm -f devrun/nextn_bench_* && strip devrun/nextn*
+#   tar -cf - devrun | xz --x86 --lzma2=preset=6 -T1 > devrun.tar.xz
+# then on the device machine (run's carry: ["devrun.tar.xz"]):
+#   tar -xJf devrun.tar.xz && bash tools/device/gpu_checks.sh [tests|sanitizer|bench|parity ...]
+# (no argument: all four, in that order). Output goes to stdout and, per step, to $OUT/gpu_checks/*.log.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+run=${NEXTN_RUN:-devrun/run}  # (NEXTN_RUN: another launcher, e.g. to try the script on a CPU build)
+logs=${OUT:-/tmp}/gpu_checks
+mkdir -p "$logs"
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitizer bench parity)
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+
+# The bundled models without tokenizer.json (the packed ICU is a stub: bench and id prompts never tokenize).
+models=/tmp/gpu_check_models
+mkdir -p "$models"
+for m in nextn-hy4-tiny nextn-qwen4exp-tiny; do
+  [ -d "$models/$m" ] || { cp -r "models/$m" "$models/$m" && rm -f "$models/$m/tokenizer.json"; }
+done
+
+for step in "${steps[@]}"; do
+  echo "=== $step"
+  case $step in
+    tests)  # every GPU test, and the engine tests that run on the GPU when there is one
+      $run nextn_tests --gtest_filter='*Cuda*:EngineBatching.*:CrossSequence.*:HYV4*:Generate*:KTuner*:EngineTuner.*' \
+        > "$logs/tests.log" 2>&1
+      grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \]|tests ran' "$logs/tests.log" | head -60
+      ;;
+    sanitizer)  # out-of-bounds and uninitialized device memory in Qwen4-Exp's backend (the newest)
+      san=$(ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+      if [ -z "$san" ]; then echo "no compute-sanitizer"; continue; fi
+      "$san" --tool memcheck --print-limit 5 $run nextn_tests \
+        --gtest_filter='CudaQwen4Exp.*tiny*:CudaRecurrent.*:CudaSparseAttention.*:CudaMixers.*' > "$logs/sanitizer.log" 2>&1
+      grep -E 'ERROR SUMMARY|PASSED|FAILED|Invalid' "$logs/sanitizer.log" | head -20
+      ;;
+    bench)  # both bundled models on the GPU, 1-64 sequences, plain and speculative
+      for m in nextn-qwen4exp-tiny nextn-hy4-tiny; do
+        $run nextn bench --device cuda --model "$models/$m" --tokens 96 --concurrency 1,8,32,64 --repeats 1 \
+          > "$logs/bench_$m.log" 2>&1
+        grep -E '^machine|^decode|verify cost|k=[1-4]|tuned|^ +(1|8|32|64) ' "$logs/bench_$m.log" | cut -c1-160
+      done
+      ;;
+    parity)  # the same ids on CPU and GPU: target and MTP-layer-0 logits side by side (nextn logits --draft)
+      ids=1,17,42,99,123,7,300,511,64,2000,5,77,1024,256,33,8,250,3,901,12
+      for m in nextn-qwen4exp-tiny nextn-hy4-tiny; do
+        for dev in cpu cuda; do
+          $run nextn logits --device "$dev" --model "$models/$m" --ids "$ids" --draft \
+            --output "$logs/logits_${m}_$dev.safetensors" > "$logs/logits_${m}_$dev.log" 2>&1 ||
+            tail -3 "$logs/logits_${m}_$dev.log"
+        done
+        python3 - "$logs/logits_${m}_cpu.safetensors" "$logs/logits_${m}_cuda.safetensors" "$m" <<'PY' || true
+import array, json, struct, sys
+def tensors(path):  # name -> (shape, flat floats)
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    out = {}
+    for name, t in json.loads(raw[8:8 + n]).items():
+        if name != "__metadata__":
+            b, e = t["data_offsets"]
+            out[name] = (t["shape"], array.array("f", raw[8 + n + b:8 + n + e]))
+    return out
+def argmax_rows(shape, v):
+    w = shape[-1]
+    return [max(range(w), key=lambda j: v[r * w + j]) for r in range(len(v) // w)]
+a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
+for name in sorted(a):
+    (shape, x), (_, y) = a[name], b[name]
+    rel = max(abs(p - q) for p, q in zip(x, y)) / max(1e-6, max(abs(p) for p in x))
+    same = argmax_rows(shape, x) == argmax_rows(shape, y)
+    print(f"{sys.argv[3]} {name} {shape}: max |cpu - cuda| / max|cpu| = {rel:.2e},",
+          "argmax equal" if same else "ARGMAX DIFFERS")
+PY
+      done
+      ;;
+    *) echo "unknown step $step (tests, sanitizer, bench, parity)" ;;
+  esac
+done
