@@ -159,6 +159,17 @@ TEST(Cli, GreedyTunesKUnlessKIsGiven) {
   EXPECT_TRUE(nlohmann::json::parse(fixed.out)["stats"]["rounds_at_k"].empty());
 }
 
+// A random-weight fixture's drafts are never accepted: a round at k > 0 yields one token for more time than a
+// plain step, so the tuner keeps plain decoding and the stats say so.
+TEST(Cli, StatsSayWhenTheTunerKeptPlainDecoding) {
+  testing::Reference ref(kFixture);
+  auto ids = ref.ids("input_ids");
+  auto r = nextn("generate --model " + kFixture + " --ids " + ids_arg(ids) + " -n 48 --ignore-eos");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("plain decoding for "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("the tuner kept it off"), std::string::npos) << r.err;
+}
+
 TEST(Cli, LoadErrorsExitOneAndNameThePath) {
   auto r = nextn("generate --model /nonexistent/model --ids 1,2");
   EXPECT_EQ(r.status, 1);

@@ -182,8 +182,16 @@ void print_stats(const SpecStats& s, bool speculated, int threads) {
   std::fprintf(stderr, "per-position acceptance:");
   for (double a : s.per_position_acceptance()) std::fprintf(stderr, " %.3f", a);
   std::fprintf(stderr, "\n");
-  if (!s.rounds_at_k.empty())
+  if (!s.rounds_at_k.empty()) {
     std::fprintf(stderr, "steps per k (k tuned by measured speed; 0 = plain):%s\n", s.rounds_at_k_text().c_str());
+    int64_t steps = 0;
+    for (int64_t n : s.rounds_at_k) steps += n;
+    if (steps > 0 && 2 * s.rounds_at_k[0] > steps)
+      std::fprintf(stderr,
+                   "  (plain decoding for %lld of %lld steps: drafting measured no faster than it on this machine and "
+                   "model, so the tuner kept it off; the text is the same either way)\n",
+                   (long long)s.rounds_at_k[0], (long long)steps);
+  }
   if (s.decode_seconds > 0)
     std::fprintf(stderr, "decode time: %s\n", s.round_split_text().c_str());
 }
