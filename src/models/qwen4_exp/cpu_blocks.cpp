@@ -19,7 +19,6 @@ namespace nextn {
 
 namespace {
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
 float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }  // torch's threshold 20
 
 // Per-group RMSNorm: rows of `groups` × d, each group normalized on its own with its slice of `scale`.
@@ -279,8 +278,11 @@ void Qwen4CpuBlocks::gated_residual(const GatedResidualWeights& g, const float* 
   float* Xn = b_.Xn.data();
   grouped_norm(X, S, C, H, g.hc_norm.data(), eps, Xn);
   float* mid = b_.mid.data();
-  ops::matmul(pool_, Xn, S, g.mix_down, mid);  // [S, rank]
-  for (int64_t i = 0; i < S * r; ++i) mid[i] = silu(mid[i] / static_cast<float>(C));
+  // mid [S, rank] and the injection gates' logits [S, C] from the same normed streams, in one pass
+  const ops::MatmulOut down[] = {{&g.mix_down, mid, -1}, {&g.inject, inj_out, -1}};
+  ops::matmul_many(pool_, Xn, S, down, inj_out ? 2 : 1);
+  for (int64_t i = 0; i < S * r; ++i) mid[i] /= static_cast<float>(C);
+  silu_inplace(mid, S * r);
   float* wgt = b_.rows_out.data();
   ops::matmul(pool_, mid, S, g.mix_up, wgt);  // [S, C·H]
   // Each stream gated by the sigmoid of its weights (vectorized: S·C·H exponentials were a tenth of a step
@@ -296,7 +298,6 @@ void Qwen4CpuBlocks::gated_residual(const GatedResidualWeights& g, const float* 
     }
   }
   if (!inj_out) return;
-  ops::matmul(pool_, Xn, S, g.inject, inj_out);  // [S, C]
   for (int64_t i = 0; i < S * C; ++i) inj_out[i] = 2.0f * ops::sigmoid(inj_out[i] / static_cast<float>(C));
 }
 
