@@ -27,6 +27,18 @@ inline int64_t swiglu_job_cost(const Linear& gate, const Linear& up, const Linea
   return (gate.out * gate.in + up.out * up.in + down.out * down.in) * (decode + rows);
 }
 
+// A SwiGLU MLP over `rows` rows of `in`: gate / up into a / b ([rows, gate.out] each), a <- swiglu(a, b) (up
+// clamped to +-limit, gate capped at limit; no clamp when limit <= 0), then down into dst [rows, down.out].
+// pool: the matmuls split over it (null: on the calling thread).
+inline void swiglu_mlp(ThreadPool* pool, const Linear& gate, const Linear& up, const Linear& down, float limit,
+                       const float* in, int64_t rows, float* a, float* b, float* dst) {
+  const int64_t I = gate.out;
+  const ops::MatmulOut gu[2] = {{&gate, a}, {&up, b}};
+  ops::matmul_many(pool, in, rows, gu, 2);
+  for (int64_t r = 0; r < rows; ++r) ops::swiglu(a + r * I, b + r * I, I, limit, a + r * I);
+  ops::matmul(pool, a, rows, down, dst);
+}
+
 // Runs jobs [0, n) (n <= kMaxExpertJobs) on the pool's threads in one hand-off: whole jobs, longest first onto
 // the least-loaded thread (deterministic). run(const ExpertJob&, int thread) gets the running thread's index
 // for its scratch.

@@ -593,16 +593,7 @@ size_t HYV4CpuBlocks::ffn(const FfnWeights& F) {
   size_t routed_bytes = 0;
   const HYV4Config& c = cfg_;
   const int64_t H = c.hidden_size;
-  // SwiGLU MLP of `rows` rows: gate/up into a / b ([rows, I] each), then down into dst.
-  auto swiglu_mlp = [&](ThreadPool* pool, const Linear& g, const Linear& u, const Linear& d, float limit,
-                        const float* in, int64_t rows, float* a, float* b, float* dst) {
-    const int64_t I = g.out;
-    const ops::MatmulOut gu[2] = {{&g, a}, {&u, b}};
-    ops::matmul_many(pool, in, rows, gu, 2);
-    for (int64_t r = 0; r < rows; ++r) ops::swiglu(a + r * I, b + r * I, I, limit, a + r * I);
-    ops::matmul(pool, a, rows, d, dst);
-  };
-  // ... on all threads, with the workspace's buffers
+  // A SwiGLU MLP (expert_jobs.h) on all threads, with the workspace's buffers
   auto mlp = [&](const Linear& g, const Linear& u, const Linear& d, float limit, const float* in, int64_t rows,
                  float* dst) { swiglu_mlp(pool_, g, u, d, limit, in, rows, ws_.ffn_a.data(), ws_.ffn_b.data(), dst); };
   if (!F.sparse) {

@@ -615,22 +615,15 @@ void Qwen4CpuBlocks::moe(const MoeWeights& m, const float* x, int64_t S, float* 
   const int64_t act_floats = b_.expert_act_floats;
   // A job on thread `thread`, its matmuls split over `inner` (null: on that thread alone).
   auto run_job = [&](const ExpertJob& job, int thread, ThreadPool* inner) {
-    float* act = b_.expert_act.data() + int64_t(thread) * act_floats;
+    float* act = b_.expert_act.data() + int64_t(thread) * act_floats;  // [rows, I] gate, then [rows, I] up
     if (job.expert < 0) {
-      float* sgu = act;  // [S, 2 Is]: gate, then up
-      const ops::MatmulOut o3[] = {
-          {&m.shared_gate, sgu, 2 * Is}, {&m.shared_up, sgu + Is, 2 * Is}, {&m.shared_expert_gate, b_.sgate.data(), 1}};
-      ops::matmul_many(inner, x, S, o3, 3);
-      for (int64_t s = 0; s < S; ++s) ops::swiglu(sgu + s * 2 * Is, sgu + s * 2 * Is + Is, Is, 0.0f, sgu + s * 2 * Is);
-      ops::matmul(inner, sgu, S, m.shared_down, b_.shared.data(), 2 * Is);
+      swiglu_mlp(inner, m.shared_gate, m.shared_up, m.shared_down, 0.0f, x, S, act, act + S * Is, b_.shared.data());
+      ops::matmul(inner, x, S, m.shared_expert_gate, b_.sgate.data());  // [S, 1]
       return;
     }
     const int64_t e = job.expert;
-    float* gu = act;  // [rows, 2 I]: gate, then up
-    const ops::MatmulOut o2[] = {{&m.gate[e], gu, 2 * I}, {&m.up[e], gu + I, 2 * I}};
-    ops::matmul_many(inner, gathered + job.first * H, job.rows, o2, 2);
-    for (int64_t r = 0; r < job.rows; ++r) ops::swiglu(gu + r * 2 * I, gu + r * 2 * I + I, I, 0.0f, gu + r * 2 * I);
-    ops::matmul(inner, gu, job.rows, m.down[e], expert_out + job.first * H, 2 * I);
+    swiglu_mlp(inner, m.gate[e], m.up[e], m.down[e], 0.0f, gathered + job.first * H, job.rows, act,
+               act + job.rows * I, expert_out + job.first * H);
   };
   ThreadPool* pool = pool_for(total);
   if (pool && n_all >= pool->size() && n_all <= kMaxExpertJobs)

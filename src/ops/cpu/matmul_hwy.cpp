@@ -480,12 +480,11 @@ void TinyKColsN(const Job& job, const float* xt) {
       VF xv[NV];
       for (int v = 0; v < NV; ++v) xv[v] = v * N < Kfull ? hn::LoadU(d, x + v * N) : hn::Load(d, xt + m * kMaxLanes);
       VF acc[kTinyRows];
-      for (int r = 0; r < kTinyRows; ++r) {  // (rows past g: zero weights, never stored)
+      for (int r = 0; r < kTinyRows; ++r) {  // (rows past g: zero, never stored)
         const float* wr = buf + r * NV * N;
-        VF a = r < g ? Fma(xv[0], hn::Load(d, wr), hn::Zero(d)) : hn::Zero(d);
-        for (int v = 1; v < NV; ++v)
-          if (r < g) a = Fma(xv[v], hn::Load(d, wr + v * N), a);
-        acc[r] = a;
+        acc[r] = hn::Zero(d);
+        if (r < g)
+          for (int v = 0; v < NV; ++v) acc[r] = Fma(xv[v], hn::Load(d, wr + v * N), acc[r]);
       }
       float* y = job.y + m * job.y_stride + n;
       if (bias) {
