@@ -39,7 +39,10 @@ std::string place_model(Model& model, const std::string& option) {
   if (option == "auto" && (!gpu || !model.runs_on(Device::kCuda))) return "cpu";
   if (!gpu) throw Error("--device cuda: " + why);
   model.use_device(Device::kCuda);
-  return "cuda: " + cuda::device_name();
+  std::string where = "cuda: " + cuda::device_name();
+  const std::string how = model.collectives();  // (tensor parallel: how the ranks' GPUs exchange rows)
+  if (!how.empty()) where += ", tensor-parallel collectives " + how;
+  return where;
 }
 
 }  // namespace nextn::cli

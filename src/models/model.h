@@ -128,6 +128,11 @@ class Model {
     (void)comm;
     check_tensor_parallel(2);
   }
+  // Whether this family's tensor-parallel ranks run on `device` (their target forwards over a shard).
+  virtual bool shards_on(Device device) const { return device == Device::kCpu; }
+  // How a tensor-parallel group's ranks exchange rows on their GPUs ("NCCL 2.27.7", "through host memory");
+  // empty for one rank or on the CPU.
+  virtual std::string collectives() const { return ""; }
   // Empty while the model can run forwards; else why it cannot any more (a tensor-parallel group one of whose
   // ranks failed). Any thread may ask (the server's /health).
   virtual std::string failure() const { return ""; }

@@ -3,8 +3,8 @@
 #   bash tools/device/pack_cpu_binaries.sh && rm -f devrun/nextn_bench_* && strip devrun/nextn*
 #   tar -cf - devrun | xz --x86 --lzma2=preset=6 -T1 > devrun.tar.xz
 # then on the device machine (run's carry: ["devrun.tar.xz"]):
-#   tar -xJf devrun.tar.xz && bash tools/device/gpu_checks.sh [tests|sanitizer|bench|parity ...]
-# (no argument: all four, in that order). Output goes to stdout and, per step, to $OUT/gpu_checks/*.log.
+#   tar -xJf devrun.tar.xz && bash tools/device/gpu_checks.sh [tests|sanitizer|bench|parity|tp ...]
+# (no argument: all five, in that order). Output goes to stdout and, per step, to $OUT/gpu_checks/*.log.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -12,7 +12,7 @@ run=${NEXTN_RUN:-devrun/run}  # (NEXTN_RUN: another launcher, e.g. to try the sc
 logs=${OUT:-/tmp}/gpu_checks
 mkdir -p "$logs"
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(tests sanitizer bench parity)
+[ ${#steps[@]} -eq 0 ] && steps=(tests sanitizer bench parity tp)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 
 # The bundled models without tokenizer.json (the packed ICU is a stub: bench and id prompts never tokenize).
@@ -52,30 +52,22 @@ for step in "${steps[@]}"; do
             --output "$logs/logits_${m}_$dev.safetensors" > "$logs/logits_${m}_$dev.log" 2>&1 ||
             tail -3 "$logs/logits_${m}_$dev.log"
         done
-        python3 - "$logs/logits_${m}_cpu.safetensors" "$logs/logits_${m}_cuda.safetensors" "$m" <<'PY' || true
-import array, json, struct, sys
-def tensors(path):  # name -> (shape, flat floats)
-    raw = open(path, "rb").read()
-    n = struct.unpack("<Q", raw[:8])[0]
-    out = {}
-    for name, t in json.loads(raw[8:8 + n]).items():
-        if name != "__metadata__":
-            b, e = t["data_offsets"]
-            out[name] = (t["shape"], array.array("f", raw[8 + n + b:8 + n + e]))
-    return out
-def argmax_rows(shape, v):
-    w = shape[-1]
-    return [max(range(w), key=lambda j: v[r * w + j]) for r in range(len(v) // w)]
-a, b = tensors(sys.argv[1]), tensors(sys.argv[2])
-for name in sorted(a):
-    (shape, x), (_, y) = a[name], b[name]
-    rel = max(abs(p - q) for p, q in zip(x, y)) / max(1e-6, max(abs(p) for p in x))
-    same = argmax_rows(shape, x) == argmax_rows(shape, y)
-    print(f"{sys.argv[3]} {name} {shape}: max |cpu - cuda| / max|cpu| = {rel:.2e},",
-          "argmax equal" if same else "ARGMAX DIFFERS")
-PY
+        python3 tools/device/compare_logits.py "$logs/logits_${m}_cpu.safetensors" "$logs/logits_${m}_cuda.safetensors" "$m" || true
       done
       ;;
-    *) echo "unknown step $step (tests, sanitizer, bench, parity)" ;;
+    tp)  # tensor-parallel ranks on the GPU(s): their tests, logits of 2 ranks (processes) against 1, bench
+      $run nextn_tests --gtest_filter='CudaTensorParallel*:TensorParallel*' > "$logs/tp_tests.log" 2>&1
+      grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \]|SKIPPED \]' "$logs/tp_tests.log" | head -20
+      ids=1,17,42,99,123,7,300,511,64,2000,5,77,1024,256,33,8,250,3,901,12
+      m=nextn-hy4-tiny
+      for ranks in 1 2; do
+        $run nextn logits --device cuda --tensor-parallel $ranks --model "$models/$m" --ids "$ids" --draft \
+          --output "$logs/tp_logits_$ranks.safetensors" > "$logs/tp_logits_$ranks.log" 2>&1 || tail -3 "$logs/tp_logits_$ranks.log"
+      done
+      python3 tools/device/compare_logits.py "$logs/tp_logits_1.safetensors" "$logs/tp_logits_2.safetensors" "$m 1 vs 2 ranks" || true
+      $run nextn bench --device cuda --tensor-parallel 2 --model "$models/$m" --tokens 64 --repeats 1 > "$logs/tp_bench.log" 2>&1
+      grep -E '^machine|^decode|k=[1-3]|tuned' "$logs/tp_bench.log" | cut -c1-160
+      ;;
+    *) echo "unknown step $step (tests, sanitizer, bench, parity, tp)" ;;
   esac
 done

@@ -9,6 +9,7 @@
 #include "core/shm_group.h"
 #include "core/threadpool.h"
 #include "models/registry.h"
+#include "ops/cuda/cuda_collectives.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -109,6 +110,10 @@ void serve_tensor_parallel_rank(Model& model, Communicator& comm) {
         }
         case Op::kReserve:
           model.reserve_batch(cmd.a, cmd.b);
+          break;
+        case Op::kUseDevice:
+          model.use_device(Device(cmd.a));
+          comm.barrier();
           break;
         case Op::kNewSequence:
           sequences[cmd.a] = model.new_sequence(cmd.b);
@@ -245,6 +250,27 @@ void TensorParallelModel::configure_memory(const MemoryOptions& options) {
   Command cmd{Op::kConfigureMemory};
   cmd.payload_bytes = sizeof options;
   on_rank0([&] { send(cmd, &options); });
+}
+
+bool TensorParallelModel::runs_on(Device device) const {
+  if (device == Device::kCpu) return true;
+  return models_[0]->shards_on(device) && models_[0]->runs_on(device) && cuda::device_count() >= ranks();
+}
+
+void TensorParallelModel::use_device(Device device) {
+  const std::lock_guard<std::mutex> lock(mu_);
+  check_alive();
+  if (device == models_[0]->device()) return;
+  if (!models_[0]->shards_on(device))  // (refused here: nothing sent, the group goes on)
+    throw Error("--tensor-parallel: " + models_[0]->facts().model_type +
+                "'s ranks run on the CPU backend only so far (docs/parallel.md)");
+  Command cmd{Op::kUseDevice};
+  cmd.a = int64_t(device);
+  on_rank0([&] {
+    send(cmd, nullptr);
+    models_[0]->use_device(device);
+    comm_->barrier();  // (every rank on its device: the next command finds them there)
+  });
 }
 
 std::string TensorParallelModel::memory_summary() const {

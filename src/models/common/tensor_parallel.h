@@ -48,12 +48,13 @@ class TensorParallelModel final : public Model {
   Model& rank0() { return *models_[0]; }
 
   const ModelFacts& facts() const override { return models_[0]->facts(); }
-  // The ranks run on the CPU backend (threads of this process) until the NCCL form (docs/parallel.md).
-  bool runs_on(Device device) const override { return device == Device::kCpu; }
-  void use_device(Device device) override {
-    if (device != Device::kCpu)
-      throw Error("--tensor-parallel: the ranks run on the CPU backend only so far (GPUs over NCCL: docs/parallel.md)");
-  }
+  // On GPUs (families whose ranks shard there): chosen by default only with a GPU for every rank; every rank
+  // moves to its GPU at once (use_device), rank r to GPU r mod the GPUs it sees.
+  bool runs_on(Device device) const override;
+  void use_device(Device device) override;
+  Device device() const override { return models_[0]->device(); }
+  bool shards_on(Device device) const override { return models_[0]->shards_on(device); }
+  std::string collectives() const override { return models_[0]->collectives(); }
   void prefault(bool progress) const override;
   void configure_memory(const MemoryOptions& options) override;
   bool can_admit(int64_t capacity, bool drafting) const override { return models_[0]->can_admit(capacity, drafting); }
@@ -80,11 +81,11 @@ class TensorParallelModel final : public Model {
   std::string failure() const override;
 
   // The command every rank > 0 waits for (the wire format between rank 0 and the others).
-  enum class Op : int32_t { kStop, kConfigureMemory, kReserve, kNewSequence, kRollback, kRelease, kForward };
+  enum class Op : int32_t { kStop, kConfigureMemory, kReserve, kNewSequence, kRollback, kRelease, kForward, kUseDevice };
   struct Command {
     Op op = Op::kStop;
     int32_t flags = 0;             // kForward: 1 logits wanted, 2 hidden wanted
-    int64_t a = 0, b = 0, c = 0;   // per op: sequence id, sizes, positions
+    int64_t a = 0, b = 0, c = 0;   // per op: sequence id, sizes, positions, the device
     int64_t payload_bytes = 0;     // broadcast right after the command
   };
   // Sent by the sequences this model hands out (their rollback and destruction).

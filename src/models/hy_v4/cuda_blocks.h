@@ -11,7 +11,9 @@
 #include "models/hy_v4/blocks.h"
 #include "models/common/device_memory.h"
 #include "models/common/forward_graphs.h"
+#include "models/common/tensor_split.h"
 #include "models/hy_v4/config.h"
+#include "ops/cuda/cuda_collectives.h"
 #include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/cuda_ops.h"
 
@@ -22,8 +24,11 @@ cuda::MoeRouting moe_routing(const HYV4Config& c);
 
 class HYV4CudaBlocks final : public HYV4Blocks {
  public:
-  // Uploads every weight of w (throws nextn::Error when there is no usable device or too little memory).
-  HYV4CudaBlocks(const HYV4Config& config, const HYV4Weights& w);
+  // Which of w's weights go to the device: all, or (a tensor-parallel group's rank 0, whose target layers run
+  // on its shard's blocks) all but the target's decoder layers.
+  enum class Uploads { kAll, kAllButTargetLayers };
+  // Uploads w's weights (throws nextn::Error when there is no usable device or too little memory).
+  HYV4CudaBlocks(const HYV4Config& config, const HYV4Weights& w, Uploads uploads = Uploads::kAll);
   ~HYV4CudaBlocks() override;
 
   void reserve(int64_t rows, int64_t positions) override;
@@ -44,11 +49,17 @@ class HYV4CudaBlocks final : public HYV4Blocks {
 
   size_t weight_bytes_on_device() const { return weights_.bytes(); }
 
+  // One rank of a tensor-parallel group (docs/parallel.md): config and weights are the rank's shard, comm its
+  // device collectives, vocab every rank's vocabulary rows. The attention and MLP / MoE outputs are gathered and
+  // summed in rank order before the residual updates; embedding rows come from their owners; logits are
+  // gathered whole. With a comm that cannot be recorded (host-staged) the forwards run without graphs.
+  void set_tensor_parallel(cuda::DeviceCommunicator* comm, std::vector<UnitRange> vocab);
+
  private:
   struct Workspace;    // the forward's device buffers
   const Linear& dev(const Linear& w);              // w's device twin (uploaded at construction)
   const float* dev(const std::vector<float>& v);   // likewise for norm weights, biases, sinks
-  void upload_weights(const HYV4Weights& w);
+  void upload_weights(const HYV4Weights& w, bool target_layers);
   float* act(HYV4Act a);
   DevicePlanes& pad_mirror(const KVCache& like);  // planes shaped as like's pool's, for padding rows
   void ensure_workspace(int64_t rows, int64_t positions);
@@ -57,6 +68,12 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   void swiglu_mlp(const Linear& g, const Linear& u, const Linear& d, float limit, const float* in, int64_t rows,
                   float* a, float* b, float* out, const cuda::OutputSink& sink = {});
   int64_t topk_stride() const;
+  // Tensor parallel: y [S, H] (this rank's part) = the sum over the ranks, then the residual update `out`.
+  void reduce_and_deliver(HYV4Out out);
+  void tp_sum(float* y, int64_t count);  // y [count] = the sum over the ranks of their y, in rank order
+  void tp_logits(const Linear& lm_head, const float* rows, int64_t n);
+  int64_t largest_vocab_part() const;
+  int32_t local_token(int32_t token) const;  // this rank's embedding row of token (-1: another rank's)
 
   const HYV4Config& cfg_;
   DeviceWeights weights_;
@@ -97,8 +114,12 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   std::vector<int32_t> host_argmax_;                // logits()' greedy rows' ids [n]
   struct ExpertTables {  // a MoE layer's experts, each matrix as one table for grouped launches
     cuda::WeightTable gate, up, down;
+    int64_t first = 0;  // the first expert held (a tensor-parallel rank holds a range of them; count: gate.count)
   };
   std::unordered_map<const FfnWeights*, ExpertTables> experts_;
+
+  cuda::DeviceCommunicator* tp_ = nullptr;  // tensor parallel (null: one rank)
+  std::vector<UnitRange> vocab_;
 };
 
 }  // namespace nextn

@@ -13,6 +13,8 @@
 #include "models/common/name_rules.h"
 #include "models/hy_v4/checkpoint_info.h"
 #include "models/hy_v4/model.h"
+#include "models/hy_v4/cuda_blocks.h"  // (the model owns CUDA blocks and collectives: complete types here)
+#include "ops/cuda/cuda_collectives.h"
 #include "models/hy_v4/sharding.h"
 #include "ops/ops.h"
 

@@ -5,6 +5,7 @@
 #include "models/hy_v4/sharding.h"
 #include "core/communicator.h"
 #include "models/common/device_memory.h"
+#include "ops/cuda/cuda_collectives.h"
 #include "ops/cuda/cuda_ops.h"
 
 #include <algorithm>
@@ -33,7 +34,7 @@ void HYV4Model::prefault(bool progress) const { prefault_weights(store_, dir_, p
 void HYV4Model::use_device(Device device) {
   if (device == device_) return;
   if (target_pool_) throw Error("use_device: the model already has sequences on its current device");
-  if (shard_) throw Error("--device cuda: tensor parallelism runs on the CPU backend only so far");
+  if (shard_) return use_device_as_rank(device);
   if (device == Device::kCuda) {
     require_device_room(dir_, checkpoint_bytes());
     device_blocks_ = std::make_unique<HYV4CudaBlocks>(cfg_, w_);
@@ -45,21 +46,55 @@ void HYV4Model::use_device(Device device) {
   device_ = device;
 }
 
+// A rank moves to its GPU (rank r on GPU r mod the GPUs it sees): its shard's blocks, and on rank 0 the MTP
+// layers' over the whole weights (the target's layers stay off that GPU: the shard holds rank 0's part). Every
+// rank makes this call at once (TensorParallelModel::use_device): the device collectives are set up together.
+void HYV4Model::use_device_as_rank(Device device) {
+  shard_device_blocks_.reset();
+  device_comm_.reset();
+  device_blocks_.reset();
+  blocks_ = cpu_blocks_.get();
+  device_ = Device::kCpu;
+  if (device != Device::kCuda) return;
+  const int gpus = cuda::device_count();
+  if (gpus > 1) cuda::use_gpu(tp_comm_->rank() % gpus);
+  require_device_room(dir_, checkpoint_bytes() / size_t(tp_comm_->size()));
+  device_comm_ = cuda::device_communicator(*tp_comm_);
+  shard_device_blocks_ = std::make_unique<HYV4CudaBlocks>(shard_->config, shard_->weights);
+  shard_device_blocks_->set_tensor_parallel(device_comm_.get(), shard_->vocab);
+  if (tp_comm_->rank() == 0) {
+    device_blocks_ = std::make_unique<HYV4CudaBlocks>(cfg_, w_, HYV4CudaBlocks::Uploads::kAllButTargetLayers);
+    blocks_ = device_blocks_.get();
+  }
+  device_ = device;
+}
+
+std::string HYV4Model::collectives() const { return device_comm_ ? device_comm_->describe() : ""; }
+
 void HYV4Model::make_tensor_parallel_rank(Communicator& comm) {
   if (target_pool_) throw Error("tensor parallel: the model already has sequences");
-  if (device_ != Device::kCpu) throw Error("tensor parallel: runs on the CPU backend only so far");
+  if (device_ != Device::kCpu) throw Error("tensor parallel: make the ranks before moving them to a GPU");
+  tp_comm_ = &comm;
   shard_ = std::make_unique<HYV4Shard>(shard_target(cfg_, w_, comm.rank(), comm.size()));
   shard_blocks_ = std::make_unique<HYV4CpuBlocks>(shard_->config, cpu_blocks_->pool());
   shard_blocks_->tuning() = cpu_blocks_->tuning();
   shard_blocks_->set_tensor_parallel(&comm, shard_->vocab);
 }
 
+uint64_t HYV4Model::one_off_forwards() const {
+  const HYV4Blocks* shard = shard_device_blocks_.get();  // (a rank's target forwards, on its GPU)
+  return blocks_->one_off_forwards() + (shard ? shard->one_off_forwards() : 0);
+}
+
 void HYV4Model::check_tensor_parallel(int ranks) const {
-  if (device_ != Device::kCpu) throw Error("tensor parallel: runs on the CPU backend only so far");
+  if (device_ != Device::kCpu) throw Error("tensor parallel: make the ranks before moving them to a GPU");
   for (int r = 0; r < ranks; ++r) shard_target(cfg_, w_, r, ranks);
 }
 
-HYV4Blocks& HYV4Model::target_blocks() { return shard_ ? *shard_blocks_ : *blocks_; }
+HYV4Blocks& HYV4Model::target_blocks() {
+  if (!shard_) return *blocks_;
+  return shard_device_blocks_ ? static_cast<HYV4Blocks&>(*shard_device_blocks_) : *shard_blocks_;
+}
 const HYV4Weights& HYV4Model::target_weights() const { return shard_ ? shard_->weights : w_; }
 
 size_t HYV4Model::weight_bytes_with(size_t routed_bytes) const {
@@ -282,7 +317,7 @@ void HYV4Model::prompt_draft_logits(const int32_t* tokens, int64_t T, const floa
 
 void HYV4Model::reserve_batch(int64_t rows, int64_t positions) {
   blocks_->reserve(rows, positions);
-  if (shard_) shard_blocks_->reserve(rows, positions);
+  if (shard_) target_blocks().reserve(rows, positions);
   spans_.reserve(static_cast<size_t>(rows));
 }
 

@@ -28,6 +28,10 @@
 namespace nextn {
 
 class ThreadPool;
+class HYV4CudaBlocks;
+namespace cuda {
+class DeviceCommunicator;
+}
 struct HYV4Shard;
 
 struct HyperConnectionWeights {  // attn_hc / ffn_hc (fp32, tiny)
@@ -150,6 +154,8 @@ class HYV4Model : public Model {
   // its shard and meet the other ranks in comm's collectives; MTP forwards stay whole and local (rank 0's).
   void make_tensor_parallel_rank(Communicator& comm) override;
   void check_tensor_parallel(int ranks) const override;
+  bool shards_on(Device) const override { return true; }
+  std::string collectives() const override;
   Device device() const override { return device_; }
   void configure_memory(const MemoryOptions& options) override;
   bool can_admit(int64_t capacity, bool drafting) const override;
@@ -169,7 +175,7 @@ class HYV4Model : public Model {
   // rows actually used (each used expert counts once, however many rows chose it). With MoE, k+1
   // independently routed rows touch up to k+1 times the experts of one: the floor under a verify step.
   size_t last_forward_weight_bytes() const override;
-  uint64_t one_off_forwards() const override { return blocks_->one_off_forwards(); }
+  uint64_t one_off_forwards() const override;
   // Target: per layer its key plane (kv_lora + rope) and, with its own indexer, its index plane; drafting adds
   // one key and one index plane per MTP layer (fp32).
   int64_t kv_bytes_per_position(bool drafting) const override;
@@ -240,6 +246,12 @@ class HYV4Model : public Model {
   HYV4Blocks* blocks_ = nullptr;
   std::unique_ptr<HYV4Shard> shard_;             // tensor parallel: this rank's part of the target
   std::unique_ptr<HYV4CpuBlocks> shard_blocks_;  // ... and the blocks that compute over it
+  Communicator* tp_comm_ = nullptr;                // ... the group's host communicator
+  // A tensor-parallel rank on a GPU: the shard's CUDA blocks, their collectives, and (rank 0) the MTP layers'
+  // CUDA blocks over the whole weights in device_blocks_.
+  std::unique_ptr<HYV4CudaBlocks> shard_device_blocks_;
+  std::unique_ptr<cuda::DeviceCommunicator> device_comm_;
+  void use_device_as_rank(Device device);
   Device device_ = Device::kCpu;
   std::vector<HYV4RowSpan> spans_;
   ChainedDraftDriver<HYV4Model> draft_driver_;

@@ -685,6 +685,15 @@ void DeviceBuffer::download(void* host, size_t bytes, size_t offset) const {
   check(cudaMemcpy(host, static_cast<const char*>(ptr_) + offset, bytes, cudaMemcpyDeviceToHost), "download");
 }
 
+// rows rows of `bytes` bytes, `stride` bytes apart at host, packed into buf (one copy when they are contiguous).
+static void upload_rows(DeviceBuffer& buf, const void* host, int64_t rows, size_t bytes, size_t stride) {
+  if (stride == bytes) {
+    buf.upload(host, size_t(rows) * bytes);
+    return;
+  }
+  check(cudaMemcpy2D(buf.get(), bytes, host, stride, bytes, size_t(rows), cudaMemcpyHostToDevice), "upload");
+}
+
 DeviceLinear upload(const Linear& w) {
   const size_t es = elem_size(w.dtype);
   if (w.dtype != DType::F32 && w.dtype != DType::BF16 && w.dtype != DType::F8_E4M3)
@@ -692,19 +701,22 @@ DeviceLinear upload(const Linear& w) {
   if (w.out <= 0 || w.in <= 0 || w.row_stride < w.in) throw Error("cuda::upload: bad weight shape");
   DeviceLinear d;
   d.w = w;
-  const size_t bytes = size_t((w.out - 1) * w.row_stride + w.in) * es;
-  d.data = DeviceBuffer(bytes);
-  d.data.upload(w.data, bytes);
+  // A column slice (a row-parallel shard's part: row_stride > in) is stored compact, its rows and its scale
+  // rows packed: the device holds this rank's columns only.
+  d.w.row_stride = w.in;
+  d.data = DeviceBuffer(size_t(w.out * w.in) * es);
+  upload_rows(d.data, w.data, w.out, size_t(w.in) * es, size_t(w.row_stride) * es);
   d.w.data = d.data.get();
   if (w.dtype == DType::F8_E4M3) {
     if (w.scale_dtype != DType::F32 && w.scale_dtype != DType::BF16 && w.scale_dtype != DType::F8_E8M0)
       throw Error(std::string("cuda::upload: FP8 scales of dtype ") + dtype_name(w.scale_dtype) + " are not supported");
-    if (w.block_out <= 0 || w.block_in <= 0 || w.scale_cols < (w.in + w.block_in - 1) / w.block_in)
-      throw Error("cuda::upload: bad FP8 block scales");
+    const int64_t cols = w.block_in > 0 ? (w.in + w.block_in - 1) / w.block_in : 0;
+    if (w.block_out <= 0 || w.block_in <= 0 || w.scale_cols < cols) throw Error("cuda::upload: bad FP8 block scales");
     const int64_t scale_rows = (w.scale_row0 + w.out + w.block_out - 1) / w.block_out;
-    const size_t sbytes = size_t(scale_rows * w.scale_cols) * elem_size(w.scale_dtype);
-    d.scale = DeviceBuffer(sbytes);
-    d.scale.upload(w.scale, sbytes);
+    const size_t ses = elem_size(w.scale_dtype);
+    d.w.scale_cols = cols;
+    d.scale = DeviceBuffer(size_t(scale_rows * cols) * ses);
+    upload_rows(d.scale, w.scale, scale_rows, size_t(cols) * ses, size_t(w.scale_cols) * ses);
     d.w.scale = d.scale.get();
   }
   if (w.bias) {

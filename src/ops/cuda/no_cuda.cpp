@@ -1,6 +1,7 @@
 // cuda_ops.h in a build without CUDA (no nvcc found at configure time, -DNEXTN_CUDA=OFF, or a sanitizer
 // build): nothing is available, and every call says so.
 #include "core/error.h"
+#include "ops/cuda/cuda_collectives.h"
 #include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_recurrent.h"
@@ -129,5 +130,18 @@ void sparse_gqa_attention(const float*, int64_t, int64_t, int64_t, int64_t, cons
                           const int32_t*, int64_t, float, float*) {
   unavailable();
 }
+
+
+int device_count() { return 0; }
+void use_gpu(int) { unavailable(); }
+int current_gpu() { unavailable(); }
+bool nccl_available(std::string* why) {
+  if (why) *why = "built without CUDA";
+  return false;
+}
+std::unique_ptr<DeviceCommunicator> nccl_communicator(Communicator&) { unavailable(); }
+std::unique_ptr<DeviceCommunicator> host_staged_communicator(Communicator&) { unavailable(); }
+std::unique_ptr<DeviceCommunicator> device_communicator(Communicator&) { unavailable(); }
+void sum_ranks(const float*, int, int64_t, float*) { unavailable(); }
 
 }  // namespace nextn::cuda
