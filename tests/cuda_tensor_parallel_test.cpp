@@ -39,16 +39,6 @@ std::unique_ptr<Model> load_on_gpu(const std::string& dir, ThreadPool& pool, int
   return m;
 }
 
-// Logits [T, V] and hidden [T, H] of one forward over `prompt`.
-void run_prompt(Model& m, const std::vector<int32_t>& prompt, std::vector<float>& logits, std::vector<float>& hidden) {
-  const int64_t T = int64_t(prompt.size()), V = m.facts().vocab_size, H = m.facts().hidden_width;
-  logits.assign(size_t(T * V), 0.0f);
-  hidden.assign(size_t(T * H), 0.0f);
-  auto seq = m.new_sequence(T);
-  const BatchSegment seg{seq.get(), prompt.data(), T, true, nullptr};
-  m.forward(&seg, 1, logits.data(), hidden.data());
-}
-
 TEST(CudaTensorParallel, SumRanksAddsInRankOrderAsTheCpuDoes) {
   NEXTN_SKIP_WITHOUT_CUDA();
   const int ranks = 3;
@@ -121,8 +111,8 @@ TEST_P(CudaTensorParallelParity, LogitsMatchOneGpu) {
   const auto prompt = random_prompt(2 * f.sparse_budget + 7, f.vocab_size, 17);  // (across the sparse window)
   const int64_t T = int64_t(prompt.size()), V = f.vocab_size, H = f.hidden_width;
   std::vector<float> l1, h1, lt, ht;
-  run_prompt(*one, prompt, l1, h1);
-  run_prompt(*tp, prompt, lt, ht);
+  testing::run_prompt(*one, prompt, l1, h1);
+  testing::run_prompt(*tp, prompt, lt, ht);
   const auto d = compare(lt.data(), l1.data(), T, V);
   EXPECT_LE(d.rel(), 1e-4) << "max|Δ| " << d.max_abs << " max|ref| " << d.max_ref << " (" << tp->collectives() << ")";
   EXPECT_EQ(d.argmax_mismatches, 0) << "first at row " << d.first_mismatch_row;

@@ -89,16 +89,6 @@ std::unique_ptr<Model> load(const std::string& dir, ThreadPool& pool, int ranks)
   return load_model(dir, &pool, ranks);
 }
 
-// Logits [T, V] and hidden [T, H] of one forward over `prompt`.
-void run_prompt(Model& m, const std::vector<int32_t>& prompt, std::vector<float>& logits, std::vector<float>& hidden) {
-  const int64_t T = int64_t(prompt.size()), V = m.facts().vocab_size, H = m.facts().hidden_width;
-  logits.assign(size_t(T * V), 0.0f);
-  hidden.assign(size_t(T * H), 0.0f);
-  auto seq = m.new_sequence(T);
-  const BatchSegment seg{seq.get(), prompt.data(), T, true, nullptr};
-  m.forward(&seg, 1, logits.data(), hidden.data());
-}
-
 struct Case {
   const char* fixture;  // under tests/fixtures
   int ranks;
@@ -121,8 +111,8 @@ TEST_P(TensorParallelParity, LogitsMatchTransformersAndOneRank) {
   ASSERT_GT(int64_t(prompt.size()), one->facts().sparse_budget) << "the prompt must cross the sparse window";
   const int64_t T = int64_t(prompt.size()), V = one->facts().vocab_size, H = one->facts().hidden_width;
   std::vector<float> l1, h1, lt, ht;
-  run_prompt(*one, prompt, l1, h1);
-  run_prompt(*tp, prompt, lt, ht);
+  testing::run_prompt(*one, prompt, l1, h1);
+  testing::run_prompt(*tp, prompt, lt, ht);
   // Against one rank: the same math with the heads' and experts' partial sums added in another order.
   const auto d = compare(lt.data(), l1.data(), T, V);
   EXPECT_LE(d.rel(), 1e-4) << "max|Δ| " << d.max_abs << " max|ref| " << d.max_ref;
@@ -169,7 +159,7 @@ TEST(TensorParallel, DecodeStepsEqualOneForwardBitForBit) {
     const int64_t V = tp->facts().vocab_size, T = tp->facts().sparse_budget + 9;
     const auto prompt = random_prompt(T, V, 3);
     std::vector<float> whole, hidden;
-    run_prompt(*tp, prompt, whole, hidden);
+    testing::run_prompt(*tp, prompt, whole, hidden);
     auto seq = tp->new_sequence(T);
     std::vector<float> step(size_t(3 * V));
     for (int64_t pos = 0; pos < T;) {
@@ -195,7 +185,7 @@ TEST(TensorParallel, SequencesBatchedEqualEachAloneAndArgmaxRowsMatch) {
   std::vector<std::vector<float>> alone;
   for (const auto& p : prompts) {
     std::vector<float> l, h;
-    run_prompt(*tp, p, l, h);
+    testing::run_prompt(*tp, p, l, h);
     alone.push_back(l);
   }
   std::vector<std::unique_ptr<SequenceState>> seqs;
@@ -232,7 +222,7 @@ TEST(TensorParallel, GreedyRowsComeAsIdsWithoutGatheringTheLogits) {
   const int64_t V = tp->facts().vocab_size, T = 50;
   const auto p = random_prompt(T, V, 11);
   std::vector<float> whole, hidden;
-  run_prompt(*tp, p, whole, hidden);
+  testing::run_prompt(*tp, p, whole, hidden);
   auto seq = tp->new_sequence(T);
   const int64_t first = 40;
   BatchSegment seg{seq.get(), p.data(), first, false, nullptr};

@@ -102,4 +102,15 @@ inline void expect_steps_bit_identical(HYV4Model& m, const std::vector<int32_t>&
   }
 }
 
+// Logits [T, V] and hidden [T, H] of one forward of m over `prompt` (a new sequence, every row's logits).
+inline void run_prompt(Model& m, const std::vector<int32_t>& prompt, std::vector<float>& logits,
+                       std::vector<float>& hidden) {
+  const int64_t T = int64_t(prompt.size()), V = m.facts().vocab_size, H = m.facts().hidden_width;
+  logits.assign(size_t(T * V), 0.0f);
+  hidden.assign(size_t(T * H), 0.0f);
+  auto seq = m.new_sequence(T);
+  const BatchSegment seg{seq.get(), prompt.data(), T, true, nullptr};
+  m.forward(&seg, 1, logits.data(), hidden.data());
+}
+
 }  // namespace nextn::testing
