@@ -346,7 +346,7 @@ void Qwen4CudaBlocks::upload_rows() {
   rs_.first_row = d32 + 11 * S;
   rs_.rows = d32 + 12 * S;
   rs_.pos0 = d32 + 13 * S;
-  rs_.count = n;
+  rs_.count = S;  // (the entries past the n spans have 0 rows: one graph serves any number of spans)
   rs_.slots = layout_.slots;
   rs_.slot_floats = spans_[0].seq ? spans_[0].seq->slot_floats() : 0;
   for (size_t layer = 0; layer < ple_at.size(); ++layer)
@@ -354,9 +354,9 @@ void Qwen4CudaBlocks::upload_rows() {
 }
 
 // At a forward's first block (embed_streams or mtp_input): replay its shape's graph, or record or run it. The
-// spans' count is part of the shape: the recurrent kernels take a block per span.
+// spans' count is not part of the shape (the recurrent kernels take S span entries, the unused ones empty).
 bool Qwen4CudaBlocks::replay_or_record(uintptr_t which) {
-  return graphs_.replay_or_record({S_, which, int(any_forced_) + 2 * int(all_forced_) + 4 * int(spans_.size())});
+  return graphs_.replay_or_record({S_, which, int(any_forced_) + 2 * int(all_forced_)});
 }
 
 void Qwen4CudaBlocks::finish() {

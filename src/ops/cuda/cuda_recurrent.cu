@@ -28,6 +28,7 @@ __global__ void causal_conv_kernel(const float* x, int64_t xs, int64_t width, co
   const int s = int(blockIdx.y);
   if (ch >= width) return;
   const int64_t R = (K - 1) * dil, first = sp.first_row[s], rows = sp.rows[s], pos0 = sp.pos0[s];
+  if (rows <= 0) return;  // (an unused span entry: the grid covers the most spans a forward can have)
   float old[kMaxConvWindow];
   const float* st = slot_of(sp, s, pos0, off);
   for (int64_t t = 0; t < R; ++t) old[t] = st[t * width + ch];
@@ -63,6 +64,7 @@ gated_delta_rule_kernel(const float* qkv, const float* b, const float* a, const 
   const float A = neg_A[h], dtb = dt_bias[h], wn = e < dv ? norm[e] : 0.0f;
   begin_after_predecessor();
   const int64_t first = sp.first_row[s], rows = sp.rows[s], pos0 = sp.pos0[s], head_off = off + h * dk * dv;
+  if (rows <= 0) return;  // (an unused span entry: the grid covers the most spans a forward can have)
   const float* st = slot_of(sp, s, pos0, head_off);
   for (int64_t i = e; i < dk * dv; i += kThreads) S[i] = st[i];
   const float q_scale = 1.0f / sqrtf(float(dk));

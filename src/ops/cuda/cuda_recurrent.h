@@ -16,6 +16,8 @@ namespace nextn::cuda {
 
 // A forward's rows by sequence: span s has rows [first_row[s], first_row[s] + rows[s]) at positions pos0[s]..,
 // and its state slots at state[s] (slot i at state[s] + i · slot_floats). Arrays on the device.
+// count: the entries of the arrays (a recorded forward passes the most spans its rows can have, so that its
+// graph serves any number of them; entries with rows[s] = 0 are skipped and their state is not read).
 struct RecurrentSpans {
   float* const* state = nullptr;
   const int32_t* first_row = nullptr;
