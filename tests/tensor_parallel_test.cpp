@@ -5,6 +5,7 @@
 // plain greedy), and errors that leave the group working or say why it stopped.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,6 +18,7 @@
 #include "models/common/tensor_parallel.h"
 #include "models/common/tensor_split.h"
 #include "models/registry.h"
+#include "ops/cuda/cuda_ops.h"
 #include "test_util.h"
 
 namespace nextn {
@@ -391,6 +393,30 @@ TEST(TensorParallel, RefusesWhatItCannotShard) {
     EXPECT_NE(std::string(e.what()).find("Gated DeltaNet key heads"), std::string::npos) << e.what();
   }
   EXPECT_THROW(load(testing::fixture_path("hy_v4/a_fp32"), pool, 0), Error);
+}
+
+// Moving the ranks to a device they cannot use is refused before anything reaches them: the group stays on the
+// CPU and goes on (Qwen4-Exp's ranks have no GPU form; without a usable GPU neither family's has).
+TEST(TensorParallel, ADeviceTheRanksCannotUseIsRefusedAndTheGroupGoesOn) {
+  ThreadPool pool(2);
+  std::string why;
+  for (const char* fixture : {"qwen4_exp/a_fp32", "hy_v4/a_fp32"}) {
+    auto tp = load(testing::fixture_path(fixture), pool, 2);
+    const bool hy = std::string(fixture).rfind("hy_v4", 0) == 0;
+    if (hy && cuda::available(&why)) continue;  // (a GPU machine: HY V4's ranks do move; cuda_tensor_parallel_test)
+    EXPECT_FALSE(tp->runs_on(Device::kCuda));
+    try {
+      tp->use_device(Device::kCuda);
+      ADD_FAILURE() << fixture << ": moved to a device its ranks cannot use";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(hy ? "--device cuda" : "CPU backend only"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(tp->device(), Device::kCpu);
+    EXPECT_EQ(tp->failure(), "");
+    std::vector<float> logits, hidden;
+    testing::run_prompt(*tp, random_prompt(9, tp->facts().vocab_size, 4), logits, hidden);
+    EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float v) { return std::isfinite(v); })) << fixture;
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "core/threadpool.h"
 #include "models/registry.h"
 #include "ops/cuda/cuda_collectives.h"
+#include "ops/cuda/cuda_ops.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -261,9 +262,12 @@ void TensorParallelModel::use_device(Device device) {
   const std::lock_guard<std::mutex> lock(mu_);
   check_alive();
   if (device == models_[0]->device()) return;
-  if (!models_[0]->shards_on(device))  // (refused here: nothing sent, the group goes on)
+  // (what every rank would refuse is refused here: nothing is sent, and the group goes on)
+  if (!models_[0]->shards_on(device))
     throw Error("--tensor-parallel: " + models_[0]->facts().model_type +
                 "'s ranks run on the CPU backend only so far (docs/parallel.md)");
+  std::string why;
+  if (device == Device::kCuda && !cuda::available(&why)) throw Error("--device cuda: " + why);
   Command cmd{Op::kUseDevice};
   cmd.a = int64_t(device);
   on_rank0([&] {
