@@ -233,6 +233,30 @@ TEST_P(CudaQwen4Exp, DecodeStepsEqualAFullRecomputeBitForBit) {
   }
 }
 
+// Forwards of 9..16 rows all run as 16 (padding rows after the real ones, forward_graphs.h): one shape, so one
+// eager run and one recording, then replays; and the padding changes no real row: a prompt's first n rows are
+// the bits of the same rows in the unpadded 16-row forward.
+TEST_P(CudaQwen4Exp, ForwardsOfNearbyRowCountsShareAGraphAndPaddingChangesNoRow) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const std::string dir = GetParam();
+  Qwen4ExpModel m(dir, &pool_);
+  m.use_device(Device::kCuda);
+  const int64_t V = m.config().vocab_size;
+  const std::vector<int32_t> prompt = random_prompt(16, V, 21);
+  std::vector<float> whole(size_t(16 * V)), part(whole.size());
+  {
+    auto seq = m.new_sequence(16);
+    run(m, *seq, prompt.data(), 16, whole.data(), nullptr);
+  }
+  const uint64_t before = m.one_off_forwards();
+  for (int64_t n = 9; n <= 15; ++n) {
+    auto seq = m.new_sequence(n);
+    run(m, *seq, prompt.data(), n, part.data(), nullptr);
+    ASSERT_EQ(0, std::memcmp(part.data(), whole.data(), size_t(n * V) * sizeof(float))) << n << " rows";
+  }
+  EXPECT_LE(m.one_off_forwards() - before, 1u) << "forwards of 9..15 rows ran as the 16-row shape, recorded once";
+}
+
 // Verify blocks of 8 rows (k = 7) of which the first 1..8 are kept, each rolled back to its kept rows before
 // the next: with exactly 8 state slots (the CLI's k + 1), the shortest keep reads back the oldest slot the
 // block left. Every kept row, and so every later one, is the bits of a full recompute.

@@ -3,8 +3,8 @@
 #   bash tools/device/pack_cpu_binaries.sh && rm -f devrun/nextn_bench_* && strip devrun/nextn*
 #   tar -cf - devrun | xz --x86 --lzma2=preset=6 -T1 > devrun.tar.xz
 # then on the device machine (run's carry: ["devrun.tar.xz"]):
-#   tar -xJf devrun.tar.xz && bash tools/device/gpu_checks.sh [tests|sanitizer|bench|parity|tp ...]
-# (no argument: all five, in that order). Output goes to stdout and, per step, to $OUT/gpu_checks/*.log.
+#   tar -xJf devrun.tar.xz && bash tools/device/gpu_checks.sh [tests|sanitizer|bench|parity|tp|side ...]
+# (no argument: the first five, in that order). Output goes to stdout and, per step, to $OUT/gpu_checks/*.log.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
@@ -39,7 +39,7 @@ for step in "${steps[@]}"; do
       ;;
     bench)  # both bundled models on the GPU, 1-64 sequences, plain and speculative
       for m in nextn-qwen4exp-tiny nextn-hy4-tiny; do
-        $run nextn bench --device cuda --model "$models/$m" --tokens 96 --concurrency 1,8,32,64 --repeats 1 \
+        $run nextn bench --device cuda --model "$models/$m" --tokens 96 --concurrency 1,8,32,64 --repeats ${NEXTN_BENCH_REPEATS:-1} \
           > "$logs/bench_$m.log" 2>&1
         grep -E '^machine|^decode|verify cost|k=[1-4]|tuned|^ +(1|8|32|64) ' "$logs/bench_$m.log" | cut -c1-160
       done
@@ -60,6 +60,16 @@ for step in "${steps[@]}"; do
       $run nextn_tests --gtest_filter='*CudaTensorParallel*:TensorParallel*' > "$logs/tp_tests.log" 2>&1
       grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \]|SKIPPED \]' "$logs/tp_tests.log" | head -20
       ;;
-    *) echo "unknown step $step (tests, sanitizer, bench, parity, tp)" ;;
+    side)  # side by side with transformers' generate() on the same GPU: Qwen4-Exp's bundled model, batch 1 and 16
+      # (transformers' figure includes its prefill; nextn's is bench's decode rate. HY V4's: sixteenth session)
+      m=nextn-qwen4exp-tiny
+      python3 tools/bench/hf_generate.py "models/$m" --tokens 64 --prompt-tokens 64 --batch 1,16 \
+        > "$logs/hf_$m.log" 2>&1
+      grep -E '^\{' "$logs/hf_$m.log" || tail -5 "$logs/hf_$m.log"
+      $run nextn bench --device cuda --model "$models/$m" --tokens 64 --concurrency 1,16 --repeats 2 \
+        > "$logs/side_$m.log" 2>&1
+      grep -E '^machine|^decode|tuned|^ +(1|16) ' "$logs/side_$m.log" | cut -c1-160
+      ;;
+    *) echo "unknown step $step (tests, sanitizer, bench, parity, tp, side)" ;;
   esac
 done

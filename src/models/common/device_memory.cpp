@@ -54,6 +54,16 @@ DevicePlanes::DevicePlanes(int64_t rows_, std::vector<int64_t> widths_) : rows(r
   table.upload(addresses.data(), table.bytes());
 }
 
+DevicePlanes& PaddingPlanes::like(const KVCache& cache) {
+  const KVPool& pool = *cache.shared_pool();
+  std::vector<int64_t> widths;
+  for (size_t p = 0; p < pool.num_planes(); ++p) widths.push_back(pool.plane_width(p));
+  for (const std::unique_ptr<DevicePlanes>& set : sets_)
+    if (set->widths == widths) return *set;
+  sets_.push_back(std::make_unique<DevicePlanes>(rows_, std::move(widths)));
+  return *sets_.back();
+}
+
 DevicePlanes& KVMirrors::of(const KVCache& cache) {
   const std::shared_ptr<KVPool>& pool = cache.shared_pool();
   std::unique_ptr<DevicePlanes>& m = mirrors_[pool.get()];

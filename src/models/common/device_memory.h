@@ -58,6 +58,21 @@ struct DevicePlanes {
   cuda::DeviceBuffer table;
 };
 
+// Scratch planes for a forward's padding rows (forward_graphs.h, padded_forward_rows): planes shaped as a
+// cache's pool's, one page of `rows` slots, one set per plane layout, kept for good (forwards of the target's
+// and the MTP layers' layouts alternate; no graph holds their address: each forward uploads it with its page
+// tables, so a new layout only adds one).
+class PaddingPlanes {
+ public:
+  explicit PaddingPlanes(int64_t rows) : rows_(rows) {}
+  DevicePlanes& like(const KVCache& cache);
+  int64_t rows() const { return rows_; }
+
+ private:
+  int64_t rows_;
+  std::vector<std::unique_ptr<DevicePlanes>> sets_;
+};
+
 class KVMirrors {
  public:
   // The mirror of cache's pool, made at its first use (remade if the pool was replaced or resized).

@@ -1,7 +1,18 @@
 // ForwardGraphs (forward_graphs.h).
 #include "models/common/forward_graphs.h"
 
+#include <algorithm>
+
 namespace nextn {
+
+int64_t padded_forward_rows(int64_t S) {
+  if (S > kPadFormsUpTo) return S;
+  if (S <= 8) return S <= 4 ? S : S <= 6 ? 6 : 8;
+  int64_t pow2 = 8;
+  while (pow2 * 2 <= S) pow2 *= 2;
+  const int64_t step = std::max<int64_t>(8, pow2 / 4);
+  return (S + step - 1) / step * step;
+}
 
 bool ForwardGraphs::replay_or_record(const Key& key) {
   key_ = key;

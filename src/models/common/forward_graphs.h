@@ -12,6 +12,18 @@
 
 namespace nextn {
 
+// The rows a forward of S rows runs as, so that few shapes recur: up to 8, one of 1, 2, 3, 4, 6, 8 (a single
+// sequence's verify of k + 1 <= 4 rows keeps its size: its shape recurs anyway, and each padding row costs it a
+// few percent); past 8, S rounded up to a quarter of its power of two (at least 8): 64..128 rows (64 sequences
+// at k = 1) take 5 sizes instead of 65. Padding costs a few rows of work; a forward whose shape has no graph
+// costs its launches (on the bundled models at 32-64 sequences, most MTP forwards ran eagerly, and a k = 1 step
+// cost twice a plain one; the target's verify forwards too, while the sequences of a batch finished one by
+// one, and the small batches they leave met every S below 8 in every kind of forward). Forwards past
+// kPadFormsUpTo rows (a long prompt) are not padded.
+constexpr int64_t kPadFormsUpTo = 2048;
+constexpr int64_t kMaxPaddingRows = kPadFormsUpTo / 4;  // (the most padded_forward_rows adds)
+int64_t padded_forward_rows(int64_t S);
+
 class ForwardGraphs {
  public:
   using Key = std::tuple<int64_t, uintptr_t, int>;

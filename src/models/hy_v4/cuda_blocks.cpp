@@ -215,45 +215,9 @@ void HYV4CudaBlocks::reserve(int64_t rows, int64_t positions) {
   ensure_workspace(std::max<int64_t>(rows, 1), std::max<int64_t>(positions, 1));
 }
 
-namespace {
-
-// The rows a forward of S rows runs as: up to 8, one of 1, 2, 3, 4, 6, 8 (a single sequence's verify of k + 1
-// <= 4 rows keeps its size: its shape recurs anyway, and each padding row costs it a few percent); past 8, S
-// rounded up to a quarter of its power of two (at least 8): 64..128 rows (64 sequences at k = 1) take 5 sizes
-// instead of 65. Padding costs a few rows of work (no expert reads: MoE dispatch skips padding rows); a forward
-// whose shape has no graph costs its launches (on the bundled model at 32-64 sequences, most MTP forwards ran
-// eagerly, and a k = 1 step cost twice a plain one; the target's verify forwards too, while the sequences of a
-// batch finished one by one, and the small batches they leave met every S below 8 in every kind of forward).
-// Forwards past kPadUpTo rows (a long prompt) are not padded.
-constexpr int64_t kPadUpTo = 2048;
-int64_t padded_rows(int64_t S) {
-  if (S > kPadUpTo) return S;
-  if (S <= 8) return S <= 4 ? S : S <= 6 ? 6 : 8;
-  int64_t pow2 = 8;
-  while (pow2 * 2 <= S) pow2 *= 2;
-  const int64_t step = std::max<int64_t>(8, pow2 / 4);
-  return (S + step - 1) / step * step;
-}
-constexpr int64_t kPadRowsMax = kPadUpTo / 4;  // (the most padded_rows adds)
-
-}  // namespace
-
-// One per plane layout (the target's pool and the MTP layers' have different widths), kept for good: forwards
-// of both kinds alternate, and none of their graphs holds a mirror's address (each forward uploads its table's
-// address with the page tables), so a new layout only adds one.
-DevicePlanes& HYV4CudaBlocks::pad_mirror(const KVCache& like) {
-  const KVPool& pool = *like.shared_pool();
-  std::vector<int64_t> widths;
-  for (size_t p = 0; p < pool.num_planes(); ++p) widths.push_back(pool.plane_width(p));
-  for (const std::unique_ptr<DevicePlanes>& m : pad_mirrors_)
-    if (m->widths == widths) return *m;
-  pad_mirrors_.push_back(std::make_unique<DevicePlanes>(kPadRowsMax, std::move(widths)));
-  return *pad_mirrors_.back();
-}
-
 // One upload of the rows' facts: tokens, span, slot, position, pages and forced selections (int32), and per
-// span its page table's offset and its pool's plane table (int64). A forward's padding rows (padded_rows) come
-// last, as one more span.
+// span its page table's offset and its pool's plane table (int64). A forward's padding rows
+// (padded_forward_rows) come last, as one more span.
 void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   const profile::Sections prof(kUpload);
   graphs_.abandon();  // (a forward that threw mid-way)
@@ -275,7 +239,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   if (S_ > kMaxRows)
     throw Error("cuda: a forward of " + std::to_string(S_) + " rows (prompts and rounds together) is more than the " +
                 std::to_string(kMaxRows) + " the GPU's attention kernels take in one launch; send a shorter prompt");
-  pad_ = padded_rows(S_) - S_;
+  pad_ = padded_forward_rows(S_) - S_;
   S_ += pad_;
   ensure_workspace(S_, std::max(max_seq, pad_));
   const int64_t S = S_, n_real = int64_t(spans_.size()), n = n_real + (pad_ > 0), K = topk_stride();
@@ -300,14 +264,14 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
     }
     page_tokens[i] = int32_t(sp.cache->page_tokens());
   }
-  for (int64_t r = 0; r < pad_; ++r) {  // the padding span: one page of kPadRowsMax slots
+  for (int64_t r = 0; r < pad_; ++r) {  // the padding span: one page of kMaxPaddingRows slots
     const int64_t row = S - pad_ + r;
     tokens[row] = local_token(0);
     span[row] = int32_t(n - 1);
     slot[row] = pos[row] = int32_t(r);
     forced_count[row] = -1;
   }
-  if (pad_ > 0) page_tokens[n - 1] = int32_t(kPadRowsMax);
+  if (pad_ > 0) page_tokens[n - 1] = int32_t(kMaxPaddingRows);
   m[size_t(7 * S)] = int32_t(S - pad_);
   for (int64_t i = 0; i < n_real; ++i) {  // the page tables, after the fixed part
     const HYV4RowSpan& sp = spans_[i];
@@ -319,7 +283,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   if (pad_ > 0) {
     m64[size_t(n - 1)] = int64_t(m.size());
     m.push_back(0);
-    m64[size_t(S + n - 1)] = reinterpret_cast<int64_t>(pad_mirror(*spans_[0].cache).table.get());
+    m64[size_t(S + n - 1)] = reinterpret_cast<int64_t>(pad_planes_.like(*spans_[0].cache).table.get());
   }
   if (any_forced_) {  // forced rows' selections [S, K] after the page tables
     const size_t at = m.size();

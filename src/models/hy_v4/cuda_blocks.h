@@ -61,7 +61,6 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   const float* dev(const std::vector<float>& v);   // likewise for norm weights, biases, sinks
   void upload_weights(const HYV4Weights& w, bool target_layers);
   float* act(HYV4Act a);
-  DevicePlanes& pad_mirror(const KVCache& like);  // planes shaped as like's pool's, for padding rows
   void ensure_workspace(int64_t rows, int64_t positions);
   // Where a block's last kernel stores its output (blocks.h, HYV4Out): *y and the sink to store through.
   cuda::OutputSink sink_for(HYV4Out out, float** y);
@@ -96,12 +95,12 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   // The current forward (begin()): its spans, rows, and the device view of its rows' caches.
   std::vector<HYV4RowSpan> spans_;
   int64_t S_ = 0;  // rows, padding included
-  // A forward's rows are padded to a few sizes per doubling (padded_rows in cuda_blocks.cpp), so that its graph
-  // replays whatever the round's acceptance and the batch: pad_ rows of a span of their own after the real ones
-  // (the target's token 0, an MTP layer's -1: no embedding; positions 0.., their keys in pad_mirrors_' scratch
-  // planes; nothing reads their outputs).
+  // A forward's rows are padded to a few sizes per doubling (padded_forward_rows, forward_graphs.h), so that
+  // its graph replays whatever the round's acceptance and the batch: pad_ rows of a span of their own after the
+  // real ones (the target's token 0, an MTP layer's -1: no embedding; positions 0.., their keys in
+  // pad_planes_' scratch; nothing reads their outputs).
   int64_t pad_ = 0;
-  std::vector<std::unique_ptr<DevicePlanes>> pad_mirrors_;  // per plane layout (pad_mirror())
+  PaddingPlanes pad_planes_{kMaxPaddingRows};
   bool any_forced_ = false, all_forced_ = false;
   int64_t logit_rows_ = 0;
   cuda::RowCaches rc_;

@@ -161,6 +161,9 @@ void Qwen4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   grow_device<float>(w.z, S * c.linear_value_dim());
   grow_device<float>(w.ab, S * 2 * c.linear_num_value_heads);
   grow_device<float>(w.core, S * std::max(c.linear_value_dim(), int64_t(c.num_attention_heads) * c.head_dim));
+  // (padding rows run no recurrence: they read what real rows left in these, zero at first, always finite)
+  cuda::fill_zero(w.conv.get(), w.conv.bytes());
+  cuda::fill_zero(w.core.get(), w.core.bytes());
   grow_device<float>(w.q, S * qdim);
   grow_device<float>(w.kv, S * 2 * kvd);
   grow_device<float>(w.iq, S * int64_t(c.indexer_n_heads + 1) * c.indexer_head_dim);
@@ -220,7 +223,7 @@ void Qwen4CudaBlocks::begin(const Qwen4RowSpan* spans, size_t count) {
   graphs_.abandon();  // (a forward that threw mid-way)
   spans_.assign(spans, spans + count);
   mirrors_.drop_expired();
-  S_ = 0;
+  S_ = pad_ = 0;
   int64_t max_pos = 1;
   any_forced_ = false;
   all_forced_ = true;
@@ -236,7 +239,9 @@ void Qwen4CudaBlocks::begin(const Qwen4RowSpan* spans, size_t count) {
   if (S_ > kMaxRows)
     throw Error("cuda: a forward of " + std::to_string(S_) + " rows is more than the " + std::to_string(kMaxRows) +
                 " the GPU's kernels take in one launch; send a shorter prompt");
-  ensure_workspace(S_, max_pos);
+  pad_ = padded_forward_rows(S_) - S_;
+  S_ += pad_;
+  ensure_workspace(S_, std::max(max_pos, pad_));
   upload_rows();
 }
 
@@ -245,7 +250,8 @@ void Qwen4CudaBlocks::begin(const Qwen4RowSpan* spans, size_t count) {
 // completes, forced count, forced-from, (unused), then [S] (at most a span a row) each: page size, first row,
 // rows, first position; per PLE layer [S, ngram heads] table rows; forced selections [S, kForcedStride] when
 // any; then the page tables. int64 [S] each: a span's page-table offset, its pool's plane table, its state
-// slots' address.
+// slots' address. The padding rows (begin()) come last, as one more span of the attention's (its entries of the
+// recurrent spans are empty: a padding row runs no recurrence); the real rows' count is at 9·S.
 void Qwen4CudaBlocks::upload_rows() {
   const Qwen4ExpConfig& c = cfg_;
   const int64_t S = S_, n = int64_t(spans_.size()), ratio = std::max<int64_t>(c.indexer_compress_ratio, 1);
@@ -284,6 +290,17 @@ void Qwen4CudaBlocks::upload_rows() {
     pos0[i] = int32_t(sp.pos0);
     m64[size_t(2 * S + i)] = sp.seq ? reinterpret_cast<int64_t>(sp.seq->device_state()) : 0;
   }
+  for (int64_t r = 0; r < pad_; ++r) {  // the padding span: one page of kMaxPaddingRows slots
+    const int64_t row = S - pad_ + r;
+    span[row] = int32_t(n);
+    slot[row] = pos[row] = int32_t(r);
+    blocks[row] = int32_t((r + 1) / ratio);
+    block_pos[row] = int32_t(r + 1 - ratio);
+    fcount[row] = all_forced_ ? 1 : -1;  // (no indexer runs when all are forced: the first slot, as forced)
+    ffrom[row] = int32_t(r + 1);
+  }
+  if (pad_ > 0) page_tokens[n] = int32_t(kMaxPaddingRows);
+  m[size_t(9 * S)] = int32_t(S - pad_);
   // PLE n-gram table rows per layer (target forwards: the spans' token histories, then their new tokens)
   ple_ids_.assign(ple_layers_.size(), nullptr);
   std::vector<int64_t>& ple_at = ple_at_;  // per layer: where its ids start in m (-1: none)
@@ -318,6 +335,12 @@ void Qwen4CudaBlocks::upload_rows() {
     m.insert(m.end(), sp.cache->page_table(), sp.cache->page_table() + pages);
     m64[size_t(S + i)] = reinterpret_cast<int64_t>(mirrors_.of(*sp.cache).table.get());
   }
+  if (pad_ > 0) {
+    m64[size_t(n)] = int64_t(m.size());
+    m.push_back(0);
+    if (spans_[0].cache)
+      m64[size_t(S + n)] = reinterpret_cast<int64_t>(pad_planes_.like(*spans_[0].cache).table.get());
+  }
   Workspace& w = *ws_;
   const void* before[2] = {w.meta_i32.get(), w.meta_i64.get()};
   // (twice what this forward needs when they grow: the page tables lengthen as sequences do)
@@ -337,6 +360,7 @@ void Qwen4CudaBlocks::upload_rows() {
   block_position_ = d32 + 6 * S;
   forced_count_ = d32 + 7 * S;
   forced_from_ = d32 + 8 * S;
+  real_rows_ = d32 + 9 * S;
   rc_.page_tokens = d32 + 10 * S;
   rc_.tables = d32;
   rc_.table_offset = d64;
@@ -509,7 +533,7 @@ size_t Qwen4CudaBlocks::moe(const MoeWeights& m) {
   int32_t* ids = device_as<int32_t>(w.ids);
   int32_t *token_of = device_as<int32_t>(w.moe_i32), *row_of = token_of + SK, *first = row_of + SK;
   cuda::moe_route_softmax(w.router.f32(), S, E, k, c.norm_topk_prob, ids, w.wts.f32());
-  cuda::moe_dispatch(ids, S, k, E, first, token_of, row_of);
+  cuda::moe_dispatch(ids, S, k, E, first, token_of, row_of, real_rows_);  // (padding rows run no expert)
   cuda::gather_rows(x, H, token_of, SK, w.gathered.f32());                       // [S·k, H]
   cuda::grouped_matmul(w.gathered.f32(), t.gate, first, SK, w.ea.f32());        // [S·k, I]
   cuda::grouped_matmul(w.gathered.f32(), t.up, first, SK, w.eb.f32());
@@ -543,6 +567,7 @@ void Qwen4CudaBlocks::mtp_input(const Qwen4MtpWeights& m, const Linear& embed, D
     std::copy(r.h_prev, r.h_prev + r.rows * CH, h.data() + row * CH);
     row += r.rows;
   }
+  std::fill(h.begin() + row * CH, h.end(), 0.0f);  // the padding rows
   cuda::copy_to_device(w.h_prev.f32(), h.data(), h.size() * sizeof(float));
   // (after the upload: an MTP forward starts here; its shape is its layer's, every request being of one layer)
   const Qwen4LayerWeights& layer = m.layers.at(size_t(requests[0]->layer));

@@ -79,7 +79,14 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
 
   // The current forward (begin()): its spans, rows and their device views.
   std::vector<Qwen4RowSpan> spans_;
-  int64_t S_ = 0, logit_rows_ = 0;
+  int64_t S_ = 0, logit_rows_ = 0;  // (S_: padding included)
+  // A forward's rows are padded to a few sizes per doubling (padded_forward_rows, forward_graphs.h), so that
+  // its graph replays whatever the round's acceptance and the batch: pad_ rows of a span of their own after the
+  // real ones (token 0, positions 0.., their keys in pad_planes_' scratch; no recurrence and no expert runs for
+  // them, and nothing reads their outputs).
+  int64_t pad_ = 0;
+  PaddingPlanes pad_planes_{kMaxPaddingRows};
+  const int32_t* real_rows_ = nullptr;  // on the device: the rows before the padding
   bool any_forced_ = false, all_forced_ = false;
   cuda::RowCaches rc_;
   cuda::RecurrentSpans rs_;
