@@ -39,7 +39,8 @@ for step in "${steps[@]}"; do
       ;;
     bench)  # both bundled models on the GPU, 1-64 sequences, plain and speculative
       for m in nextn-qwen4exp-tiny nextn-hy4-tiny; do
-        $run nextn bench --device cuda --model "$models/$m" --tokens 96 --concurrency 1,8,32,64 --repeats ${NEXTN_BENCH_REPEATS:-1} \
+        $run nextn bench --device cuda --model "$models/$m" --tokens 96 --concurrency 1,8,32,64 \
+          --repeats "${NEXTN_BENCH_REPEATS:-1}" \
           > "$logs/bench_$m.log" 2>&1
         grep -E '^machine|^decode|verify cost|k=[1-4]|tuned|^ +(1|8|32|64) ' "$logs/bench_$m.log" | cut -c1-160
       done
