@@ -54,6 +54,21 @@ DevicePlanes::DevicePlanes(int64_t rows_, std::vector<int64_t> widths_) : rows(r
   table.upload(addresses.data(), table.bytes());
 }
 
+void HostRows::read(const float* device, int64_t width, int64_t total, int64_t first, int64_t n, float* out) {
+  if (n <= 0) return;
+  if (first < 0 || first + n > total) throw Error("internal: rows read back outside the forward's");
+  if (!valid_ && first == 0 && n == total) {
+    cuda::copy_to_host(out, device, size_t(n * width) * sizeof(float));
+    return;
+  }
+  if (!valid_) {
+    staged_.resize(size_t(total * width));
+    cuda::copy_to_host(staged_.data(), device, staged_.size() * sizeof(float));
+    valid_ = true;
+  }
+  std::copy(staged_.begin() + first * width, staged_.begin() + (first + n) * width, out);
+}
+
 DevicePlanes& PaddingPlanes::like(const KVCache& cache) {
   const KVPool& pool = *cache.shared_pool();
   std::vector<int64_t> widths;

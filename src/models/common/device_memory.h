@@ -3,6 +3,7 @@
 // A mirror has the pool's planes with the same physical rows, so the host's page tables (uploaded with each
 // forward) index both; the pool's allocator stays host code, and a rollback stays a change of length.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "memory/kv_cache.h"
+#include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace nextn {
@@ -72,6 +74,52 @@ class PaddingPlanes {
   int64_t rows_;
   std::vector<std::unique_ptr<DevicePlanes>> sets_;
 };
+
+// A forward's output rows read back to the host. A read of all of them goes straight to its destination; reads
+// of parts (an MTP forward's, one per sequence) come from one copy of the rows, made at the first: each copy
+// waits for the device, and one a sequence cost more than the forward at 64 sequences.
+class HostRows {
+ public:
+  void reserve(int64_t floats) { staged_.reserve(size_t(floats)); }
+  void forget() { valid_ = false; }  // (at a forward's start)
+  // rows [first, first + n) of the forward's `total` rows of `width` floats at `device` into out.
+  void read(const float* device, int64_t width, int64_t total, int64_t first, int64_t n, float* out);
+
+ private:
+  std::vector<float> staged_;
+  bool valid_ = false;
+};
+
+// The spans' last rows' selections (MTP forwards: the draft steps after step 0 reuse them) into each span's
+// last_topk as positions (slot + its cache's base position), from the device's counts [S] and slots [S, stride]
+// after the forward: the rows from the first such span's last to the last one's in two copies (host_count,
+// host_sel: staging), not two per span: each copy waits for the device, and at 64 sequences 128 waits cost
+// more than the MTP forward.
+template <typename RowSpan>
+void read_last_selections(const std::vector<RowSpan>& spans, const int32_t* count, const int32_t* slots,
+                          int64_t stride, std::vector<int32_t>& host_count, std::vector<int32_t>& host_sel) {
+  int64_t lo = -1, hi = -1;
+  for (const RowSpan& sp : spans)
+    if (sp.last_topk) {
+      const int64_t last = sp.first_row + sp.rows - 1;
+      lo = lo < 0 ? last : std::min(lo, last);
+      hi = std::max(hi, last);
+    }
+  if (hi < 0) return;
+  const int64_t n = hi - lo + 1;
+  host_count.resize(size_t(n));
+  host_sel.resize(size_t(n * stride));
+  cuda::copy_to_host(host_count.data(), count + lo, size_t(n) * sizeof(int32_t));
+  cuda::copy_to_host(host_sel.data(), slots + lo * stride, size_t(n * stride) * sizeof(int32_t));
+  for (const RowSpan& sp : spans)
+    if (sp.last_topk) {
+      const int64_t at = sp.first_row + sp.rows - 1 - lo;
+      const int32_t* sel = host_sel.data() + at * stride;
+      const auto base = static_cast<int32_t>(sp.cache->base_position());
+      sp.last_topk->resize(size_t(std::clamp<int64_t>(host_count[size_t(at)], 0, stride)));
+      for (size_t j = 0; j < sp.last_topk->size(); ++j) (*sp.last_topk)[j] = sel[j] + base;
+    }
+}
 
 class KVMirrors {
  public:

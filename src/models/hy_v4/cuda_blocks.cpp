@@ -206,6 +206,7 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   meta_i32_.reserve(size_t(8 * S + P + S * K));
   meta_i64_.reserve(size_t(2 * S));
   host_f32_.reserve(size_t(S * H));
+  hidden_rows_.reserve(S * H);
   host_i32_.reserve(size_t(S));
   host_sel_count_.reserve(size_t(S));
   host_sel_.reserve(size_t(S * K));
@@ -221,6 +222,7 @@ void HYV4CudaBlocks::reserve(int64_t rows, int64_t positions) {
 void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   const profile::Sections prof(kUpload);
   graphs_.abandon();  // (a forward that threw mid-way)
+  hidden_rows_.forget();
   spans_.assign(spans, spans + count);
   mirrors_.drop_expired();
   S_ = 0;
@@ -522,29 +524,9 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4O
 // The spans' last rows' selections (MTP forwards: the draft steps after step 0 reuse them), read after the
 // forward has run: the top-k buffer then holds the last attention's, which is the MTP layer's only one.
 void HYV4CudaBlocks::read_selections() {
-  // The rows from the first span's last to the last span's last in two copies (one per buffer), not two per
-  // span: each copy waits for the device, and at 64 sequences 128 waits cost more than the MTP forward.
-  int64_t lo = S_, hi = -1;
-  for (const HYV4RowSpan& sp : spans_)
-    if (sp.last_topk) {
-      lo = std::min(lo, sp.first_row + sp.rows - 1);
-      hi = std::max(hi, sp.first_row + sp.rows - 1);
-    }
-  if (hi < lo) return;
   const profile::Sections prof(kWait);
-  const int64_t K = topk_stride(), n = hi - lo + 1;
-  host_sel_count_.resize(size_t(n));
-  host_sel_.resize(size_t(n * K));
-  cuda::copy_to_host(host_sel_count_.data(), device_as<int32_t>(ws_->topk_count) + lo, size_t(n) * sizeof(int32_t));
-  cuda::copy_to_host(host_sel_.data(), device_as<int32_t>(ws_->topk) + lo * K, size_t(n * K) * sizeof(int32_t));
-  for (const HYV4RowSpan& sp : spans_)
-    if (sp.last_topk) {
-      const int64_t at = sp.first_row + sp.rows - 1 - lo;
-      const int32_t* sel = host_sel_.data() + at * K;
-      const int32_t base = static_cast<int32_t>(sp.cache->base_position());
-      sp.last_topk->resize(size_t(host_sel_count_[size_t(at)]));
-      for (size_t j = 0; j < sp.last_topk->size(); ++j) (*sp.last_topk)[j] = sel[j] + base;
-    }
+  read_last_selections(spans_, device_as<int32_t>(ws_->topk_count), device_as<int32_t>(ws_->topk), topk_stride(),
+                       host_sel_count_, host_sel_);
 }
 
 // ---- MLP and MoE ---------------------------------------------------------------------------------------------
@@ -668,7 +650,7 @@ void HYV4CudaBlocks::forget_graphs() { graphs_.forget(); }
 void HYV4CudaBlocks::read_hidden(int64_t first, int64_t rows, float* out) {
   const int64_t H = cfg_.hidden_size;
   const profile::Sections prof(kWait);
-  cuda::copy_to_host(out, ws_->hidden.f32() + first * H, size_t(rows * H) * sizeof(float));
+  hidden_rows_.read(ws_->hidden.f32(), H, S_ - pad_, first, rows, out);
 }
 
 void HYV4CudaBlocks::logits(const Linear& lm_head, float* out) {

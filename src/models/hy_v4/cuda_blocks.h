@@ -108,6 +108,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   std::vector<int32_t> meta_i32_;  // host staging of the per-forward uploads
   std::vector<int64_t> meta_i64_;
   std::vector<float> host_f32_;   // h_prev rows of an MTP forward [S, H]
+  HostRows hidden_rows_;          // the forward's hidden rows read back (read_hidden)
   std::vector<int32_t> host_i32_;  // MTP token ids
   std::vector<int32_t> host_sel_count_, host_sel_;  // read_selections' rows [n] and [n, K]
   std::vector<int32_t> host_argmax_;                // logits()' greedy rows' ids [n]

@@ -187,6 +187,7 @@ void Qwen4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   grow_device<float>(w.logits, S * c.vocab_size);
   w.rows = S;
   w.positions = P;
+  stream_rows_.reserve(S * CH);
 }
 
 void Qwen4CudaBlocks::reserve(int64_t rows, int64_t positions) {
@@ -221,6 +222,7 @@ void Qwen4CudaBlocks::attach_state(Qwen4ExpSequence& seq) {
 
 void Qwen4CudaBlocks::begin(const Qwen4RowSpan* spans, size_t count) {
   graphs_.abandon();  // (a forward that threw mid-way)
+  stream_rows_.forget();
   spans_.assign(spans, spans + count);
   mirrors_.drop_expired();
   S_ = pad_ = 0;
@@ -506,19 +508,9 @@ void Qwen4CudaBlocks::qsa(const QsaWeights& a, size_t cache_layer) {
   cuda::matmul(w.core.f32(), S, dev(a.o_proj), w.y.f32());
 }
 
-// The spans' last rows' selections as positions (MTP forwards: the draft steps after step 0 reuse them).
 void Qwen4CudaBlocks::read_selections() {
-  const int64_t sel_cap = qsa_selection_cap(cfg_);
-  for (const Qwen4RowSpan& sp : spans_) {
-    if (!sp.last_topk) continue;
-    const int64_t row = sp.first_row + sp.rows - 1;
-    int32_t n = 0;
-    cuda::copy_to_host(&n, device_as<int32_t>(ws_->sel_count) + row, sizeof(int32_t));
-    host_sel_.resize(size_t(n));
-    cuda::copy_to_host(host_sel_.data(), device_as<int32_t>(ws_->sel) + row * sel_cap, size_t(n) * sizeof(int32_t));
-    sp.last_topk->clear();
-    for (int32_t s : host_sel_) sp.last_topk->push_back(int32_t(sp.cache->base_position() + s));
-  }
+  read_last_selections(spans_, device_as<int32_t>(ws_->sel_count), device_as<int32_t>(ws_->sel),
+                       qsa_selection_cap(cfg_), host_sel_count_, host_sel_);
 }
 
 size_t Qwen4CudaBlocks::moe(const MoeWeights& m) {
@@ -586,7 +578,7 @@ void Qwen4CudaBlocks::mtp_input(const Qwen4MtpWeights& m, const Linear& embed, D
 
 void Qwen4CudaBlocks::read_streams(int64_t first, int64_t rows, float* out) {
   const int64_t CH = cfg_.hc_width();
-  cuda::copy_to_host(out, ws_->X.f32() + first * CH, size_t(rows * CH) * sizeof(float));
+  stream_rows_.read(ws_->X.f32(), CH, S_ - pad_, first, rows, out);
 }
 
 void Qwen4CudaBlocks::final_logits(const GatedResidualWeights& mixer, const Linear& lm_head, const float* X,

@@ -103,7 +103,8 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   std::vector<int32_t> meta_i32_;  // host staging of the per-forward uploads
   std::vector<int64_t> meta_i64_, ngram_;
   std::vector<float> host_f32_;   // an MTP forward's h_prev rows
-  std::vector<int32_t> host_sel_;  // a span's last row's selection
+  HostRows stream_rows_;          // the forward's streams read back (read_streams)
+  std::vector<int32_t> host_sel_count_, host_sel_;  // the spans' last rows' selections (read_selections)
 };
 
 }  // namespace nextn
