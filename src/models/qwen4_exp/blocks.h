@@ -47,6 +47,7 @@ struct Qwen4RowSpan {
   // selected positions go
   const TopkOverride* forced;
   std::vector<int32_t>* last_topk;
+  int32_t* argmax;  // not null: the span's logit rows' argmax go here instead of their logits (BatchSegment)
 };
 
 // Where each layer's recurrent state sits in one of a sequence's state slots, and how many slots it keeps.
@@ -84,11 +85,13 @@ class Qwen4ExpBlocks {
 
   virtual void read_streams(int64_t first, int64_t rows, float* out) = 0;  // X rows -> out [rows, C·H]
   // Logits of the rows that want them (every row of an all_logits span, else its last), through `mixer` and
-  // one lm_head: out [n, V]. X is spent.
+  // one lm_head: out [n, V]. X is spent. A span with `argmax` gets its rows' argmax there (finite_argmax: -1
+  // for a row with a NaN or inf), and its rows of out may be left unwritten.
   virtual void logits(const GatedResidualWeights& mixer, const Linear& lm_head, float* out) = 0;
-  // The same for streams given in host memory ([rows, C·H], the drafter's).
+  // The same for streams given in host memory ([rows, C·H], the drafter's); the first argmax_rows rows'
+  // finite_argmax go to argmax [argmax_rows] instead (their rows of out may stay unwritten).
   virtual void logits_of(const GatedResidualWeights& mixer, const Linear& lm_head, const float* streams,
-                         int64_t rows, float* out) = 0;
+                         int64_t rows, float* out, int32_t* argmax, int64_t argmax_rows) = 0;
 };
 
 }  // namespace nextn

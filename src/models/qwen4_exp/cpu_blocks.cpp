@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "core/finite.h"
 #include "core/profile.h"
 #include "core/threadpool.h"
 #include "models/common/expert_jobs.h"
@@ -175,17 +176,25 @@ void Qwen4CpuBlocks::logits(const GatedResidualWeights& mixer, const Linear& lm_
     n += rows;
   }
   gated_residual(mixer, X, n, b_.x.data(), nullptr);
-  tp_.logits(pool_, lm_head, b_.x.data(), n, cfg_.vocab_size, out);
+  const int64_t V = cfg_.vocab_size;
+  tp_.logits(pool_, lm_head, b_.x.data(), n, V, out);
+  int64_t row = 0;  // the spans that want only their rows' argmax
+  for (const Qwen4RowSpan& sp : spans_) {
+    const int64_t rows = sp.all_logits ? sp.rows : 1;
+    if (sp.argmax) finite_argmax_rows(out + row * V, rows, V, sp.argmax);
+    row += rows;
+  }
 }
 
 void Qwen4CpuBlocks::logits_of(const GatedResidualWeights& mixer, const Linear& lm_head, const float* streams,
-                               int64_t rows, float* out) {
+                               int64_t rows, float* out, int32_t* argmax, int64_t argmax_rows) {
   const profile::Sections prof(sections::kLmHead);
   ensure_rows(rows);
   float* X = b_.X.data();
   std::copy(streams, streams + rows * cfg_.hc_width(), X);
   gated_residual(mixer, X, rows, b_.x.data(), nullptr);
   ops::matmul(pool_, b_.x.data(), rows, lm_head, out);
+  if (argmax_rows > 0) finite_argmax_rows(out, argmax_rows, cfg_.vocab_size, argmax);
 }
 
 // The pool when `work` (multiply-adds) is worth a hand-off now, else null (run on the calling thread): tiny

@@ -39,7 +39,7 @@ class Qwen4CpuBlocks final : public Qwen4ExpBlocks {
   void read_streams(int64_t first, int64_t rows, float* out) override;
   void logits(const GatedResidualWeights& mixer, const Linear& lm_head, float* out) override;
   void logits_of(const GatedResidualWeights& mixer, const Linear& lm_head, const float* streams, int64_t rows,
-                 float* out) override;
+                 float* out, int32_t* argmax, int64_t argmax_rows) override;
 
  private:
   // The pool when `work` (multiply-adds) is worth a hand-off now, else null (run on the calling thread).

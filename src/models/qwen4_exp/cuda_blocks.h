@@ -40,7 +40,7 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   void read_streams(int64_t first, int64_t rows, float* out) override;
   void logits(const GatedResidualWeights& mixer, const Linear& lm_head, float* out) override;
   void logits_of(const GatedResidualWeights& mixer, const Linear& lm_head, const float* streams, int64_t rows,
-                 float* out) override;
+                 float* out, int32_t* argmax, int64_t argmax_rows) override;
   void finish() override;
   uint64_t one_off_forwards() const override { return graphs_.one_offs(); }
 
@@ -59,8 +59,9 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   bool replay_or_record(uintptr_t which);
   // X [rows, C·H] -> x [rows, H] (and the injection gates [rows, C] when inj is not null), as cpu_blocks.cpp.
   void mix(const GatedResidualWeights& g, const float* X, int64_t rows, float* x, float* inj);
-  void final_logits(const GatedResidualWeights& mixer, const Linear& lm_head, const float* X, int64_t rows,
-                    float* out);
+  const float* final_logits(const GatedResidualWeights& mixer, const Linear& lm_head, const float* X,
+                            int64_t rows);
+  void logits_to_host(const float* logits, int64_t rows, float* out);
   void read_selections();
 
   const Qwen4ExpConfig& cfg_;
@@ -104,7 +105,9 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   std::vector<int64_t> meta_i64_, ngram_;
   std::vector<float> host_f32_;   // an MTP forward's h_prev rows
   HostRows stream_rows_;          // the forward's streams read back (read_streams)
-  std::vector<int32_t> host_sel_count_, host_sel_;  // the spans' last rows' selections (read_selections)
+  std::vector<int32_t> host_sel_count_, host_sel_;
+  std::vector<uint8_t> by_id_;          // per logit row: its id comes back, not its row (logits_to_host)
+  std::vector<int32_t> host_argmax_;    // those ids  // the spans' last rows' selections (read_selections)
 };
 
 }  // namespace nextn

@@ -391,7 +391,7 @@ void Qwen4ExpModel::forward(const BatchSegment* segments, size_t count, float* l
     check_token_ids(g.tokens, g.rows, V);
     spans_.push_back(
         {seq, seq->has_kv() ? &seq->kv() : nullptr, S, g.rows, seq->length(), seq->length(), g.tokens, g.all_logits,
-         nullptr, nullptr});
+         nullptr, nullptr, g.argmax});
     S += g.rows;
   }
   if (S == 0) return;
@@ -412,15 +412,7 @@ void Qwen4ExpModel::forward(const BatchSegment* segments, size_t count, float* l
   last_routed_bytes_ = routed;
   if (hidden) b.read_streams(0, S, hidden);
   if (!logits) return;
-  b.logits(w.mixer, w.lm_head, logits);
-  int64_t row = 0;  // the segments that want only their rows' argmax (a CPU backend has the logits at hand)
-  for (size_t i = 0; i < count; ++i) {
-    const BatchSegment& g = segments[i];
-    if (g.rows <= 0) continue;
-    const int64_t rows = g.all_logits ? g.rows : 1;
-    if (g.argmax) finite_argmax_rows(logits + row * V, rows, V, g.argmax);
-    row += rows;
-  }
+  b.logits(w.mixer, w.lm_head, logits);  // (segments with argmax: their ids, not their rows)
 }
 
 void Qwen4ExpModel::check_draft_request(const DraftRequest& r) const {
@@ -459,7 +451,8 @@ void Qwen4ExpModel::draft_forward_batch(int layer, DraftRequest* const* requests
   int64_t row = 0;
   for (size_t i = 0; i < count; ++i) {
     DraftRequest& r = *requests[i];
-    spans_.push_back({nullptr, r.cache, row, r.rows, r.cache->length(), r.pos0, r.tokens, true, r.forced, r.topk_out});
+    spans_.push_back({nullptr, r.cache, row, r.rows, r.cache->length(), r.pos0, r.tokens, true, r.forced, r.topk_out,
+                      nullptr});
     row += r.rows;
   }
   for (size_t i = 0; i < count; ++i) requests[i]->cache->prepare(requests[i]->rows);
@@ -476,8 +469,7 @@ void Qwen4ExpModel::draft_forward_batch(int layer, DraftRequest* const* requests
 
 void Qwen4ExpModel::draft_logits_rows(const float* hidden, int64_t rows, float* logits, int32_t* argmax,
                                       int64_t argmax_rows) {
-  blocks_->logits_of(w_.mtp.mixer, w_.lm_head, hidden, rows, logits);
-  if (argmax_rows > 0) finite_argmax_rows(logits, argmax_rows, cfg_.vocab_size, argmax);
+  blocks_->logits_of(w_.mtp.mixer, w_.lm_head, hidden, rows, logits, argmax, argmax_rows);
 }
 
 }  // namespace nextn
