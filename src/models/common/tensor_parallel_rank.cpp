@@ -17,11 +17,7 @@ void TensorParallelRank::set(Communicator* comm, std::vector<UnitRange> vocab) {
   vocab_ = std::move(vocab);
 }
 
-int64_t TensorParallelRank::largest_part() const {
-  int64_t width = 0;
-  for (const UnitRange& v : vocab_) width = std::max(width, v.size());
-  return width;
-}
+int64_t TensorParallelRank::largest_part() const { return widest(vocab_); }
 
 int64_t TensorParallelRank::bytes_for(int64_t rows, int64_t hidden) const {
   if (!comm_) return 0;

@@ -32,6 +32,13 @@ inline std::vector<UnitRange> split_units(int64_t units, int64_t unit_cols, int6
   return out;
 }
 
+// The widest of the ranks' ranges (what a buffer for any rank's part needs).
+inline int64_t widest(const std::vector<UnitRange>& ranges) {
+  int64_t width = 0;
+  for (const UnitRange& r : ranges) width = std::max(width, r.size());
+  return width;
+}
+
 // The columns a row-parallel slice of w may start at: an FP8 weight's scale block, else any.
 inline int64_t column_align(const Linear& w) { return w.dtype == DType::F8_E4M3 ? w.block_in : 1; }
 

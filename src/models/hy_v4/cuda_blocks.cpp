@@ -598,11 +598,7 @@ void HYV4CudaBlocks::set_tensor_parallel(cuda::DeviceCommunicator* comm, std::ve
   ws_ = std::make_unique<Workspace>();  // (the next forward sizes it with the gathers' buffers)
 }
 
-int64_t HYV4CudaBlocks::largest_vocab_part() const {
-  int64_t width = 0;
-  for (const UnitRange& v : vocab_) width = std::max(width, v.size());
-  return width;
-}
+int64_t HYV4CudaBlocks::largest_vocab_part() const { return widest(vocab_); }
 
 int32_t HYV4CudaBlocks::local_token(int32_t token) const {
   if (!tp_) return token;
