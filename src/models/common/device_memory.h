@@ -68,7 +68,6 @@ class PaddingPlanes {
  public:
   explicit PaddingPlanes(int64_t rows) : rows_(rows) {}
   DevicePlanes& like(const KVCache& cache);
-  int64_t rows() const { return rows_; }
 
  private:
   int64_t rows_;

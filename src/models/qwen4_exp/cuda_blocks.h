@@ -105,9 +105,9 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   std::vector<int64_t> meta_i64_, ngram_;
   std::vector<float> host_f32_;   // an MTP forward's h_prev rows
   HostRows stream_rows_;          // the forward's streams read back (read_streams)
-  std::vector<int32_t> host_sel_count_, host_sel_;
-  std::vector<uint8_t> by_id_;          // per logit row: its id comes back, not its row (logits_to_host)
-  std::vector<int32_t> host_argmax_;    // those ids  // the spans' last rows' selections (read_selections)
+  std::vector<int32_t> host_sel_count_, host_sel_;  // the spans' last rows' selections (read_selections)
+  std::vector<uint8_t> by_id_;        // per logit row: its id comes back, not its row (logits_to_host)
+  std::vector<int32_t> host_argmax_;  // those ids
 };
 
 }  // namespace nextn
