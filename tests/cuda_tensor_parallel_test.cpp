@@ -1,5 +1,5 @@
-// Tensor-parallel ranks on GPUs (docs/parallel.md, P12): HY V4's shard on the CUDA backend, its collectives
-// on device memory. On one GPU the ranks share it and exchange rows through host memory (the host-staged
+// Tensor-parallel ranks on GPUs (docs/parallel.md, P12): HY V4's and Qwen4-Exp's shards on the CUDA backend,
+// their collectives on device memory. On one GPU the ranks share it and exchange rows through host memory (the host-staged
 // form); with a GPU per rank and NCCL, over NCCL. Either way: logits within the fixtures' tolerance of one
 // GPU (fp32: 1e-4 relative; the ranks' partial sums are added in another order), identical argmax, greedy
 // speculation equal to plain greedy on the same ranks, decode steps bit-identical to one forward over the same
@@ -122,41 +122,49 @@ TEST_P(CudaTensorParallelParity, LogitsMatchOneGpu) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaTensorParallelParity,
                          ::testing::Values(Case{"hy_v4/a_fp32", 2}, Case{"hy_v4/a_fp32", 3}, Case{"hy_v4/b_fp32", 2},
-                                           Case{"hy_v4_fp8/fp8_ue8m0", 2}),
+                                           Case{"hy_v4_fp8/fp8_ue8m0", 2}, Case{"qwen4_exp/a_fp32", 2},
+                                           Case{"qwen4_exp/b_fp32", 2}, Case{"qwen4_exp/d_fp8", 2}),
                          [](const auto& param_info) {
                            return testing::fixture_test_name(param_info.param.fixture) + "_" +
                                   std::to_string(param_info.param.ranks) + "_ranks";
                          });
 
-TEST(CudaTensorParallel, DecodeStepsEqualOneForwardBitForBit) {
-  NEXTN_SKIP_WITHOUT_CUDA();
-  ThreadPool pool(2);
-  auto tp = load_on_gpu(testing::fixture_path("hy_v4/a_fp32"), pool, 2);
-  const auto& f = tp->facts();
+void decode_steps_equal_one_forward(Model& tp) {
+  const auto& f = tp.facts();
   const int64_t V = f.vocab_size;
   const auto p = random_prompt(f.sparse_budget + 9, V, 5);
   const int64_t T = int64_t(p.size());
   std::vector<float> whole(size_t(T * V)), steps(size_t(T * V));
   {
-    auto seq = tp->new_sequence(T);
+    auto seq = tp.new_sequence(T);
     const BatchSegment seg{seq.get(), p.data(), T, true, nullptr};
-    tp->forward(&seg, 1, whole.data(), nullptr);
+    tp.forward(&seg, 1, whole.data(), nullptr);
   }
-  auto seq = tp->new_sequence(T);
+  auto seq = tp.new_sequence(T);
   const int64_t head = T - 4;
   BatchSegment seg{seq.get(), p.data(), head, true, nullptr};
-  tp->forward(&seg, 1, steps.data(), nullptr);
+  tp.forward(&seg, 1, steps.data(), nullptr);
   for (int64_t t = head; t < T; ++t) {
     seg = {seq.get(), p.data() + t, 1, true, nullptr};
-    tp->forward(&seg, 1, steps.data() + t * V, nullptr);
+    tp.forward(&seg, 1, steps.data() + t * V, nullptr);
   }
   EXPECT_EQ(0, std::memcmp(whole.data(), steps.data(), whole.size() * sizeof(float)));
+}
+
+// (Qwen4-Exp's steps also carry each rank's share of the recurrent state on its GPU from step to step)
+TEST(CudaTensorParallel, DecodeStepsEqualOneForwardBitForBit) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  ThreadPool pool(2);
+  for (const char* fixture : {"hy_v4/a_fp32", "qwen4_exp/b_fp32"}) {
+    SCOPED_TRACE(fixture);
+    decode_steps_equal_one_forward(*load_on_gpu(testing::fixture_path(fixture), pool, 2));
+  }
 }
 
 TEST(CudaTensorParallel, GreedySpeculationEqualsPlainGreedy) {
   NEXTN_SKIP_WITHOUT_CUDA();
   ThreadPool pool(2);
-  for (const char* fixture : {"hy_v4/a_fp32", "hy_v4/c_bf16"}) {
+  for (const char* fixture : {"hy_v4/a_fp32", "hy_v4/c_bf16", "qwen4_exp/a_fp32", "qwen4_exp/b_fp32"}) {
     auto tp = load_on_gpu(testing::fixture_path(fixture), pool, 2);
     const auto& f = tp->facts();
     ASSERT_GE(f.num_mtp_layers, 1);
@@ -180,9 +188,11 @@ TEST(CudaTensorParallel, OneGpuRanksShareItThroughHostMemory) {
   NEXTN_SKIP_WITHOUT_CUDA();
   if (cuda::device_count() > 1) GTEST_SKIP() << "several GPUs: the ranks get one each";
   ThreadPool pool(2);
-  auto tp = load_on_gpu(testing::fixture_path("hy_v4/a_fp32"), pool, 2);
-  EXPECT_EQ(tp->collectives(), "through host memory");
-  EXPECT_FALSE(tp->runs_on(Device::kCuda));  // (not chosen by --device auto: two ranks, one GPU)
+  for (const char* fixture : {"hy_v4/a_fp32", "qwen4_exp/a_fp32"}) {
+    auto tp = load_on_gpu(testing::fixture_path(fixture), pool, 2);
+    EXPECT_EQ(tp->collectives(), "through host memory") << fixture;
+    EXPECT_FALSE(tp->runs_on(Device::kCuda)) << fixture;  // (not chosen by --device auto: two ranks, one GPU)
+  }
 }
 
 TEST(CudaTensorParallel, NcclGathersAcrossRanksWhenEachHasAGpu) {

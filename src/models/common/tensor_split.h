@@ -39,6 +39,20 @@ inline int64_t widest(const std::vector<UnitRange>& ranges) {
   return width;
 }
 
+// The experts a rank holds, given their weights with the others' empty (out = 0): all of them on one rank,
+// else its range. Returns false when the held ones are not one contiguous range (no split makes that).
+inline bool held_units(const std::vector<Linear>& weights, UnitRange* held) {
+  const int64_t n = int64_t(weights.size());
+  int64_t e0 = 0;
+  while (e0 < n && weights[size_t(e0)].out == 0) ++e0;
+  int64_t e1 = e0;
+  while (e1 < n && weights[size_t(e1)].out > 0) ++e1;
+  for (int64_t e = e1; e < n; ++e)
+    if (weights[size_t(e)].out > 0) return false;
+  *held = {e0, e1};
+  return true;
+}
+
 // The columns a row-parallel slice of w may start at: an FP8 weight's scale block, else any.
 inline int64_t column_align(const Linear& w) { return w.dtype == DType::F8_E4M3 ? w.block_in : 1; }
 

@@ -100,13 +100,9 @@ void HYV4CudaBlocks::upload_weights(const HYV4Weights& w, bool target_layers) {
     vec(f.e_bias);
     if (f.expert_gate.empty()) return;
     // The experts held: all, or a tensor-parallel rank's range (the others' are empty Linears).
-    const int64_t E = int64_t(f.expert_gate.size());
-    int64_t e0 = 0;
-    while (e0 < E && f.expert_gate[size_t(e0)].out == 0) ++e0;
-    int64_t e1 = e0;
-    while (e1 < E && f.expert_gate[size_t(e1)].out > 0) ++e1;
-    for (int64_t e = e1; e < E; ++e)
-      if (f.expert_gate[size_t(e)].out > 0) throw Error("internal: a rank's routed experts are not one range");
+    UnitRange held;
+    if (!held_units(f.expert_gate, &held)) throw Error("internal: a rank's routed experts are not one range");
+    const int64_t e0 = held.begin, e1 = held.end;
     for (int64_t e = e0; e < e1; ++e) {
       linear(f.expert_gate[size_t(e)]);
       linear(f.expert_up[size_t(e)]);

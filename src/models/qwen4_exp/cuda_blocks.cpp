@@ -21,6 +21,7 @@ struct Qwen4CudaBlocks::Workspace {
   cuda::DeviceBuffer router, ids, wts, moe_i32, gathered, ea, eb, eo, sa, sb, sg, sh;
   cuda::DeviceBuffer emb, key, value, gated, normed;
   cuda::DeviceBuffer e_in, e, h_prev, logits, argmax, meta_i32, meta_i64;
+  cuda::DeviceBuffer tp_gather, tp_part;  // tensor parallel: [ranks, S, max(H, vocabulary part)], [S, part]
 };
 
 // Device buffers for sequences' recurrent state, handed back by a sequence's end and reused by the next.
@@ -31,12 +32,12 @@ struct Qwen4CudaBlocks::StateSlots {
 Qwen4CudaBlocks::~Qwen4CudaBlocks() = default;
 
 Qwen4CudaBlocks::Qwen4CudaBlocks(const Qwen4ExpConfig& config, const Qwen4StateLayout& layout,
-                                 const Qwen4ExpWeights& w)
+                                 const Qwen4ExpWeights& w, Uploads uploads)
     : cfg_(config), layout_(layout), ws_(std::make_unique<Workspace>()), states_(std::make_shared<StateSlots>()) {
   std::string why;
   if (!cuda::available(&why)) throw Error("--device cuda: " + why);
   forced_stride_ = qsa_selection_cap(config);
-  upload_weights(w);
+  upload_weights(w, uploads == Uploads::kAll);
   cuda::synchronize();
 }
 
@@ -71,7 +72,7 @@ void Qwen4CudaBlocks::upload_ple_table(const PleWeights& p) {
   ple_tables_.emplace(&p, cuda::upload(whole));
 }
 
-void Qwen4CudaBlocks::upload_weights(const Qwen4ExpWeights& w) {
+void Qwen4CudaBlocks::upload_weights(const Qwen4ExpWeights& w, bool target_layers) {
   auto linear = [&](const Linear& l) { weights_.add(l); };
   auto vec = [&](const std::vector<float>& v) { weights_.add(v); };
   auto mixer = [&](const GatedResidualWeights& g) {
@@ -89,17 +90,21 @@ void Qwen4CudaBlocks::upload_weights(const Qwen4ExpWeights& w) {
     for (const std::vector<float>* v : {&a.q_norm, &a.k_norm, &a.index_q_norm, &a.index_k_norm}) vec(*v);
     const MoeWeights& m = L.moe;
     for (const Linear* l : {&m.router, &m.shared_gate, &m.shared_up, &m.shared_down, &m.shared_expert_gate}) linear(*l);
-    for (size_t e = 0; e < m.gate.size(); ++e) {
-      linear(m.gate[e]);
-      linear(m.up[e]);
-      linear(m.down[e]);
+    // The experts held: all, or a tensor-parallel rank's range (the others' are empty Linears).
+    UnitRange held;
+    if (!held_units(m.gate, &held)) throw Error("internal: a rank's routed experts are not one range");
+    for (int64_t e = held.begin; e < held.end; ++e) {
+      linear(m.gate[size_t(e)]);
+      linear(m.up[size_t(e)]);
+      linear(m.down[size_t(e)]);
     }
     auto table = [&](const std::vector<Linear>& ws) {
       std::vector<const Linear*> d;
-      for (const Linear& l : ws) d.push_back(&dev(l));
-      return cuda::weight_table(d.data(), int64_t(d.size()));
+      for (int64_t e = held.begin; e < held.end; ++e) d.push_back(&dev(ws[size_t(e)]));
+      return d.empty() ? cuda::WeightTable{} : cuda::weight_table(d.data(), int64_t(d.size()));
     };
-    if (!m.gate.empty()) experts_.emplace(&m, ExpertTables{table(m.gate), table(m.up), table(m.down)});
+    if (!m.gate.empty())
+      experts_.emplace(&m, ExpertTables{table(m.gate), table(m.up), table(m.down), held.begin});
     if (L.has_ple) {
       const PleWeights& p = L.ple;
       linear(p.key_proj);
@@ -112,10 +117,11 @@ void Qwen4CudaBlocks::upload_weights(const Qwen4ExpWeights& w) {
   linear(w.lm_head);
   mixer(w.mixer);
   vec(cfg_.rope.inv_freq);
-  for (const Qwen4LayerWeights& L : w.layers) {
-    layer(L);
-    ple_layers_.push_back(L.has_ple ? &L.ple : nullptr);
-  }
+  if (target_layers)
+    for (const Qwen4LayerWeights& L : w.layers) {
+      layer(L);
+      ple_layers_.push_back(L.has_ple ? &L.ple : nullptr);
+    }
   const Qwen4MtpWeights& m = w.mtp;
   linear(m.fc_embedding);
   linear(m.fc_hidden);
@@ -185,6 +191,11 @@ void Qwen4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   grow_device<float>(w.sg, S);
   grow_device<float>(w.emb, S * std::max<int64_t>(c.ple_embed_dim, 1));
   grow_device<float>(w.logits, S * c.vocab_size);
+  if (tp_) {
+    const int64_t part = widest(vocab_);
+    grow_device<float>(w.tp_gather, tp_->size() * S * std::max(H, part));
+    grow_device<float>(w.tp_part, S * part);
+  }
   w.rows = S;
   w.positions = P;
   stream_rows_.reserve(S * CH);
@@ -273,7 +284,7 @@ void Qwen4CudaBlocks::upload_rows() {
     const Qwen4RowSpan& sp = spans_[size_t(i)];
     for (int64_t r = 0; r < sp.rows; ++r) {
       const int64_t row = sp.first_row + r, s = sp.slot0 + r;
-      tokens[row] = sp.tokens[r];
+      tokens[row] = local_token(sp.tokens[r]);
       span[row] = int32_t(i);
       slot[row] = int32_t(s);
       pos[row] = int32_t(sp.pos0 + r);
@@ -294,6 +305,7 @@ void Qwen4CudaBlocks::upload_rows() {
   }
   for (int64_t r = 0; r < pad_; ++r) {  // the padding span: one page of kMaxPaddingRows slots
     const int64_t row = S - pad_ + r;
+    tokens[row] = local_token(0);
     span[row] = int32_t(n);
     slot[row] = pos[row] = int32_t(r);
     blocks[row] = int32_t((r + 1) / ratio);
@@ -382,6 +394,7 @@ void Qwen4CudaBlocks::upload_rows() {
 // At a forward's first block (embed_streams or mtp_input): replay its shape's graph, or record or run it. The
 // spans' count is not part of the shape (the recurrent kernels take S span entries, the unused ones empty).
 bool Qwen4CudaBlocks::replay_or_record(uintptr_t which) {
+  if (tp_ && !tp_->capturable()) return false;  // (host-staged collectives wait for the device mid-forward)
   return graphs_.replay_or_record({S_, which, int(any_forced_) + 2 * int(all_forced_)});
 }
 
@@ -395,6 +408,15 @@ void Qwen4CudaBlocks::finish() {
 void Qwen4CudaBlocks::embed_streams(const Linear& embed) {
   if (replay_or_record(0)) return;  // (a target forward starts here)
   const int64_t C = cfg_.hc_count, H = cfg_.hidden_size;
+  if (tp_) {
+    // Each rank embeds the rows whose tokens it owns (the others' are zero: their ids are -1 here, upload_rows),
+    // and the sum over the ranks moves each row from its owner: owner's row + zeros, the same values.
+    float* x = ws_->x.f32();
+    cuda::embed_rows(dev(embed), tokens_, S_, 1, x, H);  // [S, H]
+    tp_sum(x, S_ * H);
+    for (int64_t j = 0; j < C; ++j) cuda::copy_cols(x, S_, H, H, ws_->X.f32() + j * H, C * H);  // X [S, C, H]
+    return;
+  }
   cuda::embed_rows(dev(embed), tokens_, S_, int(C), ws_->X.f32(), C * H);  // X [S, C, H]
 }
 
@@ -447,6 +469,11 @@ void Qwen4CudaBlocks::ple_add(const PleWeights& p, int layer) {
 
 void Qwen4CudaBlocks::gdn(const GdnWeights& g, int layer) {
   if (graphs_.skipping()) return;
+  gdn_rows(g, layer);
+  if (tp_) tp_sum(ws_->y.f32(), S_ * cfg_.hidden_size);
+}
+
+void Qwen4CudaBlocks::gdn_rows(const GdnWeights& g, int layer) {
   const Qwen4ExpConfig& c = cfg_;
   const int64_t S = S_, CD = c.conv_dim(), Kd = c.linear_key_dim(), nv = c.linear_num_value_heads;
   const int64_t K = c.linear_conv_kernel_dim;
@@ -466,8 +493,17 @@ void Qwen4CudaBlocks::gdn(const GdnWeights& g, int layer) {
   cuda::matmul(w.core.f32(), S, dev(g.out_proj), w.y.f32());
 }
 
+// (a tensor-parallel rank without query heads adds nothing to the ranks' sum)
 void Qwen4CudaBlocks::qsa(const QsaWeights& a, size_t cache_layer) {
   if (graphs_.skipping()) return;
+  if (cfg_.num_attention_heads > 0)
+    qsa_rows(a, cache_layer);
+  else
+    cuda::fill_zero(ws_->y.get(), size_t(S_ * cfg_.hidden_size) * sizeof(float));
+  if (tp_) tp_sum(ws_->y.f32(), S_ * cfg_.hidden_size);
+}
+
+void Qwen4CudaBlocks::qsa_rows(const QsaWeights& a, size_t cache_layer) {
   const Qwen4ExpConfig& c = cfg_;
   const int64_t S = S_, hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads, kvd = nkv * hd;
   const int64_t ih = c.indexer_n_heads, ihd = c.indexer_head_dim, ratio = c.indexer_compress_ratio;
@@ -526,11 +562,16 @@ size_t Qwen4CudaBlocks::moe(const MoeWeights& m) {
   int32_t *token_of = device_as<int32_t>(w.moe_i32), *row_of = token_of + SK, *first = row_of + SK;
   cuda::moe_route_softmax(w.router.f32(), S, E, k, c.norm_topk_prob, ids, w.wts.f32());
   cuda::moe_dispatch(ids, S, k, E, first, token_of, row_of, real_rows_);  // (padding rows run no expert)
-  cuda::gather_rows(x, H, token_of, SK, w.gathered.f32());                       // [S·k, H]
-  cuda::grouped_matmul(w.gathered.f32(), t.gate, first, SK, w.ea.f32());        // [S·k, I]
-  cuda::grouped_matmul(w.gathered.f32(), t.up, first, SK, w.eb.f32());
-  cuda::swiglu(w.ea.f32(), w.eb.f32(), SK * I, 0.0f, w.ea.f32());
-  cuda::grouped_matmul(w.ea.f32(), t.down, first, SK, w.eo.f32());              // [S·k, H]
+  cuda::gather_rows(x, H, token_of, SK, w.gathered.f32());  // [S·k, H]
+  // (a tensor-parallel rank runs its own experts' rows, first[t.first ..]; the others' rows add zero)
+  if (tp_) cuda::fill_zero(w.eo.get(), size_t(SK * H) * sizeof(float));
+  if (t.gate.count > 0) {
+    const int32_t* held = first + t.first;
+    cuda::grouped_matmul(w.gathered.f32(), t.gate, held, SK, w.ea.f32());  // [S·k, I]
+    cuda::grouped_matmul(w.gathered.f32(), t.up, held, SK, w.eb.f32());
+    cuda::swiglu(w.ea.f32(), w.eb.f32(), SK * I, 0.0f, w.ea.f32());
+    cuda::grouped_matmul(w.ea.f32(), t.down, held, SK, w.eo.f32());  // [S·k, H]
+  }
   const float* shared = nullptr;
   if (m.shared_gate.out > 0) {  // sigmoid(shared_expert_gate(x)) · shared_expert(x)
     const ops::MatmulOut outs[] = {{&dev(m.shared_gate), w.sa.f32()}, {&dev(m.shared_up), w.sb.f32()},
@@ -542,6 +583,7 @@ size_t Qwen4CudaBlocks::moe(const MoeWeights& m) {
     shared = w.sh.f32();
   }
   cuda::moe_combine(w.eo.f32(), row_of, w.wts.f32(), S, k, H, shared, w.y.f32());
+  if (tp_) tp_sum(w.y.f32(), S * H);
   return 0;  // (which experts ran stays on the device)
 }
 
@@ -586,7 +628,20 @@ const float* Qwen4CudaBlocks::final_logits(const GatedResidualWeights& mixer, co
                                            int64_t rows) {
   float* x = ws_->x.f32();
   mix(mixer, X, rows, x, nullptr);
-  cuda::matmul(x, rows, dev(lm_head), ws_->logits.f32());  // [rows, V]
+  if (!tp_) {
+    cuda::matmul(x, rows, dev(lm_head), ws_->logits.f32());  // [rows, V]
+    return ws_->logits.f32();
+  }
+  // Each rank's vocabulary part [rows, part] (every part padded to the widest), gathered into whole rows.
+  const int64_t V = cfg_.vocab_size, part = widest(vocab_);
+  float* mine = ws_->tp_part.f32();
+  if (lm_head.out > 0) cuda::matmul(x, rows, dev(lm_head), mine, -1, part);
+  float* all = ws_->tp_gather.f32();  // [ranks, rows, part]
+  tp_->all_gather(mine, rows * part * int64_t(sizeof(float)), all);
+  for (int r = 0; r < tp_->size(); ++r) {
+    const UnitRange& v = vocab_[size_t(r)];
+    cuda::copy_cols(all + r * rows * part, rows, v.size(), part, ws_->logits.f32() + v.begin, V);
+  }
   return ws_->logits.f32();
 }
 
@@ -645,6 +700,29 @@ void Qwen4CudaBlocks::logits_of(const GatedResidualWeights& mixer, const Linear&
   std::fill(by_id_.begin(), by_id_.begin() + greedy, 1);
   logits_to_host(logits, rows, out);
   std::copy(host_argmax_.begin(), host_argmax_.begin() + greedy, argmax);
+}
+
+// ---- tensor parallel ----------------------------------------------------------------------------------------
+
+void Qwen4CudaBlocks::set_tensor_parallel(cuda::DeviceCommunicator* comm, std::vector<UnitRange> vocab) {
+  if (comm && vocab.size() != size_t(comm->size()))
+    throw Error("internal: a tensor-parallel rank needs every rank's vocabulary rows");
+  tp_ = comm;
+  vocab_ = std::move(vocab);
+  graphs_.forget();
+  ws_ = std::make_unique<Workspace>();  // (the next forward sizes it with the gathers' buffers)
+}
+
+int32_t Qwen4CudaBlocks::local_token(int32_t token) const {
+  if (!tp_) return token;
+  const UnitRange& mine = vocab_[size_t(tp_->rank())];
+  return token >= mine.begin && token < mine.end ? int32_t(token - mine.begin) : -1;
+}
+
+void Qwen4CudaBlocks::tp_sum(float* y, int64_t count) {
+  float* all = ws_->tp_gather.f32();  // [ranks, count]
+  tp_->all_gather(y, count * int64_t(sizeof(float)), all);
+  cuda::sum_ranks(all, tp_->size(), count, y);
 }
 
 }  // namespace nextn

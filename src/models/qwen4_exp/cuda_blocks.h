@@ -11,8 +11,10 @@
 
 #include "models/common/device_memory.h"
 #include "models/common/forward_graphs.h"
+#include "models/common/tensor_split.h"
 #include "models/qwen4_exp/blocks.h"
 #include "models/qwen4_exp/config.h"
+#include "ops/cuda/cuda_collectives.h"
 #include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/cuda_recurrent.h"
@@ -23,8 +25,12 @@ struct Qwen4ExpWeights;
 
 class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
  public:
-  // Uploads every weight of w (throws nextn::Error when there is no usable device or too little memory).
-  Qwen4CudaBlocks(const Qwen4ExpConfig& config, const Qwen4StateLayout& layout, const Qwen4ExpWeights& w);
+  // Which of w's weights go to the device: all, or (a tensor-parallel group's rank 0, whose target layers run
+  // on its shard's blocks) all but the target's layers.
+  enum class Uploads { kAll, kAllButTargetLayers };
+  // Uploads w's weights (throws nextn::Error when there is no usable device or too little memory).
+  Qwen4CudaBlocks(const Qwen4ExpConfig& config, const Qwen4StateLayout& layout, const Qwen4ExpWeights& w,
+                  Uploads uploads = Uploads::kAll);
   ~Qwen4CudaBlocks() override;
 
   void reserve(int64_t rows, int64_t positions) override;
@@ -46,12 +52,19 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
 
   size_t weight_bytes_on_device() const;
 
+  // One rank of a tensor-parallel group (docs/parallel.md): config, layout and weights are the rank's shard's
+  // (qwen4_exp/sharding.h), comm its device collectives, vocab every rank's vocabulary rows. The Gated DeltaNet,
+  // QSA and MoE outputs are gathered and summed in rank order before the injections; embedding rows come from
+  // their owners; logits are gathered whole. With a comm that cannot be recorded (host-staged) the forwards
+  // run without graphs.
+  void set_tensor_parallel(cuda::DeviceCommunicator* comm, std::vector<UnitRange> vocab);
+
  private:
   struct Workspace;   // the forward's device buffers
   struct StateSlots;  // recycled device buffers for sequences' recurrent state
   const Linear& dev(const Linear& w) const;
   const float* dev(const std::vector<float>& v) const;
-  void upload_weights(const Qwen4ExpWeights& w);
+  void upload_weights(const Qwen4ExpWeights& w, bool target_layers);
   void upload_ple_table(const PleWeights& p);
   void ensure_workspace(int64_t rows, int64_t positions);
   void attach_state(Qwen4ExpSequence& seq);
@@ -63,6 +76,10 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
                             int64_t rows);
   void logits_to_host(const float* logits, int64_t rows, float* out);
   void read_selections();
+  void gdn_rows(const GdnWeights& g, int layer);          // x -> y over this rank's heads
+  void qsa_rows(const QsaWeights& a, size_t cache_layer);  // likewise
+  int32_t local_token(int32_t token) const;  // tensor parallel: its row of this rank's embedding part (-1: none)
+  void tp_sum(float* y, int64_t count);      // y [count] = the sum over the ranks of their y, in rank order
 
   const Qwen4ExpConfig& cfg_;
   const Qwen4StateLayout& layout_;
@@ -70,6 +87,7 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   std::unordered_map<const PleWeights*, cuda::DeviceLinear> ple_tables_;  // a PLE layer's shards as one table
   struct ExpertTables {
     cuda::WeightTable gate, up, down;
+    int64_t first = 0;  // the first expert held (a tensor-parallel rank holds a range)
   };
   std::unordered_map<const MoeWeights*, ExpertTables> experts_;
   std::vector<const PleWeights*> ple_layers_;  // per layer: its PLE weights (null: none)
@@ -77,6 +95,8 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   std::unique_ptr<Workspace> ws_;
   std::shared_ptr<StateSlots> states_;
   ForwardGraphs graphs_;  // forwards by shape (forward_graphs.h); eager for a shape's first run
+  cuda::DeviceCommunicator* tp_ = nullptr;  // tensor parallel (set_tensor_parallel); null: one rank
+  std::vector<UnitRange> vocab_;            // ... every rank's vocabulary rows
 
   // The current forward (begin()): its spans, rows and their device views.
   std::vector<Qwen4RowSpan> spans_;

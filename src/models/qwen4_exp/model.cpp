@@ -98,7 +98,7 @@ Qwen4StateLayout Qwen4ExpModel::state_layout(const Qwen4ExpConfig& c) const {
 void Qwen4ExpModel::use_device(Device device) {
   if (device == device_) return;
   if (target_pool_) throw Error("use_device: the model already has sequences on its current device");
-  if (shard_) throw Error("--device cuda: tensor parallelism runs on the CPU backend only so far");
+  if (shard_) return use_device_as_rank(device);
   if (device == Device::kCuda) {
     require_device_room(dir_, checkpoint_bytes());
     device_blocks_ = std::make_unique<Qwen4CudaBlocks>(cfg_, layout_, w_);
@@ -110,9 +110,41 @@ void Qwen4ExpModel::use_device(Device device) {
   device_ = device;
 }
 
+// A rank moves to its GPU (rank r on GPU r mod the GPUs it sees): its shard's blocks, and on rank 0 the MTP
+// layers' over the whole weights (the target's layers stay off that GPU: the shard holds rank 0's part). Every
+// rank makes this call at once (TensorParallelModel::use_device): the device collectives are set up together.
+void Qwen4ExpModel::use_device_as_rank(Device device) {
+  shard_device_blocks_.reset();
+  device_comm_.reset();
+  device_blocks_.reset();
+  blocks_ = cpu_blocks_.get();
+  device_ = Device::kCpu;
+  if (device != Device::kCuda) return;
+  const int gpus = cuda::device_count();
+  if (gpus > 1) cuda::use_gpu(tp_comm_->rank() % gpus);
+  require_device_room(dir_, checkpoint_bytes() / size_t(tp_comm_->size()));
+  device_comm_ = cuda::device_communicator(*tp_comm_);
+  shard_device_blocks_ = std::make_unique<Qwen4CudaBlocks>(shard_->config, shard_layout_, shard_->weights);
+  shard_device_blocks_->set_tensor_parallel(device_comm_.get(), shard_->vocab);
+  if (tp_comm_->rank() == 0) {
+    device_blocks_ =
+        std::make_unique<Qwen4CudaBlocks>(cfg_, layout_, w_, Qwen4CudaBlocks::Uploads::kAllButTargetLayers);
+    blocks_ = device_blocks_.get();
+  }
+  device_ = device;
+}
+
+std::string Qwen4ExpModel::collectives() const { return device_comm_ ? device_comm_->describe() : ""; }
+
+uint64_t Qwen4ExpModel::one_off_forwards() const {
+  const Qwen4ExpBlocks* shard = shard_device_blocks_.get();  // (a rank's target forwards, on its GPU)
+  return blocks_->one_off_forwards() + (shard ? shard->one_off_forwards() : 0);
+}
+
 void Qwen4ExpModel::make_tensor_parallel_rank(Communicator& comm) {
   if (target_pool_) throw Error("tensor parallel: the model already has sequences");
-  if (device_ != Device::kCpu) throw Error("tensor parallel: runs on the CPU backend only so far");
+  if (device_ != Device::kCpu) throw Error("tensor parallel: make the ranks before moving them to a GPU");
+  tp_comm_ = &comm;
   shard_ = std::make_unique<Qwen4Shard>(shard_qwen4_target(cfg_, w_, comm.rank(), comm.size()));
   shard_layout_ = state_layout(shard_->config);
   shard_blocks_ = std::make_unique<Qwen4CpuBlocks>(shard_->config, shard_layout_, cpu_blocks_->pool());
@@ -120,12 +152,15 @@ void Qwen4ExpModel::make_tensor_parallel_rank(Communicator& comm) {
 }
 
 void Qwen4ExpModel::check_tensor_parallel(int ranks) const {
-  if (device_ != Device::kCpu) throw Error("tensor parallel: runs on the CPU backend only so far");
+  if (device_ != Device::kCpu) throw Error("tensor parallel: make the ranks before moving them to a GPU");
   for (int r = 0; r < ranks; ++r) shard_qwen4_target(cfg_, w_, r, ranks);
 }
 
 const Qwen4ExpConfig& Qwen4ExpModel::target_cfg() const { return shard_ ? shard_->config : cfg_; }
-Qwen4ExpBlocks& Qwen4ExpModel::target_blocks() { return shard_ ? *shard_blocks_ : *blocks_; }
+Qwen4ExpBlocks& Qwen4ExpModel::target_blocks() {
+  if (!shard_) return *blocks_;
+  return shard_device_blocks_ ? static_cast<Qwen4ExpBlocks&>(*shard_device_blocks_) : *shard_blocks_;
+}
 const Qwen4ExpWeights& Qwen4ExpModel::target_weights() const { return shard_ ? shard_->weights : w_; }
 
 void Qwen4ExpModel::prefault(bool progress) const { prefault_weights(store_, dir_, progress); }
@@ -354,7 +389,7 @@ void Qwen4ExpModel::prompt_draft_logits(const int32_t* tokens, int64_t T, const 
 
 void Qwen4ExpModel::reserve_batch(int64_t rows, int64_t positions) {
   blocks_->reserve(rows, positions);
-  if (shard_) shard_blocks_->reserve(rows, positions);
+  if (shard_) target_blocks().reserve(rows, positions);
   spans_.reserve(static_cast<size_t>(rows));
 }
 

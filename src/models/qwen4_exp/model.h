@@ -34,6 +34,10 @@
 namespace nextn {
 
 class ThreadPool;
+class Qwen4CudaBlocks;
+namespace cuda {
+class DeviceCommunicator;
+}
 struct Qwen4Shard;
 
 // Gemma-style RMSNorm weights are stored as w and applied as (1 + w): `scale` holds 1 + w.
@@ -176,7 +180,7 @@ class Qwen4ExpModel : public Model {
   // Moves the forwards to `device` (before any sequence exists); the CUDA backend uploads the weights.
   void use_device(Device device) override;
   Device device() const override { return device_; }
-  uint64_t one_off_forwards() const override { return blocks_->one_off_forwards(); }
+  uint64_t one_off_forwards() const override;
   void reserve_batch(int64_t rows, int64_t positions) override;
   void forward(const BatchSegment* segments, size_t count, float* logits, float* hidden) override;
   // This model as rank comm.rank() of a tensor-parallel group (sharding.h): its target forwards compute over
@@ -185,6 +189,8 @@ class Qwen4ExpModel : public Model {
   // rank's pools hold the same number of pages and sequences.
   void make_tensor_parallel_rank(Communicator& comm) override;
   void check_tensor_parallel(int ranks) const override;
+  bool shards_on(Device) const override { return true; }
+  std::string collectives() const override;
   void prompt_draft_logits(const int32_t* tokens, int64_t T, const float* hidden, float* logits) override;
   size_t checkpoint_bytes() const override;
   size_t weight_bytes_total() const override;
@@ -248,6 +254,12 @@ class Qwen4ExpModel : public Model {
   std::unique_ptr<Qwen4Shard> shard_;             // tensor parallel: this rank's part of the target
   Qwen4StateLayout shard_layout_;                 // ... its state layout
   std::unique_ptr<Qwen4CpuBlocks> shard_blocks_;  // ... and the blocks that compute over it
+  Communicator* tp_comm_ = nullptr;                // ... the group's host communicator
+  // A tensor-parallel rank on a GPU: the shard's CUDA blocks, their collectives, and (rank 0) the MTP layers'
+  // blocks over the whole weights in device_blocks_.
+  std::unique_ptr<Qwen4CudaBlocks> shard_device_blocks_;
+  std::unique_ptr<cuda::DeviceCommunicator> device_comm_;
+  void use_device_as_rank(Device device);
   std::vector<Qwen4RowSpan> spans_;
   ChainedDraftDriver<Qwen4ExpModel> draft_driver_;
   MemoryOptions memory_;
