@@ -50,6 +50,9 @@ concurrency.
                      coverage: k+1 tokens routed independently read up to k+1 times the expert bytes)
   --layers N         target layers of the synthetic checkpoint (default 8; real checkpoints have dozens,
                      which makes a draft step, one MTP layer and lm_head, a small share of a target step)
+  --hidden N         hidden size of the synthetic checkpoint, a multiple of 1024 up to 8192 (default 2048;
+                     the MLP, the experts, the heads and the attention's low ranks scale with it: real
+                     checkpoints are 4096-7168 wide, and wider matrices make fewer, longer GPU kernels)
   --cache-dir DIR    where synthetic checkpoints live (default ~/.cache/nextn)
   --tokens N         decode tokens per measurement (default 64)
   --prompt-tokens N  prompt length (default 64)
@@ -257,6 +260,7 @@ std::vector<int32_t> bench_prompt(const std::string& dir, int64_t vocab, int n) 
 struct BenchOptions {
   bool json = false, synthetic = false, fp8 = false, dense = false;
   int layers = 0;  // --layers: target layers of the synthetic checkpoint (0: its default)
+  int hidden = 0;  // --hidden: its hidden size (0: its default)
   std::string dir;  // the checkpoint (for --synthetic: where it is written once)
   int n_tokens = 64, n_prompt = 64, repeats = 3, threads = 0;
   bool oracle = false;
@@ -273,6 +277,7 @@ SyntheticOptions synthetic_options(const BenchOptions& o) {
   so.fp8 = o.fp8;
   so.dense = o.dense;
   so.layers = o.layers;
+  so.hidden = o.hidden;
   return so;
 }
 
@@ -308,7 +313,7 @@ BenchOptions parse_bench_options(const Args& a) {
   o.json = a.has("json");
   o.synthetic = a.has("synthetic");
   if (o.synthetic && a.has("model")) throw UsageError("give --model or --synthetic, not both");
-  for (const char* only_synthetic : {"dtype", "mlp", "layers", "cache-dir"})
+  for (const char* only_synthetic : {"dtype", "mlp", "layers", "hidden", "cache-dir"})
     if (!o.synthetic && a.has(only_synthetic))
       throw UsageError(std::string("--") + only_synthetic + " applies to --synthetic checkpoints only");
   const std::string dtype = a.get("dtype", "bf16"), mlp = a.get("mlp", "moe");
@@ -317,6 +322,8 @@ BenchOptions parse_bench_options(const Args& a) {
   o.fp8 = dtype == "fp8";
   o.dense = mlp == "dense";
   o.layers = a.get_int("layers", 0, 1, 128);  // 0 (absent): the family's default
+  o.hidden = a.get_int("hidden", 0, 1024, 8192);
+  if (o.hidden % 1024 != 0) throw UsageError("--hidden must be a multiple of 1024, got " + std::to_string(o.hidden));
   constexpr int kMaxTokens = 1 << 20;  // further bounded by the checkpoint's context below
   o.n_tokens = a.get_int("tokens", 64, 1, kMaxTokens);
   o.n_prompt = a.get_int("prompt-tokens", 64, 1, kMaxTokens);
@@ -499,7 +506,7 @@ std::string rounds_at_k_text(const std::vector<int64_t>& at_k) {
 
 int run_bench(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "synthetic"},
-         {"model", "dtype", "mlp", "layers", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats", "oracle-acceptance",
+         {"model", "dtype", "mlp", "layers", "hidden", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats", "oracle-acceptance",
           "concurrency", "concurrency-k", "device", "tensor-parallel"});
   if (a.has("help")) {
     std::fputs(kBenchUsage, stdout);

@@ -78,15 +78,16 @@ struct SyntheticFamily {
 };
 
 int hy_v4_layers(const SyntheticOptions& o) { return o.layers ? o.layers : kHYV4SyntheticLayers; }
+int hy_v4_hidden(const SyntheticOptions& o) { return o.hidden ? o.hidden : kHYV4SyntheticHidden; }
 
 const SyntheticFamily kSyntheticFamilies[] = {
     {"hy_v4",
      [](const SyntheticOptions& o) {
-       return SyntheticCheckpoint{hy_v4_synthetic_name(o.fp8, o.dense, hy_v4_layers(o)),
-                                  hy_v4_synthetic_facts(o.fp8, o.dense, hy_v4_layers(o))};
+       return SyntheticCheckpoint{hy_v4_synthetic_name(o.fp8, o.dense, hy_v4_layers(o), hy_v4_hidden(o)),
+                                  hy_v4_synthetic_facts(o.fp8, o.dense, hy_v4_layers(o), hy_v4_hidden(o))};
      },
      [](const std::string& dir, const SyntheticOptions& o) {
-       write_hy_v4_synthetic(dir, o.fp8, o.dense, hy_v4_layers(o));
+       write_hy_v4_synthetic(dir, o.fp8, o.dense, hy_v4_layers(o), hy_v4_hidden(o));
      }},
 };
 

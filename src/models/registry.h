@@ -31,6 +31,7 @@ struct SyntheticOptions {
   bool fp8 = false;    // FP8-block linear weights (else bf16)
   bool dense = false;  // dense MLPs in every layer (else the family's MoE)
   int layers = 0;      // target layers (0: the family's default)
+  int hidden = 0;      // hidden size (0: the family's default; the other widths scale with it)
 };
 struct SyntheticCheckpoint {
   std::string name;  // folder name for a cache of them; changes whenever the files written would

@@ -666,5 +666,13 @@ TEST(HYV4Synthetic, DepthIsPartOfTheCheckpointAndItsName) {
   EXPECT_EQ(c.num_hidden_layers, 48);
   EXPECT_EQ(nextn::hy_v4_synthetic_facts(true, true, 48).num_mtp_layers, 1);
   EXPECT_THROW(nextn::hy_v4_synthetic_config(true, true, 0), nextn::Error);
+  // Other widths: every FP8-tiled dimension still a multiple of 128, the name apart from the default's.
+  EXPECT_EQ(nextn::hy_v4_synthetic_name(true, true, 8, 7168), "synthetic-hy4-v2-fp8-dense-h7168");
+  const nextn::HYV4Config w = nextn::parse_hy_v4_config(nextn::hy_v4_synthetic_config(true, true, 8, 7168), "wide");
+  EXPECT_EQ(w.hidden_size, 7168);
+  for (int64_t d : {w.intermediate_size, w.moe_intermediate_size, w.q_lora_rank, w.kv_lora_rank})
+    EXPECT_EQ(d % 128, 0) << d;
+  EXPECT_EQ(nextn::parse_hy_v4_config(nextn::hy_v4_synthetic_config(true, true, 8), "default").intermediate_size, 5632);
+  for (int bad : {0, 1000, 9216}) EXPECT_THROW(nextn::hy_v4_synthetic_config(true, true, 8, bad), nextn::Error) << bad;
   EXPECT_THROW(nextn::hy_v4_synthetic_config(true, true, nextn::kHYV4SyntheticMaxLayers + 1), nextn::Error);
 }

@@ -110,20 +110,25 @@ size_t dtype_bytes(const std::string& d) { return d == "F32" ? 4 : d == "BF16" ?
 
 }  // namespace
 
-nlohmann::json hy_v4_synthetic_config(bool fp8, bool dense, int layers) {
+nlohmann::json hy_v4_synthetic_config(bool fp8, bool dense, int layers, int hidden) {
   if (layers < 1 || layers > kHYV4SyntheticMaxLayers)
     throw Error("synthetic checkpoint: layers must be 1.." + std::to_string(kHYV4SyntheticMaxLayers) + ", got " +
                 std::to_string(layers));
+  if (hidden < 1024 || hidden > 8192 || hidden % 1024 != 0)
+    throw Error("synthetic checkpoint: the hidden size must be a multiple of 1024 from 1024 to 8192, got " +
+                std::to_string(hidden));
+  // (at the default 2048: MLP 5632, experts 768, 16 heads, q rank 768, kv rank 256)
+  const int h = hidden;
   nlohmann::json c = {{"model_type", "hy_v4"},
                       {"architectures", {"HYV4ForCausalLM"}},
                       {"vocab_size", 32000},
-                      {"hidden_size", 2048},
-                      {"intermediate_size", 5632},
-                      {"moe_intermediate_size", 768},
+                      {"hidden_size", h},
+                      {"intermediate_size", h / 4 * 11},
+                      {"moe_intermediate_size", h / 8 * 3},
                       {"num_hidden_layers", layers},
-                      {"num_attention_heads", 16},
-                      {"q_lora_rank", 768},
-                      {"kv_lora_rank", 256},
+                      {"num_attention_heads", h / 128},
+                      {"q_lora_rank", h / 8 * 3},
+                      {"kv_lora_rank", h / 8},
                       {"qk_nope_head_dim", 64},
                       {"qk_rope_head_dim", 32},
                       {"v_head_dim", 64},
@@ -147,8 +152,8 @@ nlohmann::json hy_v4_synthetic_config(bool fp8, bool dense, int layers) {
   return c;
 }
 
-ModelFacts hy_v4_synthetic_facts(bool fp8, bool dense, int layers) {
-  const HYV4Config c = parse_hy_v4_config(hy_v4_synthetic_config(fp8, dense, layers), "synthetic checkpoint");
+ModelFacts hy_v4_synthetic_facts(bool fp8, bool dense, int layers, int hidden) {
+  const HYV4Config c = parse_hy_v4_config(hy_v4_synthetic_config(fp8, dense, layers, hidden), "synthetic checkpoint");
   ModelFacts f;  // as HYV4Model::init_facts fills them
   f.model_type = "hy_v4";
   f.vocab_size = c.vocab_size;
@@ -160,14 +165,15 @@ ModelFacts hy_v4_synthetic_facts(bool fp8, bool dense, int layers) {
   return f;
 }
 
-std::string hy_v4_synthetic_name(bool fp8, bool dense, int layers) {
+std::string hy_v4_synthetic_name(bool fp8, bool dense, int layers, int hidden) {
   return std::string("synthetic-hy4-v2-") + (fp8 ? "fp8" : "bf16") + (dense ? "-dense" : "") +
-         (layers != kHYV4SyntheticLayers ? "-" + std::to_string(layers) + "l" : "");
+         (layers != kHYV4SyntheticLayers ? "-" + std::to_string(layers) + "l" : "") +
+         (hidden != kHYV4SyntheticHidden ? "-h" + std::to_string(hidden) : "");
 }
 
 // Streams a random checkpoint to disk tensor by tensor (never the whole model in memory).
-void write_hy_v4_synthetic(const std::string& dir, bool fp8, bool dense, int layers) {
-  const auto cfg = hy_v4_synthetic_config(fp8, dense, layers);
+void write_hy_v4_synthetic(const std::string& dir, bool fp8, bool dense, int layers, int hidden) {
+  const auto cfg = hy_v4_synthetic_config(fp8, dense, layers, hidden);
   std::filesystem::create_directories(dir);
   const auto tensors = synthetic_tensors(cfg, fp8, dense);
   nlohmann::json header = nlohmann::json::object();
