@@ -378,6 +378,19 @@ TEST(TensorParallel, ARankThatFailsAloneStopsTheGroupWithItsErrorInsteadOfAHang)
   }
 }
 
+// The CLI starts ranks 1.. as this program again; run through an explicit dynamic loader (a packaged copy),
+// /proc/self/exe is the loader, and the ranks need its options and the program too.
+TEST(TensorParallel, RanksStartAsThisProgramDidUnderALoaderToo) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(rank_launcher("/usr/bin/nextn", V{"nextn", "generate"}), V{"/usr/bin/nextn"});
+  const std::string ld = "/opt/x/lib/ld-linux-x86-64.so.2";
+  EXPECT_EQ(rank_launcher(ld, V{ld, "--library-path", "/opt/x/lib", "/opt/x/nextn", "bench", "--json"}),
+            (V{ld, "--library-path", "/opt/x/lib", "/opt/x/nextn"}));
+  EXPECT_EQ(rank_launcher(ld, V{"ld.so", "--inhibit-cache", "--argv0", "nextn", "/opt/x/nextn", "serve"}),
+            (V{ld, "--inhibit-cache", "--argv0", "nextn", "/opt/x/nextn"}));
+  EXPECT_THROW(rank_launcher(ld, V{ld, "--library-path", "/opt/x/lib"}), Error);
+}
+
 TEST(TensorParallel, RefusesWhatItCannotShard) {
   ThreadPool pool(2);
   try {

@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
 
 namespace nextn::cli {
 
@@ -22,8 +25,12 @@ std::unique_ptr<Model> load_command_model(const std::string& dir, ThreadPool& po
   std::error_code ec;
   const std::string exe = std::filesystem::read_symlink("/proc/self/exe", ec).string();
   if (ec) throw Error("--tensor-parallel: cannot find this executable to start the ranks (" + ec.message() + ")");
+  std::vector<std::string> cmdline;  // (NUL-separated arguments)
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  for (std::string arg; std::getline(in, arg, '\0');) cmdline.push_back(arg);
   // (every rank its share of the threads asked for: `pool` stays idle)
-  return load_tensor_parallel_processes(dir, tensor_parallel, exe, std::max(1, pool.size() / tensor_parallel));
+  return load_tensor_parallel_processes(dir, tensor_parallel, rank_launcher(exe, cmdline),
+                                        std::max(1, pool.size() / tensor_parallel));
 }
 
 int run_tensor_parallel_rank_command(int argc, char** argv) {

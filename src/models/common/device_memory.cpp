@@ -69,6 +69,30 @@ void HostRows::read(const float* device, int64_t width, int64_t total, int64_t f
   std::copy(staged_.begin() + first * width, staged_.begin() + (first + n) * width, out);
 }
 
+void LogitRows::mark_first(int64_t rows, int64_t greedy) {
+  by_id_.assign(size_t(rows), 0);
+  std::fill(by_id_.begin(), by_id_.begin() + std::clamp<int64_t>(greedy, 0, rows), uint8_t(1));
+}
+
+void LogitRows::read(const float* logits, int64_t rows, int64_t V, float* out) {
+  if (std::find(by_id_.begin(), by_id_.begin() + rows, uint8_t(1)) != by_id_.begin() + rows) {
+    int32_t* ids = grow_device<int32_t>(device_ids_, rows);
+    cuda::row_argmax(logits, rows, V, ids);
+    ids_.resize(size_t(rows));
+    cuda::copy_to_host(ids_.data(), ids, size_t(rows) * sizeof(int32_t));
+  }
+  int64_t run = 0;  // rows of the pending run of copied rows, ending at row r
+  for (int64_t r = 0; r <= rows; ++r) {
+    if (r < rows && !by_id_[size_t(r)]) {
+      ++run;
+      continue;
+    }
+    if (run > 0)
+      cuda::copy_to_host(out + (r - run) * V, logits + (r - run) * V, size_t(run * V) * sizeof(float));
+    run = 0;
+  }
+}
+
 DevicePlanes& PaddingPlanes::like(const KVCache& cache) {
   const KVPool& pool = *cache.shared_pool();
   std::vector<int64_t> widths;

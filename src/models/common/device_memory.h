@@ -89,6 +89,51 @@ class HostRows {
   bool valid_ = false;
 };
 
+// Logit rows on the device to the host (both families' lm_head read-backs): the greedy rows' (`by_id`) argmax,
+// computed on the device (finite_argmax's rule), comes back as ids, the others' rows in as few copies as runs of
+// consecutive such rows (each copy waits for the device).
+class LogitRows {
+ public:
+  // rows [0, rows) of logits [rows, V] on the device: by_id(r) -> ids()[r], else -> out[r, :].
+  void read(const float* logits, int64_t rows, int64_t V, float* out);
+  std::vector<uint8_t>& by_id() { return by_id_; }       // per row (sized by the caller before read)
+  const std::vector<int32_t>& ids() const { return ids_; }
+  // by_id from a forward's spans: the logit rows of a span with `argmax` (every row of an all_logits span,
+  // else its last), and after read(), each such span's ids into its argmax.
+  template <typename RowSpan>
+  void mark_greedy(const std::vector<RowSpan>& spans, int64_t rows);
+  template <typename RowSpan>
+  void deliver_ids(const std::vector<RowSpan>& spans) const;
+  // by_id for rows of which the first `greedy` are read as ids (a drafter's rows).
+  void mark_first(int64_t rows, int64_t greedy);
+
+ private:
+  std::vector<uint8_t> by_id_;
+  std::vector<int32_t> ids_;
+  cuda::DeviceBuffer device_ids_;
+};
+
+template <typename RowSpan>
+void LogitRows::mark_greedy(const std::vector<RowSpan>& spans, int64_t rows) {
+  by_id_.assign(size_t(rows), 0);
+  int64_t row = 0;
+  for (const RowSpan& sp : spans) {
+    const int64_t n = sp.all_logits ? sp.rows : 1;
+    if (sp.argmax) std::fill(by_id_.begin() + row, by_id_.begin() + row + n, uint8_t(1));
+    row += n;
+  }
+}
+
+template <typename RowSpan>
+void LogitRows::deliver_ids(const std::vector<RowSpan>& spans) const {
+  int64_t row = 0;
+  for (const RowSpan& sp : spans) {
+    const int64_t n = sp.all_logits ? sp.rows : 1;
+    if (sp.argmax) std::copy(ids_.begin() + row, ids_.begin() + row + n, sp.argmax);
+    row += n;
+  }
+}
+
 // The spans' last rows' selections (MTP forwards: the draft steps after step 0 reuse them) into each span's
 // last_topk as positions (slot + its cache's base position), from the device's counts [S] and slots [S, stride]
 // after the forward: the rows from the first such span's last to the last one's in two copies (host_count,

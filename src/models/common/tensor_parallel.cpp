@@ -1,7 +1,9 @@
 #include "models/common/tensor_parallel.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <type_traits>
 #include <unordered_map>
 
@@ -419,9 +421,10 @@ class ProcessRanks final : public RankGroup {
     status.clear();
     if (!first.empty() && !rank0_failed) throw Error(first);
   }
-  void spawn(const std::string& exe, const std::vector<std::string>& args) {
+  void spawn(const std::vector<std::string>& launcher, const std::vector<std::string>& args) {
+    const std::string& exe = launcher.at(0);
     std::vector<char*> argv;
-    argv.push_back(const_cast<char*>(exe.c_str()));
+    for (const std::string& a : launcher) argv.push_back(const_cast<char*>(a.c_str()));
     for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
     argv.push_back(nullptr);
     posix_spawn_file_actions_t fa;
@@ -444,9 +447,28 @@ class ProcessRanks final : public RankGroup {
 
 }  // namespace
 
-std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, int ranks, const std::string& exe,
-                                                      int threads) {
+std::vector<std::string> rank_launcher(const std::string& exe, const std::vector<std::string>& cmdline) {
+  const std::string name = exe.substr(exe.find_last_of('/') + 1);
+  const bool loader = name.rfind("ld-", 0) == 0 && name.find(".so") != std::string::npos;
+  if (!loader || cmdline.empty()) return {exe};
+  // The loader's options before the program: those that take a value take the next argument.
+  static const char* const kWithValue[] = {"--library-path", "--preload", "--argv0", "--inhibit-rpath", "--audit",
+                                           "--glibc-hwcaps-prepend", "--glibc-hwcaps-mask"};
+  std::vector<std::string> out{exe};
+  for (size_t i = 1; i < cmdline.size(); ++i) {
+    const std::string& a = cmdline[i];
+    out.push_back(a);
+    if (a.rfind("--", 0) != 0) return out;  // the program
+    if (std::find(std::begin(kWithValue), std::end(kWithValue), a) != std::end(kWithValue) && i + 1 < cmdline.size())
+      out.push_back(cmdline[++i]);
+  }
+  throw Error("--tensor-parallel: this process runs under " + exe + ", but its command line names no program");
+}
+
+std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, int ranks,
+                                                      const std::vector<std::string>& launcher, int threads) {
   if (ranks < 2) throw Error("tensor parallel processes: needs 2 ranks or more");
+  if (launcher.empty()) throw Error("internal: tensor parallel processes without a program to start");
   // Rank 0 first, alone: what every rank would refuse (the checkpoint, the split) is said once, before any
   // process starts.
   auto pool = std::make_unique<ThreadPool>(threads);
@@ -457,7 +479,7 @@ std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, in
   Communicator& comm = g->shm->comm();
   try {
     for (int r = 1; r < ranks; ++r)
-      g->spawn(exe, {"tensor-parallel-rank", "--model", dir, "--group", g->shm->name(), "--rank", std::to_string(r),
+      g->spawn(launcher, {"tensor-parallel-rank", "--model", dir, "--group", g->shm->name(), "--rank", std::to_string(r),
                      "--threads", std::to_string(threads)});
     g->shm->set_liveness([g] { return g->all_alive(); });
     model->make_tensor_parallel_rank(comm);

@@ -118,13 +118,18 @@ class TensorParallelModel final : public Model {
 void serve_tensor_parallel_rank(Model& model, Communicator& comm);
 
 // Rank 0 of `ranks` processes (docs/parallel.md: a process per GPU, started by nextn itself): ranks 1.. are
-// started as `exe tensor-parallel-rank ...` (the CLI's hidden command; their stdout discarded, their stderr
-// kept) and meet this process over a shared-memory group; every rank, this one included, computes with
-// `threads` threads of its own (a pool's idle workers spin for a while: ranks sharing cores must not
-// oversubscribe them). A rank that cannot load (or dies later) fails the group with its exit status, its own
-// message on stderr.
-std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, int ranks, const std::string& exe,
-                                                      int threads);
+// started as `launcher... tensor-parallel-rank ...` (launcher[0] the file executed, then its arguments: this
+// program, rank_launcher; the CLI's hidden command; their stdout discarded, their stderr kept) and meet this
+// process over a shared-memory group; every rank, this one included, computes with `threads` threads of its own
+// (a pool's idle workers spin for a while: ranks sharing cores must not oversubscribe them). A rank that cannot
+// load (or dies later) fails the group with its exit status, its own message on stderr.
+std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, int ranks,
+                                                      const std::vector<std::string>& launcher, int threads);
+
+// How to start this program again: {exe} when exe (/proc/self/exe) is the program itself; when it is the
+// dynamic loader, run explicitly (`ld-linux-x86-64.so.2 [--library-path DIR ...] PROGRAM ARGS`, as packaged
+// copies of nextn are), the loader, its options and the program from the process's command line `cmdline`.
+std::vector<std::string> rank_launcher(const std::string& exe, const std::vector<std::string>& cmdline);
 // The hidden command's body: rank `rank` of the group named `group`; returns the process's exit status.
 int run_tensor_parallel_rank(const std::string& dir, const std::string& group, int rank, int threads);
 

@@ -62,7 +62,7 @@ struct HYV4CudaBlocks::Workspace {
   cuda::DeviceBuffer q_resid, q, kv_a, gate, attn, qcat, olat, mla_part, vout;
   cuda::DeviceBuffer iq, ik, iw, scores, topk, topk_count, forced;
   cuda::DeviceBuffer ffn_a, ffn_b, router, gathered, expert_a, expert_b, expert_out, shared_out, moe_i32, moe_f32;
-  cuda::DeviceBuffer mtp_in, h_prev, logits, argmax, lm_in, lm_out, meta_i32, meta_i64;
+  cuda::DeviceBuffer mtp_in, h_prev, logits, lm_in, lm_out, meta_i32, meta_i64;
   cuda::DeviceBuffer tp_gather, tp_part;  // tensor parallel: [ranks, S, max(H, vocabulary part)], [S, part]
 };
 
@@ -659,34 +659,11 @@ void HYV4CudaBlocks::logits(const Linear& lm_head, float* out) {
     else
       cuda::matmul(rows, n, dev(lm_head), ws_->logits.f32());  // [n, V]
   }
-  bool any_argmax = false;
-  for (const HYV4RowSpan& sp : spans_) any_argmax |= sp.argmax != nullptr;
-  if (any_argmax) {  // greedy rows: their ids come back, not their rows
-    int32_t* ids = grow_device<int32_t>(ws_->argmax, n);
-    cuda::row_argmax(ws_->logits.f32(), n, V, ids);
-    if (int64_t(host_argmax_.size()) < n) host_argmax_.resize(n);
-    const profile::Sections prof(kWait);
-    cuda::copy_to_host(host_argmax_.data(), ids, size_t(n) * sizeof(int32_t));
-  }
-  // The other spans' rows, as few copies as runs of consecutive such spans.
+  // Greedy rows come back as their ids, the others' rows as they are.
+  logit_out_.mark_greedy(spans_, n);
   const profile::Sections prof(kWait);
-  int64_t row = 0, run = 0;  // run: logit rows of the pending run, ending at row
-  const auto copy_run = [&] {
-    if (run > 0)
-      cuda::copy_to_host(out + (row - run) * V, ws_->logits.f32() + (row - run) * V, size_t(run * V) * sizeof(float));
-    run = 0;
-  };
-  for (const HYV4RowSpan& sp : spans_) {
-    const int64_t count = sp.all_logits ? sp.rows : 1;
-    if (sp.argmax) {
-      copy_run();
-      std::copy(host_argmax_.begin() + row, host_argmax_.begin() + row + count, sp.argmax);
-    } else {
-      run += count;
-    }
-    row += count;
-  }
-  copy_run();
+  logit_out_.read(ws_->logits.f32(), n, V, out);
+  logit_out_.deliver_ids(spans_);
 }
 
 void HYV4CudaBlocks::lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out,
@@ -698,13 +675,10 @@ void HYV4CudaBlocks::lm_head_rows(const Linear& lm_head, const float* hidden, in
   cuda::copy_to_device(in, hidden, size_t(rows * H) * sizeof(float));
   cuda::matmul(in, rows, dev(lm_head), y);
   const profile::Sections prof(kWait);
-  if (argmax_rows > 0) {  // greedy drafts: ids, not rows
-    int32_t* ids = grow_device<int32_t>(ws_->argmax, argmax_rows);
-    cuda::row_argmax(y, argmax_rows, V, ids);
-    cuda::copy_to_host(argmax, ids, size_t(argmax_rows) * sizeof(int32_t));
-  }
-  const int64_t whole = rows - argmax_rows;
-  if (whole > 0) cuda::copy_to_host(out + argmax_rows * V, y + argmax_rows * V, size_t(whole * V) * sizeof(float));
+  const int64_t greedy = std::clamp<int64_t>(argmax_rows, 0, rows);  // (greedy drafts: ids, not rows)
+  logit_out_.mark_first(rows, greedy);
+  logit_out_.read(y, rows, V, out);
+  std::copy(logit_out_.ids().begin(), logit_out_.ids().begin() + greedy, argmax);
 }
 
 }  // namespace nextn

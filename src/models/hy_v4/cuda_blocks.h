@@ -111,7 +111,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   HostRows hidden_rows_;          // the forward's hidden rows read back (read_hidden)
   std::vector<int32_t> host_i32_;  // MTP token ids
   std::vector<int32_t> host_sel_count_, host_sel_;  // read_selections' rows [n] and [n, K]
-  std::vector<int32_t> host_argmax_;                // logits()' greedy rows' ids [n]
+  LogitRows logit_out_;                             // logits() and lm_head_rows()' read-back (greedy: ids)
   struct ExpertTables {  // a MoE layer's experts, each matrix as one table for grouped launches
     cuda::WeightTable gate, up, down;
     int64_t first = 0;  // the first expert held (a tensor-parallel rank holds a range of them; count: gate.count)

@@ -20,7 +20,7 @@ struct Qwen4CudaBlocks::Workspace {
   cuda::DeviceBuffer q, kv, iq, bscores, blocks, bcount, sel, sel_count;
   cuda::DeviceBuffer router, ids, wts, moe_i32, gathered, ea, eb, eo, sa, sb, sg, sh;
   cuda::DeviceBuffer emb, key, value, gated, normed;
-  cuda::DeviceBuffer e_in, e, h_prev, logits, argmax, meta_i32, meta_i64;
+  cuda::DeviceBuffer e_in, e, h_prev, logits, meta_i32, meta_i64;
   cuda::DeviceBuffer tp_gather, tp_part;  // tensor parallel: [ranks, S, max(H, vocabulary part)], [S, part]
 };
 
@@ -645,47 +645,14 @@ const float* Qwen4CudaBlocks::final_logits(const GatedResidualWeights& mixer, co
   return ws_->logits.f32();
 }
 
-// The logit rows [0, rows) on the device to the host: the greedy ones' (by_id_[r]) ids computed there, into
-// host_argmax_ [rows]; the others' rows into out, in as few copies as runs of consecutive such rows.
-void Qwen4CudaBlocks::logits_to_host(const float* logits, int64_t rows, float* out) {
-  const int64_t V = cfg_.vocab_size;
-  if (std::find(by_id_.begin(), by_id_.begin() + rows, 1) != by_id_.begin() + rows) {
-    int32_t* ids = grow_device<int32_t>(ws_->argmax, rows);
-    cuda::row_argmax(logits, rows, V, ids);
-    host_argmax_.resize(size_t(rows));
-    cuda::copy_to_host(host_argmax_.data(), ids, size_t(rows) * sizeof(int32_t));
-  }
-  int64_t run = 0;  // rows of the pending run of copied rows, ending at row r
-  for (int64_t r = 0; r <= rows; ++r) {
-    if (r < rows && !by_id_[size_t(r)]) {
-      ++run;
-      continue;
-    }
-    if (run > 0)
-      cuda::copy_to_host(out + (r - run) * V, logits + (r - run) * V, size_t(run * V) * sizeof(float));
-    run = 0;
-  }
-}
-
 void Qwen4CudaBlocks::logits(const GatedResidualWeights& mixer, const Linear& lm_head, float* out) {
   // The rows that want logits (every row of an all_logits span, else its last), gathered, through the mixer.
   float* rows = ws_->lm_streams.f32();
   cuda::gather_rows(ws_->X.f32(), cfg_.hc_width(), logit_row_ids_, logit_rows_, rows);
   const float* logits = final_logits(mixer, lm_head, rows, logit_rows_);
-  by_id_.assign(size_t(logit_rows_), 0);
-  int64_t row = 0;
-  for (const Qwen4RowSpan& sp : spans_) {
-    const int64_t n = sp.all_logits ? sp.rows : 1;
-    if (sp.argmax) std::fill(by_id_.begin() + row, by_id_.begin() + row + n, 1);
-    row += n;
-  }
-  logits_to_host(logits, logit_rows_, out);
-  row = 0;
-  for (const Qwen4RowSpan& sp : spans_) {
-    const int64_t n = sp.all_logits ? sp.rows : 1;
-    if (sp.argmax) std::copy(host_argmax_.begin() + row, host_argmax_.begin() + row + n, sp.argmax);
-    row += n;
-  }
+  logit_out_.mark_greedy(spans_, logit_rows_);
+  logit_out_.read(logits, logit_rows_, cfg_.vocab_size, out);
+  logit_out_.deliver_ids(spans_);
 }
 
 void Qwen4CudaBlocks::logits_of(const GatedResidualWeights& mixer, const Linear& lm_head, const float* streams,
@@ -696,10 +663,9 @@ void Qwen4CudaBlocks::logits_of(const GatedResidualWeights& mixer, const Linear&
   cuda::copy_to_device(X, streams, size_t(rows * cfg_.hc_width()) * sizeof(float));
   const float* logits = final_logits(mixer, lm_head, X, rows);
   const int64_t greedy = std::clamp<int64_t>(argmax_rows, 0, rows);
-  by_id_.assign(size_t(rows), 0);
-  std::fill(by_id_.begin(), by_id_.begin() + greedy, 1);
-  logits_to_host(logits, rows, out);
-  std::copy(host_argmax_.begin(), host_argmax_.begin() + greedy, argmax);
+  logit_out_.mark_first(rows, greedy);
+  logit_out_.read(logits, rows, cfg_.vocab_size, out);
+  std::copy(logit_out_.ids().begin(), logit_out_.ids().begin() + greedy, argmax);
 }
 
 // ---- tensor parallel ----------------------------------------------------------------------------------------

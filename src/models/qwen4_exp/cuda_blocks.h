@@ -74,7 +74,6 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   void mix(const GatedResidualWeights& g, const float* X, int64_t rows, float* x, float* inj);
   const float* final_logits(const GatedResidualWeights& mixer, const Linear& lm_head, const float* X,
                             int64_t rows);
-  void logits_to_host(const float* logits, int64_t rows, float* out);
   void read_selections();
   void gdn_rows(const GdnWeights& g, int layer);          // x -> y over this rank's heads
   void qsa_rows(const QsaWeights& a, size_t cache_layer);  // likewise
@@ -126,8 +125,7 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   std::vector<float> host_f32_;   // an MTP forward's h_prev rows
   HostRows stream_rows_;          // the forward's streams read back (read_streams)
   std::vector<int32_t> host_sel_count_, host_sel_;  // the spans' last rows' selections (read_selections)
-  std::vector<uint8_t> by_id_;        // per logit row: its id comes back, not its row (logits_to_host)
-  std::vector<int32_t> host_argmax_;  // those ids
+  LogitRows logit_out_;  // the logit rows' read-back (greedy rows as ids)
 };
 
 }  // namespace nextn
