@@ -184,6 +184,42 @@ TEST(CudaTensorParallel, GreedySpeculationEqualsPlainGreedy) {
   }
 }
 
+// The bundled models on 2 ranks: HY V4's, and Qwen4-Exp's, whose FP8 blocks of 128 columns hold all of a GDN
+// layer's value heads and all of its shared expert's features, so that rank 0 has neither (its parts of those
+// sums are zeros) and rank 1 has both.
+TEST(CudaTensorParallel, BundledModelsOnTwoRanksMatchOneGpuAndSpeculateLosslessly) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  ThreadPool pool(2);
+  for (const char* name : {"nextn-qwen4exp-tiny", "nextn-hy4-tiny"}) {
+    SCOPED_TRACE(name);
+    const std::string dir = std::string(NEXTN_SOURCE_DIR) + "/models/" + name;
+    auto one = load_on_gpu(dir, pool, 1);
+    auto tp = load_on_gpu(dir, pool, 2);
+    const auto& f = one->facts();
+    const auto prompt = random_prompt(f.sparse_budget + 9, f.vocab_size, 23);
+    const int64_t T = int64_t(prompt.size()), V = f.vocab_size, H = f.hidden_width;
+    std::vector<float> l1, h1, lt, ht;
+    testing::run_prompt(*one, prompt, l1, h1);
+    testing::run_prompt(*tp, prompt, lt, ht);
+    const auto d = compare(lt.data(), l1.data(), T, V);
+    EXPECT_LE(d.rel(), 1e-4) << "max|Δ| " << d.max_abs;
+    EXPECT_EQ(d.argmax_mismatches, 0) << "first at row " << d.first_mismatch_row;
+    EXPECT_LE(compare(ht.data(), h1.data(), T, H).rel(), 1e-4);
+    SamplingParams sp;
+    sp.max_tokens = 48;
+    SpecOptions plain;
+    plain.enabled = false;
+    const auto ref = Generator(*tp).generate(prompt, sp, plain);
+    for (int k : {1, 3}) {
+      SpecOptions so;
+      so.num_speculative_tokens = k;
+      const auto got = Generator(*tp).generate(prompt, sp, so);
+      EXPECT_EQ(got.ids, ref.ids) << "k " << k;
+      EXPECT_GT(got.stats.num_accepted_tokens, 0) << "k " << k;
+    }
+  }
+}
+
 TEST(CudaTensorParallel, OneGpuRanksShareItThroughHostMemory) {
   NEXTN_SKIP_WITHOUT_CUDA();
   if (cuda::device_count() > 1) GTEST_SKIP() << "several GPUs: the ranks get one each";

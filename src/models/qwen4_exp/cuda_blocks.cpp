@@ -467,9 +467,14 @@ void Qwen4CudaBlocks::ple_add(const PleWeights& p, int layer) {
   cuda::add(w.X.f32(), w.gated.f32(), S * CH);
 }
 
+// (a tensor-parallel rank without Gated DeltaNet heads adds nothing to the ranks' sum: an FP8 out_proj whose
+// scale block spans every head's columns puts them all on one rank)
 void Qwen4CudaBlocks::gdn(const GdnWeights& g, int layer) {
   if (graphs_.skipping()) return;
-  gdn_rows(g, layer);
+  if (cfg_.linear_num_key_heads > 0)
+    gdn_rows(g, layer);
+  else
+    cuda::fill_zero(ws_->y.get(), size_t(S_ * cfg_.hidden_size) * sizeof(float));
   if (tp_) tp_sum(ws_->y.f32(), S_ * cfg_.hidden_size);
 }
 
