@@ -1,6 +1,7 @@
 // DeviceWeights, DevicePlanes and KVMirrors (device_memory.h).
 #include "models/common/device_memory.h"
 
+#include "core/communicator.h"
 #include "core/error.h"
 #include "core/sizes.h"
 
@@ -67,6 +68,53 @@ void HostRows::read(const float* device, int64_t width, int64_t total, int64_t f
     valid_ = true;
   }
   std::copy(staged_.begin() + first * width, staged_.begin() + (first + n) * width, out);
+}
+
+std::unique_ptr<cuda::DeviceCommunicator> join_gpu_group(Communicator& host, const std::string& dir, size_t bytes) {
+  const int gpus = cuda::device_count();
+  if (gpus > 1) cuda::use_gpu(host.rank() % gpus);
+  require_device_room(dir, bytes);
+  return cuda::device_communicator(host);
+}
+
+void DeviceRank::set(cuda::DeviceCommunicator* comm, std::vector<UnitRange> vocab) {
+  if (comm && vocab.size() != size_t(comm->size()))
+    throw Error("internal: a tensor-parallel rank needs every rank's vocabulary rows");
+  comm_ = comm;
+  vocab_ = std::move(vocab);
+  gather_ = cuda::DeviceBuffer();
+  part_ = cuda::DeviceBuffer();
+}
+
+void DeviceRank::reserve(int64_t rows, int64_t hidden) {
+  if (!comm_) return;
+  const int64_t part = widest(vocab_);
+  grow_device<float>(gather_, comm_->size() * rows * std::max(hidden, part));
+  grow_device<float>(part_, rows * part);
+}
+
+int32_t DeviceRank::local_token(int32_t token) const {
+  if (!comm_) return token;
+  const UnitRange& mine = vocab_[size_t(comm_->rank())];
+  return token >= mine.begin && token < mine.end ? int32_t(token - mine.begin) : -1;
+}
+
+void DeviceRank::sum(float* y, int64_t count) {
+  float* all = gather_.f32();  // [ranks, count]
+  comm_->all_gather(y, count * int64_t(sizeof(float)), all);
+  cuda::sum_ranks(all, comm_->size(), count, y);
+}
+
+void DeviceRank::logits(const Linear& part, const float* x, int64_t rows, int64_t V, float* logits) {
+  const int64_t width = widest(vocab_);
+  float* mine = part_.f32();  // [rows, width]: every rank's part padded alike
+  if (part.out > 0) cuda::matmul(x, rows, part, mine, -1, width);
+  float* all = gather_.f32();  // [ranks, rows, width]
+  comm_->all_gather(mine, rows * width * int64_t(sizeof(float)), all);
+  for (int r = 0; r < comm_->size(); ++r) {
+    const UnitRange& v = vocab_[size_t(r)];
+    cuda::copy_cols(all + r * rows * width, rows, v.size(), width, logits + v.begin, V);
+  }
 }
 
 void LogitRows::mark_first(int64_t rows, int64_t greedy) {

@@ -11,13 +11,22 @@
 #include <vector>
 
 #include "memory/kv_cache.h"
+#include "models/common/tensor_split.h"
+#include "ops/cuda/cuda_collectives.h"
 #include "ops/cuda/cuda_nn.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace nextn {
 
+class Communicator;
+
 // Throws nextn::Error unless a usable GPU has `bytes` free for the checkpoint in `dir` (use_device's check).
 void require_device_room(const std::string& dir, size_t bytes);
+
+// A tensor-parallel rank's move to its GPU (rank r on GPU r mod the GPUs this process sees), once that GPU has
+// room for `bytes` of the checkpoint in `dir`: its device collectives over `host` (collective: every rank calls
+// it at once; cuda::device_communicator).
+std::unique_ptr<cuda::DeviceCommunicator> join_gpu_group(Communicator& host, const std::string& dir, size_t bytes);
 
 // A model's weights on the device, found by their host twins: a Linear by its bytes, a vector by its data.
 class DeviceWeights {
@@ -87,6 +96,32 @@ class HostRows {
  private:
   std::vector<float> staged_;
   bool valid_ = false;
+};
+
+// What a family's CUDA blocks need to be one rank of a tensor-parallel group (docs/parallel.md; the CPU's twin
+// is TensorParallelRank): the device collectives, every rank's vocabulary rows, and the gathers' buffers.
+//   sum     a block's partial output summed over the ranks in rank order (gathered, then cuda::sum_ranks)
+//   embed   tokens this rank does not own are -1 (zero rows), so that the sum moves each row from its owner
+//   logits  each rank's vocabulary part of lm_head, gathered and laid side by side into whole rows
+class DeviceRank {
+ public:
+  // comm null: one rank. Throws unless vocab has a range per rank.
+  void set(cuda::DeviceCommunicator* comm, std::vector<UnitRange> vocab);
+  bool active() const { return comm_ != nullptr; }
+  // Whether the collectives may be recorded in CUDA graphs (host-staged ones wait for the device).
+  bool capturable() const { return !comm_ || comm_->capturable(); }
+  // The gathers of `rows` rows of `hidden` floats and of the logits' parts (their addresses change when they
+  // grow: called where the workspace grows, whose graphs are then forgotten).
+  void reserve(int64_t rows, int64_t hidden);
+  int32_t local_token(int32_t token) const;  // its row of this rank's embedding part (-1: another rank's)
+  void sum(float* y, int64_t count);         // y [count] (device) = the ranks' y added in rank order
+  // logits [rows, V] (device) = lm_head(x [rows, H]) with `part` this rank's vocabulary rows (uploaded).
+  void logits(const Linear& part, const float* x, int64_t rows, int64_t V, float* logits);
+
+ private:
+  cuda::DeviceCommunicator* comm_ = nullptr;
+  std::vector<UnitRange> vocab_;
+  cuda::DeviceBuffer gather_, part_;  // [ranks, rows, max(hidden, widest part)], [rows, widest part]
 };
 
 // Logit rows on the device to the host (both families' lm_head read-backs): the greedy rows' (`by_id`) argmax,

@@ -63,7 +63,6 @@ struct HYV4CudaBlocks::Workspace {
   cuda::DeviceBuffer iq, ik, iw, scores, topk, topk_count, forced;
   cuda::DeviceBuffer ffn_a, ffn_b, router, gathered, expert_a, expert_b, expert_out, shared_out, moe_i32, moe_f32;
   cuda::DeviceBuffer mtp_in, h_prev, logits, lm_in, lm_out, meta_i32, meta_i64;
-  cuda::DeviceBuffer tp_gather, tp_part;  // tensor parallel: [ranks, S, max(H, vocabulary part)], [S, part]
 };
 
 cuda::MoeRouting moe_routing(const HYV4Config& c) {
@@ -192,10 +191,7 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   grow_device<float>(w.mtp_in, S * 2 * H);
   grow_device<float>(w.logits, S * c.vocab_size);
   grow_device<float>(w.lm_out, S * c.vocab_size);
-  if (tp_) {
-    grow_device<float>(w.tp_gather, tp_->size() * S * std::max(H, largest_vocab_part()));
-    grow_device<float>(w.tp_part, S * largest_vocab_part());
-  }
+  tp_.reserve(S, H);
   w.rows = S;
   w.positions = P;
   // The host staging of the per-forward uploads, sized now so that a forward does not allocate.
@@ -253,7 +249,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
     const HYV4RowSpan& sp = spans_[i];
     for (int64_t r = 0; r < sp.rows; ++r) {
       const int64_t row = sp.first_row + r;
-      tokens[row] = local_token(sp.tokens[r]);
+      tokens[row] = tp_.local_token(sp.tokens[r]);
       span[row] = int32_t(i);
       slot[row] = int32_t(sp.slot0 + r);
       pos[row] = int32_t(sp.pos0 + r);
@@ -264,7 +260,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   }
   for (int64_t r = 0; r < pad_; ++r) {  // the padding span: one page of kMaxPaddingRows slots
     const int64_t row = S - pad_ + r;
-    tokens[row] = local_token(0);
+    tokens[row] = tp_.local_token(0);
     span[row] = int32_t(n - 1);
     slot[row] = pos[row] = int32_t(r);
     forced_count[row] = -1;
@@ -332,7 +328,7 @@ float* HYV4CudaBlocks::act(HYV4Act a) {
 
 bool HYV4CudaBlocks::replay_or_record(uintptr_t which) {
   if (profile::enabled()) return false;  // (BlockTimer times each block as it runs)
-  if (tp_ && !tp_->capturable()) return false;  // (host-staged collectives wait for the device mid-forward)
+  if (!tp_.capturable()) return false;  // (host-staged collectives wait for the device mid-forward)
   // (neither the spans nor the logit rows change a kernel's arguments: the spans are read from the uploads at
   // addresses set by S alone, and logits() runs after the graph)
   return graphs_.replay_or_record({S_, which, int(any_forced_) + 2 * int(all_forced_)});
@@ -342,12 +338,12 @@ void HYV4CudaBlocks::embed_streams(const Linear& embed) {
   if (replay_or_record(0)) return;  // (a target forward starts here)
   const BlockTimer timer(kNorms);
   const int64_t H = cfg_.hidden_size, C = cfg_.hc_mult;
-  if (tp_) {
+  if (tp_.active()) {
     // Each rank embeds the rows whose tokens it owns (the others' are zero: their ids are -1 here, begin()),
     // and the sum over the ranks moves each row from its owner: owner's row + zeros, the same values.
     float* x = ws_->x.f32();
     cuda::embed_rows(dev(embed), device_as<int32_t>(ws_->meta_i32), S_, 1, x, H);  // [S, H]
-    tp_sum(x, S_ * H);
+    tp_.sum(x, S_ * H);
     for (int64_t j = 0; j < C; ++j) cuda::copy_cols(x, S_, H, H, ws_->streams.f32() + j * H, C * H);  // [S, C, H]
     return;
   }
@@ -383,7 +379,7 @@ void HYV4CudaBlocks::hc_head(const Linear& fn, const std::vector<float>& base, c
 // kY: y itself; kAddToX: x += output (stored into x); kHyperPost: y, and the streams through the post gates.
 cuda::OutputSink HYV4CudaBlocks::sink_for(HYV4Out out, float** y) {
   cuda::OutputSink sink;
-  if (tp_) {  // (a rank's output is a partial sum: the residual updates wait for reduce_and_deliver)
+  if (tp_.active()) {  // (a rank's output is a partial sum: the residual updates wait for reduce_and_deliver)
     *y = ws_->y.f32();
     return sink;
   }
@@ -513,7 +509,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4O
   float* y = nullptr;
   const cuda::OutputSink sink = sink_for(out, &y);
   cuda::matmul(w.attn.f32(), S, dev(a.o_proj), y, -1, -1, sink);  // [S, H]
-  if (tp_) reduce_and_deliver(out);
+  if (tp_.active()) reduce_and_deliver(out);
 
 }
 
@@ -551,7 +547,7 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F, HYV4Out out) {
       swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), y, sink);
     else  // a tensor-parallel rank with no features of this MLP
       cuda::fill_zero(y, size_t(S * H) * sizeof(float));
-    if (tp_) reduce_and_deliver(out);
+    if (tp_.active()) reduce_and_deliver(out);
     return 0;
   }
   // Routing and dispatch on the device (no host round trip): each token's k experts, the tokens grouped by
@@ -567,7 +563,7 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F, HYV4Out out) {
   cuda::moe_dispatch(ids, S, k, E, first, token_of, row_of, real_rows_);  // (padding rows run no expert)
   cuda::gather_rows(x, H, token_of, SK, w.gathered.f32());  // [S·k, H]
   // (a tensor-parallel rank runs its own experts' rows, first[t.first ..]; the others' rows add zero)
-  if (tp_) cuda::fill_zero(w.expert_out.get(), size_t(SK * H) * sizeof(float));
+  if (tp_.active()) cuda::fill_zero(w.expert_out.get(), size_t(SK * H) * sizeof(float));
   if (t.gate.count > 0) {
     const int32_t* held = first + t.first;
     cuda::grouped_matmul(w.gathered.f32(), t.gate, held, SK, w.expert_a.f32());  // [S·k, I]
@@ -579,55 +575,25 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F, HYV4Out out) {
     swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), w.shared_out.f32());
   cuda::moe_combine(w.expert_out.f32(), row_of, w.moe_f32.f32(), S, k, H, F.has_shared ? w.shared_out.f32() : nullptr,
                     y, sink);
-  if (tp_) reduce_and_deliver(out);
+  if (tp_.active()) reduce_and_deliver(out);
   return 0;  // (which experts ran stays on the device: bench's verify bytes do not count them here)
 }
 
 // ---- tensor parallel ------------------------------------------------------------------------------------------
 
 void HYV4CudaBlocks::set_tensor_parallel(cuda::DeviceCommunicator* comm, std::vector<UnitRange> vocab) {
-  if (comm && vocab.size() != size_t(comm->size()))
-    throw Error("internal: a tensor-parallel rank needs every rank's vocabulary rows");
-  tp_ = comm;
-  vocab_ = std::move(vocab);
+  tp_.set(comm, std::move(vocab));
   forget_graphs();
   ws_ = std::make_unique<Workspace>();  // (the next forward sizes it with the gathers' buffers)
-}
-
-int64_t HYV4CudaBlocks::largest_vocab_part() const { return widest(vocab_); }
-
-int32_t HYV4CudaBlocks::local_token(int32_t token) const {
-  if (!tp_) return token;
-  const UnitRange& mine = vocab_[size_t(tp_->rank())];
-  return token >= mine.begin && token < mine.end ? int32_t(token - mine.begin) : -1;
-}
-
-void HYV4CudaBlocks::tp_sum(float* y, int64_t count) {
-  float* all = ws_->tp_gather.f32();  // [ranks, count]
-  tp_->all_gather(y, count * int64_t(sizeof(float)), all);
-  cuda::sum_ranks(all, tp_->size(), count, y);
 }
 
 void HYV4CudaBlocks::reduce_and_deliver(HYV4Out out) {
   const int64_t H = cfg_.hidden_size, count = S_ * H;
   float* y = ws_->y.f32();
-  tp_sum(y, count);
+  tp_.sum(y, count);
   // (the separate ops whose bits the one-rank output sinks give: cuda_ops.h, OutputSink)
   if (out == HYV4Out::kAddToX) cuda::add(ws_->x.f32(), y, count);
   if (out == HYV4Out::kHyperPost) cuda::hc_post(ws_->streams.f32(), ws_->post.f32(), y, S_, cfg_.hc_mult, H);
-}
-
-// logits [n, V] = every rank's vocabulary part of lm_head(rows [n, H]), gathered.
-void HYV4CudaBlocks::tp_logits(const Linear& lm_head, const float* rows, int64_t n) {
-  const int64_t V = cfg_.vocab_size, part = largest_vocab_part();
-  float* mine = ws_->tp_part.f32();  // [n, part]
-  if (lm_head.out > 0) cuda::matmul(rows, n, dev(lm_head), mine, -1, part);
-  float* all = ws_->tp_gather.f32();  // [ranks, n, part]
-  tp_->all_gather(mine, n * part * int64_t(sizeof(float)), all);
-  for (int r = 0; r < tp_->size(); ++r) {
-    const UnitRange& v = vocab_[size_t(r)];
-    cuda::copy_cols(all + r * n * part, n, v.size(), part, ws_->logits.f32() + v.begin, V);
-  }
 }
 
 // ---- what comes back to the host ---------------------------------------------------------------------------
@@ -654,8 +620,8 @@ void HYV4CudaBlocks::logits(const Linear& lm_head, float* out) {
   }
   {
     const BlockTimer timer(kLmHead);
-    if (tp_)
-      tp_logits(lm_head, rows, n);
+    if (tp_.active())
+      tp_.logits(dev(lm_head), rows, n, V, ws_->logits.f32());
     else
       cuda::matmul(rows, n, dev(lm_head), ws_->logits.f32());  // [n, V]
   }

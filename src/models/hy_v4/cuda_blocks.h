@@ -69,10 +69,6 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   int64_t topk_stride() const;
   // Tensor parallel: y [S, H] (this rank's part) = the sum over the ranks, then the residual update `out`.
   void reduce_and_deliver(HYV4Out out);
-  void tp_sum(float* y, int64_t count);  // y [count] = the sum over the ranks of their y, in rank order
-  void tp_logits(const Linear& lm_head, const float* rows, int64_t n);
-  int64_t largest_vocab_part() const;
-  int32_t local_token(int32_t token) const;  // this rank's embedding row of token (-1: another rank's)
 
   const HYV4Config& cfg_;
   DeviceWeights weights_;
@@ -118,8 +114,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   };
   std::unordered_map<const FfnWeights*, ExpertTables> experts_;
 
-  cuda::DeviceCommunicator* tp_ = nullptr;  // tensor parallel (null: one rank)
-  std::vector<UnitRange> vocab_;
+  DeviceRank tp_;  // tensor parallel (set_tensor_parallel; inactive: one rank)
 };
 
 }  // namespace nextn

@@ -56,10 +56,7 @@ void HYV4Model::use_device_as_rank(Device device) {
   blocks_ = cpu_blocks_.get();
   device_ = Device::kCpu;
   if (device != Device::kCuda) return;
-  const int gpus = cuda::device_count();
-  if (gpus > 1) cuda::use_gpu(tp_comm_->rank() % gpus);
-  require_device_room(dir_, checkpoint_bytes() / size_t(tp_comm_->size()));
-  device_comm_ = cuda::device_communicator(*tp_comm_);
+  device_comm_ = join_gpu_group(*tp_comm_, dir_, checkpoint_bytes() / size_t(tp_comm_->size()));
   shard_device_blocks_ = std::make_unique<HYV4CudaBlocks>(shard_->config, shard_->weights);
   shard_device_blocks_->set_tensor_parallel(device_comm_.get(), shard_->vocab);
   if (tp_comm_->rank() == 0) {

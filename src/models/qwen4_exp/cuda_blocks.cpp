@@ -21,7 +21,6 @@ struct Qwen4CudaBlocks::Workspace {
   cuda::DeviceBuffer router, ids, wts, moe_i32, gathered, ea, eb, eo, sa, sb, sg, sh;
   cuda::DeviceBuffer emb, key, value, gated, normed;
   cuda::DeviceBuffer e_in, e, h_prev, logits, meta_i32, meta_i64;
-  cuda::DeviceBuffer tp_gather, tp_part;  // tensor parallel: [ranks, S, max(H, vocabulary part)], [S, part]
 };
 
 // Device buffers for sequences' recurrent state, handed back by a sequence's end and reused by the next.
@@ -191,11 +190,7 @@ void Qwen4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   grow_device<float>(w.sg, S);
   grow_device<float>(w.emb, S * std::max<int64_t>(c.ple_embed_dim, 1));
   grow_device<float>(w.logits, S * c.vocab_size);
-  if (tp_) {
-    const int64_t part = widest(vocab_);
-    grow_device<float>(w.tp_gather, tp_->size() * S * std::max(H, part));
-    grow_device<float>(w.tp_part, S * part);
-  }
+  tp_.reserve(S, H);
   w.rows = S;
   w.positions = P;
   stream_rows_.reserve(S * CH);
@@ -284,7 +279,7 @@ void Qwen4CudaBlocks::upload_rows() {
     const Qwen4RowSpan& sp = spans_[size_t(i)];
     for (int64_t r = 0; r < sp.rows; ++r) {
       const int64_t row = sp.first_row + r, s = sp.slot0 + r;
-      tokens[row] = local_token(sp.tokens[r]);
+      tokens[row] = tp_.local_token(sp.tokens[r]);
       span[row] = int32_t(i);
       slot[row] = int32_t(s);
       pos[row] = int32_t(sp.pos0 + r);
@@ -305,7 +300,7 @@ void Qwen4CudaBlocks::upload_rows() {
   }
   for (int64_t r = 0; r < pad_; ++r) {  // the padding span: one page of kMaxPaddingRows slots
     const int64_t row = S - pad_ + r;
-    tokens[row] = local_token(0);
+    tokens[row] = tp_.local_token(0);
     span[row] = int32_t(n);
     slot[row] = pos[row] = int32_t(r);
     blocks[row] = int32_t((r + 1) / ratio);
@@ -394,7 +389,7 @@ void Qwen4CudaBlocks::upload_rows() {
 // At a forward's first block (embed_streams or mtp_input): replay its shape's graph, or record or run it. The
 // spans' count is not part of the shape (the recurrent kernels take S span entries, the unused ones empty).
 bool Qwen4CudaBlocks::replay_or_record(uintptr_t which) {
-  if (tp_ && !tp_->capturable()) return false;  // (host-staged collectives wait for the device mid-forward)
+  if (!tp_.capturable()) return false;  // (host-staged collectives wait for the device mid-forward)
   return graphs_.replay_or_record({S_, which, int(any_forced_) + 2 * int(all_forced_)});
 }
 
@@ -408,12 +403,12 @@ void Qwen4CudaBlocks::finish() {
 void Qwen4CudaBlocks::embed_streams(const Linear& embed) {
   if (replay_or_record(0)) return;  // (a target forward starts here)
   const int64_t C = cfg_.hc_count, H = cfg_.hidden_size;
-  if (tp_) {
+  if (tp_.active()) {
     // Each rank embeds the rows whose tokens it owns (the others' are zero: their ids are -1 here, upload_rows),
     // and the sum over the ranks moves each row from its owner: owner's row + zeros, the same values.
     float* x = ws_->x.f32();
     cuda::embed_rows(dev(embed), tokens_, S_, 1, x, H);  // [S, H]
-    tp_sum(x, S_ * H);
+    tp_.sum(x, S_ * H);
     for (int64_t j = 0; j < C; ++j) cuda::copy_cols(x, S_, H, H, ws_->X.f32() + j * H, C * H);  // X [S, C, H]
     return;
   }
@@ -475,7 +470,7 @@ void Qwen4CudaBlocks::gdn(const GdnWeights& g, int layer) {
     gdn_rows(g, layer);
   else
     cuda::fill_zero(ws_->y.get(), size_t(S_ * cfg_.hidden_size) * sizeof(float));
-  if (tp_) tp_sum(ws_->y.f32(), S_ * cfg_.hidden_size);
+  if (tp_.active()) tp_.sum(ws_->y.f32(), S_ * cfg_.hidden_size);
 }
 
 void Qwen4CudaBlocks::gdn_rows(const GdnWeights& g, int layer) {
@@ -505,7 +500,7 @@ void Qwen4CudaBlocks::qsa(const QsaWeights& a, size_t cache_layer) {
     qsa_rows(a, cache_layer);
   else
     cuda::fill_zero(ws_->y.get(), size_t(S_ * cfg_.hidden_size) * sizeof(float));
-  if (tp_) tp_sum(ws_->y.f32(), S_ * cfg_.hidden_size);
+  if (tp_.active()) tp_.sum(ws_->y.f32(), S_ * cfg_.hidden_size);
 }
 
 void Qwen4CudaBlocks::qsa_rows(const QsaWeights& a, size_t cache_layer) {
@@ -569,7 +564,7 @@ size_t Qwen4CudaBlocks::moe(const MoeWeights& m) {
   cuda::moe_dispatch(ids, S, k, E, first, token_of, row_of, real_rows_);  // (padding rows run no expert)
   cuda::gather_rows(x, H, token_of, SK, w.gathered.f32());  // [S·k, H]
   // (a tensor-parallel rank runs its own experts' rows, first[t.first ..]; the others' rows add zero)
-  if (tp_) cuda::fill_zero(w.eo.get(), size_t(SK * H) * sizeof(float));
+  if (tp_.active()) cuda::fill_zero(w.eo.get(), size_t(SK * H) * sizeof(float));
   if (t.gate.count > 0) {
     const int32_t* held = first + t.first;
     cuda::grouped_matmul(w.gathered.f32(), t.gate, held, SK, w.ea.f32());  // [S·k, I]
@@ -588,7 +583,7 @@ size_t Qwen4CudaBlocks::moe(const MoeWeights& m) {
     shared = w.sh.f32();
   }
   cuda::moe_combine(w.eo.f32(), row_of, w.wts.f32(), S, k, H, shared, w.y.f32());
-  if (tp_) tp_sum(w.y.f32(), S * H);
+  if (tp_.active()) tp_.sum(w.y.f32(), S * H);
   return 0;  // (which experts ran stays on the device)
 }
 
@@ -633,20 +628,10 @@ const float* Qwen4CudaBlocks::final_logits(const GatedResidualWeights& mixer, co
                                            int64_t rows) {
   float* x = ws_->x.f32();
   mix(mixer, X, rows, x, nullptr);
-  if (!tp_) {
+  if (tp_.active())
+    tp_.logits(dev(lm_head), x, rows, cfg_.vocab_size, ws_->logits.f32());  // (each rank's part, gathered)
+  else
     cuda::matmul(x, rows, dev(lm_head), ws_->logits.f32());  // [rows, V]
-    return ws_->logits.f32();
-  }
-  // Each rank's vocabulary part [rows, part] (every part padded to the widest), gathered into whole rows.
-  const int64_t V = cfg_.vocab_size, part = widest(vocab_);
-  float* mine = ws_->tp_part.f32();
-  if (lm_head.out > 0) cuda::matmul(x, rows, dev(lm_head), mine, -1, part);
-  float* all = ws_->tp_gather.f32();  // [ranks, rows, part]
-  tp_->all_gather(mine, rows * part * int64_t(sizeof(float)), all);
-  for (int r = 0; r < tp_->size(); ++r) {
-    const UnitRange& v = vocab_[size_t(r)];
-    cuda::copy_cols(all + r * rows * part, rows, v.size(), part, ws_->logits.f32() + v.begin, V);
-  }
   return ws_->logits.f32();
 }
 
@@ -676,24 +661,9 @@ void Qwen4CudaBlocks::logits_of(const GatedResidualWeights& mixer, const Linear&
 // ---- tensor parallel ----------------------------------------------------------------------------------------
 
 void Qwen4CudaBlocks::set_tensor_parallel(cuda::DeviceCommunicator* comm, std::vector<UnitRange> vocab) {
-  if (comm && vocab.size() != size_t(comm->size()))
-    throw Error("internal: a tensor-parallel rank needs every rank's vocabulary rows");
-  tp_ = comm;
-  vocab_ = std::move(vocab);
+  tp_.set(comm, std::move(vocab));
   graphs_.forget();
   ws_ = std::make_unique<Workspace>();  // (the next forward sizes it with the gathers' buffers)
-}
-
-int32_t Qwen4CudaBlocks::local_token(int32_t token) const {
-  if (!tp_) return token;
-  const UnitRange& mine = vocab_[size_t(tp_->rank())];
-  return token >= mine.begin && token < mine.end ? int32_t(token - mine.begin) : -1;
-}
-
-void Qwen4CudaBlocks::tp_sum(float* y, int64_t count) {
-  float* all = ws_->tp_gather.f32();  // [ranks, count]
-  tp_->all_gather(y, count * int64_t(sizeof(float)), all);
-  cuda::sum_ranks(all, tp_->size(), count, y);
 }
 
 }  // namespace nextn

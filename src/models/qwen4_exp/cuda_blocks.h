@@ -77,8 +77,6 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   void read_selections();
   void gdn_rows(const GdnWeights& g, int layer);          // x -> y over this rank's heads
   void qsa_rows(const QsaWeights& a, size_t cache_layer);  // likewise
-  int32_t local_token(int32_t token) const;  // tensor parallel: its row of this rank's embedding part (-1: none)
-  void tp_sum(float* y, int64_t count);      // y [count] = the sum over the ranks of their y, in rank order
 
   const Qwen4ExpConfig& cfg_;
   const Qwen4StateLayout& layout_;
@@ -94,8 +92,7 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   std::unique_ptr<Workspace> ws_;
   std::shared_ptr<StateSlots> states_;
   ForwardGraphs graphs_;  // forwards by shape (forward_graphs.h); eager for a shape's first run
-  cuda::DeviceCommunicator* tp_ = nullptr;  // tensor parallel (set_tensor_parallel); null: one rank
-  std::vector<UnitRange> vocab_;            // ... every rank's vocabulary rows
+  DeviceRank tp_;  // tensor parallel (set_tensor_parallel; inactive: one rank)
 
   // The current forward (begin()): its spans, rows and their device views.
   std::vector<Qwen4RowSpan> spans_;
