@@ -39,10 +39,14 @@ void global_argmax_rows(Communicator& comm, const RankBest* mine, int64_t rows, 
   const int n = comm.size();
   if (int64_t(scratch.size()) < n * rows) scratch.resize(size_t(n * rows));
   comm.all_gather(mine, rows * int64_t(sizeof(RankBest)), scratch.data());
+  pick_global_argmax(scratch.data(), n, rows, out);
+}
+
+void pick_global_argmax(const RankBest* all, int ranks, int64_t rows, int32_t* out) {
   for (int64_t i = 0; i < rows; ++i) {
-    RankBest best = scratch[size_t(i)];
-    for (int r = 0; r < n && best.id >= 0; ++r) {
-      const RankBest& b = scratch[size_t(r * rows + i)];
+    RankBest best = all[i];
+    for (int r = 0; r < ranks && best.id >= 0; ++r) {
+      const RankBest& b = all[r * rows + i];
       if (b.id < 0 || b.value > best.value || (b.value == best.value && b.id < best.id)) best = b;
     }
     out[i] = static_cast<int32_t>(best.id);

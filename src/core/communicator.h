@@ -47,6 +47,8 @@ RankBest global_argmax(Communicator& comm, RankBest mine);
 // scratch: grown to size() · rows entries as needed.
 void global_argmax_rows(Communicator& comm, const RankBest* mine, int64_t rows, int32_t* out,
                         std::vector<RankBest>& scratch);
+// The rule of global_argmax_rows over every rank's bests, gathered: all [ranks, rows] -> out [rows].
+void pick_global_argmax(const RankBest* all, int ranks, int64_t rows, int32_t* out);
 
 // `ranks` ranks as threads of this process over shared memory. run(fn) calls fn with each rank's communicator
 // on a thread of its own and returns when all have returned; if any rank throws, the ranks waiting in a

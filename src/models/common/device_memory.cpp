@@ -1,5 +1,8 @@
-// DeviceWeights, DevicePlanes and KVMirrors (device_memory.h).
+// What both families' CUDA backends keep in device memory, and their read-backs and collectives (device_memory.h).
 #include "models/common/device_memory.h"
+
+#include <cstddef>
+#include <limits>
 
 #include "core/communicator.h"
 #include "core/error.h"
@@ -115,6 +118,35 @@ void DeviceRank::logits(const Linear& part, const float* x, int64_t rows, int64_
     const UnitRange& v = vocab_[size_t(r)];
     cuda::copy_cols(all + r * rows * width, rows, v.size(), width, logits + v.begin, V);
   }
+}
+
+void DeviceRank::argmax(const Linear& part, const float* x, int64_t rows, int32_t* ids) {
+  static_assert(sizeof(RankBest) == sizeof(cuda::RowBest) && offsetof(RankBest, id) == offsetof(cuda::RowBest, id),
+                "row_best writes RankBest's layout");
+  const int64_t width = widest(vocab_), n = comm_->size();
+  const UnitRange mine = vocab_[size_t(comm_->rank())];
+  auto* best = grow_device<cuda::RowBest>(best_, rows);
+  auto* all = grow_device<cuda::RowBest>(best_all_, n * rows);
+  if (mine.size() > 0) {
+    cuda::matmul(x, rows, part, part_.f32(), -1, width);
+    cuda::row_best(part_.f32(), rows, mine.size(), width, mine.begin, best);
+  } else {  // (a rank without vocabulary rows: a best that never wins)
+    host_best_.assign(size_t(rows), RankBest{-std::numeric_limits<float>::infinity(), INT64_MAX});
+    cuda::copy_to_device(best, host_best_.data(), size_t(rows) * sizeof(RankBest));
+  }
+  comm_->all_gather(best, rows * int64_t(sizeof(RankBest)), all);
+  host_best_.resize(size_t(n * rows));
+  cuda::copy_to_host(host_best_.data(), all, host_best_.size() * sizeof(RankBest));
+  pick_global_argmax(host_best_.data(), int(n), rows, ids);
+}
+
+bool LogitRows::all_by_id(int64_t rows) const {
+  return std::find(by_id_.begin(), by_id_.begin() + rows, uint8_t(0)) == by_id_.begin() + rows;
+}
+
+int32_t* LogitRows::ids_for(int64_t rows) {
+  ids_.resize(size_t(rows));
+  return ids_.data();
 }
 
 void LogitRows::mark_first(int64_t rows, int64_t greedy) {

@@ -19,6 +19,7 @@
 namespace nextn {
 
 class Communicator;
+struct RankBest;
 
 // Throws nextn::Error unless a usable GPU has `bytes` free for the checkpoint in `dir` (use_device's check).
 void require_device_room(const std::string& dir, size_t bytes);
@@ -103,6 +104,7 @@ class HostRows {
 //   sum     a block's partial output summed over the ranks in rank order (gathered, then cuda::sum_ranks)
 //   embed   tokens this rank does not own are -1 (zero rows), so that the sum moves each row from its owner
 //   logits  each rank's vocabulary part of lm_head, gathered and laid side by side into whole rows
+//   argmax  greedy rows: each rank's best (value, id) per row of its part, gathered; no logits cross the ranks
 class DeviceRank {
  public:
   // comm null: one rank. Throws unless vocab has a range per rank.
@@ -117,11 +119,15 @@ class DeviceRank {
   void sum(float* y, int64_t count);         // y [count] (device) = the ranks' y added in rank order
   // logits [rows, V] (device) = lm_head(x [rows, H]) with `part` this rank's vocabulary rows (uploaded).
   void logits(const Linear& part, const float* x, int64_t rows, int64_t V, float* logits);
+  // ids [rows] (host) = finite_argmax of each row of lm_head(x) over the whole vocabulary (-1: a NaN or inf).
+  void argmax(const Linear& part, const float* x, int64_t rows, int32_t* ids);
 
  private:
   cuda::DeviceCommunicator* comm_ = nullptr;
   std::vector<UnitRange> vocab_;
   cuda::DeviceBuffer gather_, part_;  // [ranks, rows, max(hidden, widest part)], [rows, widest part]
+  cuda::DeviceBuffer best_, best_all_;  // argmax: [rows], [ranks, rows] of RankBest
+  std::vector<RankBest> host_best_;     // ... the latter on the host
 };
 
 // Logit rows on the device to the host (both families' lm_head read-backs): the greedy rows' (`by_id`) argmax,
@@ -133,6 +139,9 @@ class LogitRows {
   void read(const float* logits, int64_t rows, int64_t V, float* out);
   std::vector<uint8_t>& by_id() { return by_id_; }       // per row (sized by the caller before read)
   const std::vector<int32_t>& ids() const { return ids_; }
+  // Whether every one of `rows` rows is read as its id (then the ids may come from elsewhere: ids_for).
+  bool all_by_id(int64_t rows) const;
+  int32_t* ids_for(int64_t rows);
   // by_id from a forward's spans: the logit rows of a span with `argmax` (every row of an all_logits span,
   // else its last), and after read(), each such span's ids into its argmax.
   template <typename RowSpan>

@@ -618,6 +618,14 @@ void HYV4CudaBlocks::logits(const Linear& lm_head, float* out) {
     cuda::gather_rows(ws_->hidden.f32(), H, device_as<int32_t>(ws_->meta_i32) + 5 * S_, n, ws_->x.f32());
     rows = ws_->x.f32();
   }
+  // Greedy rows come back as their ids, the others' rows as they are.
+  logit_out_.mark_greedy(spans_, n);
+  if (tp_.active() && logit_out_.all_by_id(n)) {  // (each rank's best per row: no logits cross the ranks)
+    const BlockTimer timer(kLmHead);
+    tp_.argmax(dev(lm_head), rows, n, logit_out_.ids_for(n));
+    logit_out_.deliver_ids(spans_);
+    return;
+  }
   {
     const BlockTimer timer(kLmHead);
     if (tp_.active())
@@ -625,8 +633,6 @@ void HYV4CudaBlocks::logits(const Linear& lm_head, float* out) {
     else
       cuda::matmul(rows, n, dev(lm_head), ws_->logits.f32());  // [n, V]
   }
-  // Greedy rows come back as their ids, the others' rows as they are.
-  logit_out_.mark_greedy(spans_, n);
   const profile::Sections prof(kWait);
   logit_out_.read(ws_->logits.f32(), n, V, out);
   logit_out_.deliver_ids(spans_);

@@ -177,6 +177,20 @@ void Qwen4CpuBlocks::logits(const GatedResidualWeights& mixer, const Linear& lm_
   }
   gated_residual(mixer, X, n, b_.x.data(), nullptr);
   const int64_t V = cfg_.vocab_size;
+  bool argmax_only = true;
+  for (const Qwen4RowSpan& sp : spans_) argmax_only = argmax_only && sp.argmax;
+  if (tp_.active() && argmax_only) {
+    // Tensor parallel greedy rows: ids from each rank's best, no logits gathered (out stays unwritten, as the
+    // spans allow).
+    tp_.argmax(pool_, lm_head, b_.x.data(), n, tp_ids_.data());
+    int64_t row = 0;
+    for (const Qwen4RowSpan& sp : spans_) {
+      const int64_t rows = sp.all_logits ? sp.rows : 1;
+      std::copy(tp_ids_.begin() + row, tp_ids_.begin() + row + rows, sp.argmax);
+      row += rows;
+    }
+    return;
+  }
   tp_.logits(pool_, lm_head, b_.x.data(), n, V, out);
   int64_t row = 0;  // the spans that want only their rows' argmax
   for (const Qwen4RowSpan& sp : spans_) {
@@ -254,6 +268,7 @@ void Qwen4CpuBlocks::ensure_rows(int64_t S) {
   grow(tokens_, S);
   grow(ngram_ids_, c.ngram_heads());
   tp_.reserve(S, H);  // (grows only)
+  if (int64_t(tp_ids_.size()) < S) tp_ids_.resize(size_t(S));
 }
 
 // Per-thread scratch of the GDN head tasks and the QSA row tasks, for caches of up to `positions`.

@@ -81,6 +81,7 @@ class Qwen4CpuBlocks final : public Qwen4ExpBlocks {
   } b_;
   int64_t max_positions_ = 0;  // largest cache the thread scratch is sized for
   TensorParallelRank tp_;      // tensor parallel (inactive: one rank)
+  std::vector<int32_t> tp_ids_;  // ... greedy rows' ids from every rank's best [S]
   std::vector<int64_t> ngram_ids_;  // PLE: one position's n-gram table rows [ngram heads]
   std::vector<int32_t> tokens_;  // [S] the forward's tokens in row order (the parallel embedding's)
 };

@@ -639,9 +639,14 @@ void Qwen4CudaBlocks::logits(const GatedResidualWeights& mixer, const Linear& lm
   // The rows that want logits (every row of an all_logits span, else its last), gathered, through the mixer.
   float* rows = ws_->lm_streams.f32();
   cuda::gather_rows(ws_->X.f32(), cfg_.hc_width(), logit_row_ids_, logit_rows_, rows);
-  const float* logits = final_logits(mixer, lm_head, rows, logit_rows_);
   logit_out_.mark_greedy(spans_, logit_rows_);
-  logit_out_.read(logits, logit_rows_, cfg_.vocab_size, out);
+  if (tp_.active() && logit_out_.all_by_id(logit_rows_)) {  // (each rank's best per row: no logits gathered)
+    mix(mixer, rows, logit_rows_, ws_->x.f32(), nullptr);
+    tp_.argmax(dev(lm_head), ws_->x.f32(), logit_rows_, logit_out_.ids_for(logit_rows_));
+  } else {
+    const float* logits = final_logits(mixer, lm_head, rows, logit_rows_);
+    logit_out_.read(logits, logit_rows_, cfg_.vocab_size, out);
+  }
   logit_out_.deliver_ids(spans_);
 }
 

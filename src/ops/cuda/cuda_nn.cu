@@ -823,9 +823,8 @@ struct BestOp {  // the larger value; of equal ones, the lower index (the host's
   }
 };
 
-__global__ void row_argmax_kernel(const float* x, int64_t n, int32_t* out) {
-  begin_after_predecessor();
-  const float* row = x + int64_t(blockIdx.x) * n;
+// The row's best {value, index} (its lowest index among equal values) and whether all its values are finite.
+__device__ Best row_best_of(const float* row, int64_t n, int* all_finite) {
   Best best{-INFINITY, INT32_MAX};
   int finite = 1;
   for (int64_t i = threadIdx.x; i < n; i += kThreads) {  // indices ascend: a later equal value never wins
@@ -833,9 +832,22 @@ __global__ void row_argmax_kernel(const float* x, int64_t n, int32_t* out) {
     finite &= isfinite(v) ? 1 : 0;
     if (v > best.value || best.index == INT32_MAX) best = Best{v, int32_t(i)};
   }
-  const int all_finite = block_all(finite, MinOp{});
-  const Best b = block_all(best, BestOp{});
+  *all_finite = block_all(finite, MinOp{});
+  return block_all(best, BestOp{});
+}
+
+__global__ void row_argmax_kernel(const float* x, int64_t n, int32_t* out) {
+  begin_after_predecessor();
+  int all_finite = 0;
+  const Best b = row_best_of(x + int64_t(blockIdx.x) * n, n, &all_finite);
   if (threadIdx.x == 0) out[blockIdx.x] = all_finite ? b.index : -1;
+}
+
+__global__ void row_best_kernel(const float* x, int64_t n, int64_t stride, int64_t id0, RowBest* out) {
+  begin_after_predecessor();
+  int all_finite = 0;
+  const Best b = row_best_of(x + int64_t(blockIdx.x) * stride, n, &all_finite);
+  if (threadIdx.x == 0) out[blockIdx.x] = all_finite ? RowBest{b.value, id0 + b.index} : RowBest{0.0f, -1};
 }
 
 
@@ -1102,6 +1114,12 @@ void row_argmax(const float* x, int64_t rows, int64_t n, int32_t* out) {
   if (rows <= 0) return;
   if (n <= 0 || n > INT32_MAX) throw Error("row_argmax: rows of " + std::to_string(n) + " values");
   launch_kernel(row_argmax_kernel, unsigned(rows), kThreads, 0, "row_argmax_kernel", x, n, out);
+}
+
+void row_best(const float* x, int64_t rows, int64_t n, int64_t stride, int64_t id0, RowBest* out) {
+  if (rows <= 0) return;
+  if (n <= 0 || n > INT32_MAX || stride < n) throw Error("row_best: rows of " + std::to_string(n) + " values");
+  launch_kernel(row_best_kernel, unsigned(rows), kThreads, 0, "row_best_kernel", x, n, stride, id0, out);
 }
 
 }  // namespace nextn::cuda

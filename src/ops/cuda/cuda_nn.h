@@ -179,5 +179,13 @@ void moe_combine(const float* expert_out, const int32_t* rows, const float* weig
 // ---- out[r] = the lowest index of the largest value of x's row r ([rows, n]), or -1 when the row holds a NaN or
 // inf (core/finite.h's finite_argmax): greedy tokens come back as ids instead of vocabulary-wide rows.
 void row_argmax(const float* x, int64_t rows, int64_t n, int32_t* out);
+// A tensor-parallel rank's part of that (x's rows `stride` floats apart, n of them this rank's columns, which
+// are the vocabulary's id0..): out[r] = {the largest value, id0 + its lowest index}, or {0, -1} when the row holds
+// a NaN or inf (the layout of core/communicator.h's RankBest: the ranks' bests are gathered and compared there).
+struct RowBest {
+  float value;
+  int64_t id;
+};
+void row_best(const float* x, int64_t rows, int64_t n, int64_t stride, int64_t id0, RowBest* out);
 
 }  // namespace nextn::cuda

@@ -96,6 +96,7 @@ void moe_combine(const float*, const int32_t*, const float*, int64_t, int64_t, i
   unavailable();
 }
 void row_argmax(const float*, int64_t, int64_t, int32_t*) { unavailable(); }
+void row_best(const float*, int64_t, int64_t, int64_t, int64_t, RowBest*) { unavailable(); }
 void fill_zero(void*, size_t) { unavailable(); }
 void map(float*, int64_t, Map, float) { unavailable(); }
 void scale_rows_sigmoid(float*, const float*, int64_t, int64_t) { unavailable(); }
