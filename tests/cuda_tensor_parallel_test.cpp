@@ -1,6 +1,6 @@
 // Tensor-parallel ranks on GPUs (docs/parallel.md, P12): HY V4's and Qwen4-Exp's shards on the CUDA backend,
-// their collectives on device memory. On one GPU the ranks share it and exchange rows through host memory (the host-staged
-// form); with a GPU per rank and NCCL, over NCCL. Either way: logits within the fixtures' tolerance of one
+// their collectives on device memory. On one GPU the ranks share it and exchange rows through host memory (the
+// host-staged form); with a GPU per rank and NCCL, over NCCL. Either way: logits within the fixtures' tolerance of one
 // GPU (fp32: 1e-4 relative; the ranks' partial sums are added in another order), identical argmax, greedy
 // speculation equal to plain greedy on the same ranks, decode steps bit-identical to one forward over the same
 // rows, and the kernels the ranks add (the rank-ordered sum, compact column slices) against the CPU.

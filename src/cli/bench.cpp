@@ -506,8 +506,8 @@ std::string rounds_at_k_text(const std::vector<int64_t>& at_k) {
 
 int run_bench(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "synthetic"},
-         {"model", "dtype", "mlp", "layers", "hidden", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats", "oracle-acceptance",
-          "concurrency", "concurrency-k", "device", "tensor-parallel"});
+         {"model", "dtype", "mlp", "layers", "hidden", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats",
+          "oracle-acceptance", "concurrency", "concurrency-k", "device", "tensor-parallel"});
   if (a.has("help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;

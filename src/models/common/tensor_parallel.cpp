@@ -479,8 +479,8 @@ std::unique_ptr<Model> load_tensor_parallel_processes(const std::string& dir, in
   Communicator& comm = g->shm->comm();
   try {
     for (int r = 1; r < ranks; ++r)
-      g->spawn(launcher, {"tensor-parallel-rank", "--model", dir, "--group", g->shm->name(), "--rank", std::to_string(r),
-                     "--threads", std::to_string(threads)});
+      g->spawn(launcher, {"tensor-parallel-rank", "--model", dir, "--group", g->shm->name(), "--rank",
+                          std::to_string(r), "--threads", std::to_string(threads)});
     g->shm->set_liveness([g] { return g->all_alive(); });
     model->make_tensor_parallel_rank(comm);
     comm.barrier();  // (every rank attached and sharded)

@@ -1,6 +1,7 @@
 // Synthetic HY V4 checkpoints for `nextn bench --synthetic`: random weights at a realistic width (hidden 2048 by
 // default, up to 8192 with the other widths in proportion; 8 layers by default, 32 experts or dense MLPs, 1 MTP
-// layer; a few GB), large enough that a decode step reads DRAM, not cache. Reached through the registry (models/registry.h: write_synthetic_checkpoint), never directly.
+// layer; a few GB), large enough that a decode step reads DRAM, not cache. Reached through the registry
+// (models/registry.h: write_synthetic_checkpoint), never directly.
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
