@@ -223,23 +223,7 @@ TEST(TensorParallel, GreedyRowsComeAsIdsWithoutGatheringTheLogits) {
   for (const auto& [fixture, ranks] : {std::pair{"hy_v4/b_fp32", 3}, std::pair{"qwen4_exp/b_fp32", 2}}) {
     SCOPED_TRACE(fixture);
     auto tp = load(testing::fixture_path(fixture), pool, ranks);
-    const int64_t V = tp->facts().vocab_size, T = 50;
-    const auto p = random_prompt(T, V, 11);
-    std::vector<float> whole, hidden;
-    testing::run_prompt(*tp, p, whole, hidden);
-    auto seq = tp->new_sequence(T);
-    const int64_t first = 40;
-    BatchSegment seg{seq.get(), p.data(), first, false, nullptr};
-    tp->forward(&seg, 1, nullptr, nullptr);
-    std::vector<float> untouched(size_t((T - first) * V), std::numeric_limits<float>::quiet_NaN());
-    std::vector<int32_t> ids(size_t(T - first), -7);
-    seg = {seq.get(), p.data() + first, T - first, true, ids.data()};
-    tp->forward(&seg, 1, untouched.data(), nullptr);
-    for (int64_t r = 0; r < T - first; ++r) {
-      const float* l = whole.data() + (first + r) * V;
-      EXPECT_EQ(ids[size_t(r)], std::max_element(l, l + V) - l) << r;
-    }
-    EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float x) { return std::isnan(x); }));
+    testing::expect_greedy_ids_without_logits(*tp, random_prompt(50, tp->facts().vocab_size, 11), 40);
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,27 @@ inline void run_prompt(Model& m, const std::vector<int32_t>& prompt, std::vector
   auto seq = m.new_sequence(T);
   const BatchSegment seg{seq.get(), prompt.data(), T, true, nullptr};
   m.forward(&seg, 1, logits.data(), hidden.data());
+}
+
+// The prompt's rows from `first` on, read as their argmax only (greedy decode and verify): the ids must be those
+// of the whole rows' largest values (run_prompt's logits), and the logits buffer must stay unwritten (a
+// tensor-parallel group then gathers each rank's best, never the logits).
+inline void expect_greedy_ids_without_logits(Model& m, const std::vector<int32_t>& prompt, int64_t first) {
+  const int64_t T = int64_t(prompt.size()), V = m.facts().vocab_size;
+  std::vector<float> whole, hidden;
+  run_prompt(m, prompt, whole, hidden);
+  auto seq = m.new_sequence(T);
+  BatchSegment seg{seq.get(), prompt.data(), first, false, nullptr};
+  m.forward(&seg, 1, nullptr, nullptr);
+  std::vector<float> untouched(size_t((T - first) * V), std::numeric_limits<float>::quiet_NaN());
+  std::vector<int32_t> ids(size_t(T - first), -7);
+  seg = {seq.get(), prompt.data() + first, T - first, true, ids.data()};
+  m.forward(&seg, 1, untouched.data(), nullptr);
+  for (int64_t r = 0; r < T - first; ++r) {
+    const float* l = whole.data() + (first + r) * V;
+    EXPECT_EQ(ids[size_t(r)], std::max_element(l, l + V) - l) << r;
+  }
+  EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float x) { return std::isnan(x); }));
 }
 
 }  // namespace nextn::testing

@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -41,6 +42,8 @@ struct RankBest {
   float value;
   int64_t id;
 };
+// What a rank without vocabulary rows passes: a best that never wins.
+inline constexpr RankBest kNoRankBest{-std::numeric_limits<float>::infinity(), std::numeric_limits<int64_t>::max()};
 RankBest global_argmax(Communicator& comm, RankBest mine);
 // The same for `rows` rows in one collective: out[i] = the global id of row i's largest value, or -1 where some
 // rank's part of the row holds a NaN or inf (that rank passes id -1: finite_argmax's answer for the whole row).

@@ -2,7 +2,6 @@
 #include "models/common/device_memory.h"
 
 #include <cstddef>
-#include <limits>
 
 #include "core/communicator.h"
 #include "core/error.h"
@@ -131,7 +130,7 @@ void DeviceRank::argmax(const Linear& part, const float* x, int64_t rows, int32_
     cuda::matmul(x, rows, part, part_.f32(), -1, width);
     cuda::row_best(part_.f32(), rows, mine.size(), width, mine.begin, best);
   } else {  // (a rank without vocabulary rows: a best that never wins)
-    host_best_.assign(size_t(rows), RankBest{-std::numeric_limits<float>::infinity(), INT64_MAX});
+    host_best_.assign(size_t(rows), kNoRankBest);
     cuda::copy_to_device(best, host_best_.data(), size_t(rows) * sizeof(RankBest));
   }
   comm_->all_gather(best, rows * int64_t(sizeof(RankBest)), all);

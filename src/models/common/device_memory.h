@@ -137,7 +137,6 @@ class LogitRows {
  public:
   // rows [0, rows) of logits [rows, V] on the device: by_id(r) -> ids()[r], else -> out[r, :].
   void read(const float* logits, int64_t rows, int64_t V, float* out);
-  std::vector<uint8_t>& by_id() { return by_id_; }       // per row (sized by the caller before read)
   const std::vector<int32_t>& ids() const { return ids_; }
   // Whether every one of `rows` rows is read as its id (then the ids may come from elsewhere: ids_for).
   bool all_by_id(int64_t rows) const;

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 
 #include "core/error.h"
 #include "core/finite.h"
@@ -98,7 +97,7 @@ void TensorParallelRank::argmax(ThreadPool* pool, const Linear& part, const floa
   for (int64_t i = 0; i < rows; ++i) {
     const float* row = part_.data() + i * width;
     const int32_t j = mine.size() > 0 ? finite_argmax(row, mine.size()) : 0;
-    best_[size_t(i)] = mine.size() == 0 ? RankBest{-std::numeric_limits<float>::infinity(), INT64_MAX}
+    best_[size_t(i)] = mine.size() == 0 ? kNoRankBest
                        : j < 0          ? RankBest{0.0f, -1}
                                         : RankBest{row[j], mine.begin + j};
   }
