@@ -2,7 +2,7 @@
 // read per second by cuda::matmul at M = 1..8 rows over a stack of matrices too large for L2, bf16 and FP8
 // (128x128 block scales), as a fraction of what a device-to-device copy reaches.
 //
-//   ./build/bin/nextn_bench_cuda [--gib 4] [--out 8192] [--in 8192]
+//   ./build/bin/nextn_bench_cuda [--gib 4] [--out 8192] [--in 8192] [--dtype bf16|fp8] [--rows 1,2,4,8,13]
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -35,10 +35,28 @@ void run_all(void* p) {
 int main(int argc, char** argv) {
   double gib = 4;
   int64_t out = 8192, in = 8192;
+  std::vector<DType> dtypes = {DType::BF16, DType::F8_E4M3};
+  std::vector<int64_t> rows = {1, 2, 4, 8, 13};
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--gib")) gib = std::atof(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--out")) out = std::atoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--in")) in = std::atoll(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--dtype")) {
+      const std::string d = argv[i + 1];
+      dtypes = {d == "fp8" ? DType::F8_E4M3 : DType::BF16};
+    } else if (!std::strcmp(argv[i], "--rows")) {  // (a profiler run wants one shape's launches alone)
+      rows.clear();
+      for (const char* p = argv[i + 1]; *p;) {
+        char* end = nullptr;
+        const long long m = std::strtoll(p, &end, 10);
+        if (end == p || m < 1 || m > 16) {
+          std::fprintf(stderr, "nextn_bench_cuda: --rows wants numbers 1..16 separated by commas\n");
+          return 2;
+        }
+        rows.push_back(m);
+        p = *end == ',' ? end + 1 : end;
+      }
+    }
   }
   std::string why;
   if (!cuda::available(&why)) {
@@ -49,7 +67,7 @@ int main(int argc, char** argv) {
   const double copy = cuda::copy_bandwidth_gbps(size_t(2) << 30, 20);
   std::printf("device copy bandwidth (read + write): %.0f GB/s\n", copy);
   std::printf("| weights | M | GB/s read | of copy bandwidth | output hash |\n|---|---:|---:|---:|---|\n");
-  for (DType t : {DType::BF16, DType::F8_E4M3}) {
+  for (DType t : dtypes) {
     const size_t es = dtype_size(t);
     const int64_t per = out * in * int64_t(es);
     const int n_mats = std::max<int>(1, int(gib * double(1 << 30) / double(per)));
@@ -74,7 +92,7 @@ int main(int argc, char** argv) {
     std::vector<float> hx(size_t(16 * in));
     for (size_t i = 0; i < hx.size(); ++i) hx[i] = float(int((i * 2654435761u >> 7) % 2001) - 1000) * 1e-3f;
     x.upload(hx.data(), hx.size() * 4);
-    for (int64_t M : {1, 2, 4, 8, 13}) {
+    for (int64_t M : rows) {
       Run r{&ws, x.f32(), y.f32(), M};
       const double s = cuda::time_device(10, run_all, &r);
       const double gbps = double(per) * n_mats / s / 1e9;
