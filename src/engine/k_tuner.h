@@ -19,8 +19,9 @@
 // over every round that drafted that far (whatever its k: position i's draft does not depend on how many
 // follow it), instead of from the few rounds run at k itself (position 1 from a prior of 65%, worth 4 tries,
 // so that the first rejections do not send the climb back to plain decoding). Both are decaying averages, so
-// that they follow the text; a round time far from its k's average counts as at most 1.3x off (one stalled
-// step must not decide a probe). Probes are paid from a budget measured against plain decoding, so that a
+// that they follow the text; a round time far above its k's last few rounds' median counts as 1.1x of it (1.3x
+// of k's average until three are known): one stalled step must neither decide a probe nor inflate the rounds'
+// spread that margins are made of. Probes are paid from a budget measured against plain decoding, so that a
 // short generation that has not finished probing never pays more than a few percent for them: each round adds
 // 0.5% of its time, and a round at k > 0 adds what it gained on plain decoding (the time its tokens take at k
 // = 0's measured rate, minus its own time, one-off catch-ups included; negative when it lost). A probe of a k
@@ -36,6 +37,7 @@
 // that cost, given this class's own acceptance, is not probed (set_round_cost_floor): at 32 server clients
 // the re-measures of k = 1 that the 8-15 sequence class already found losing cost 0.4-1.7% of the run.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -113,6 +115,17 @@ class KTuner {
   void end_probe();
   void charge(int k, double seconds, int emitted, double weight);  // the round's part of the budget
   void learn_acceptance(int k, int emitted, bool drafts_judged, double weight);
+  // The last kRecentRounds raw times of each k's rounds (a batch's: its steps), whose median anchors the clamp
+  // of a stalled round (k_tuner.cpp).
+  static constexpr int kRecentRounds = 5;
+  struct Recent {
+    std::array<double, kRecentRounds> seconds{};
+    int count = 0, next = 0;
+    double pending = 0;  // the weight of the current step's rounds so far
+  };
+  void remember_round(int k, double seconds, double weight);
+  double recent_median(int k) const;  // 0 until 3 times are kept
+  std::vector<Recent> recent_;
   std::vector<double> seconds_, weight_;  // decaying sums per k: round seconds, rounds
   std::vector<double> plain_at_;          // per k > 0: plain's mean round time when it was last measured
   double drift(int k) const;              // how much slower plain rounds are than at plain_at_[k] (>= 1)

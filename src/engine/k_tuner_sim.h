@@ -21,6 +21,11 @@ struct Scenario {
   std::vector<double> accept;  // acceptance of draft position i given the ones before it, i = 1..k_max
   double catch_up_per_row = 0.02;  // a deferred position's catch-up, in plain steps
   double jitter = 0;  // the rounds' uniform jitter (+- this fraction) when the machine is noisier than the caller's
+  // A shared machine's stalls: this share of the rounds takes 1.6-2.2x as long (another tenant, a descheduled
+  // thread), whatever its k.
+  double spike_share = 0;
+  // The regret over a long generation (2000 tokens) the tuner is held to (k_tuner_test.cpp).
+  double long_regret_bound = 0.025;
 };
 
 constexpr int kDeferWindow = 16;
@@ -44,9 +49,18 @@ inline const std::vector<Scenario>& scenarios() {
       // 32 clients of a 2-vCPU server: k = 1 3% slower than plain decoding, and steps that spread by +-40%
       // (a standard deviation of 23%: the HTTP threads take the cores at random)
       {"noisy server, a near tie (k = 0 best)", 0.75, 0.05, {0.75, 0.55, 0.45, 0.35}, 0.1, 0.4},
+      // `make demo`'s HY V4 generation on a 2-vCPU VM (thirty-second session): fixed k = 1 and 2 ~1.2x plain,
+      // a round's time steady within a few percent but for one in six or seven that stalls to ~2x
+      // (its regret: 6.3% with stalls clamped at 1.3x of k's average, 4.5% at 1.1x of its last steps' median;
+      // what is left is estimates of a few stalled rounds each, docs/performance.md, thirty-second session)
+      {"2 vCPUs with stalls, the demo's text (k = 2 best)", 0.45, 0.11, {0.84, 0.86, 0.5, 0.4}, 0.02, 0.03, 0.15,
+       0.055},
   };
   return s;
 }
+
+// The mean slow-down of the stalls (1.9x for spike_share of the rounds): every k's rounds pay it alike.
+inline double stall_mean(const Scenario& s) { return 1.0 + s.spike_share * 0.9; }
 
 inline double round_cost(const Scenario& s, int k) { return 1.0 + (s.verify_per_row + s.draft_per_step) * k; }
 
@@ -57,8 +71,11 @@ inline double expected_tokens(const std::vector<double>& accept, int k) {
   return tokens;
 }
 
-// Time per token at a fixed k, in plain steps: a round's cost over the tokens it yields on average.
-inline double fixed_cost(const Scenario& s, int k) { return round_cost(s, k) / expected_tokens(s.accept, k); }
+// Time per token at a fixed k, in plain steps (stalls included): a round's cost over the tokens it yields on
+// average.
+inline double fixed_cost(const Scenario& s, int k) {
+  return round_cost(s, k) * stall_mean(s) / expected_tokens(s.accept, k);
+}
 
 inline int best_fixed_k(const Scenario& s, int k_max) {
   int best = 0;
@@ -68,11 +85,11 @@ inline int best_fixed_k(const Scenario& s, int k_max) {
 }
 
 // One generation of `tokens` tokens with a new KTuner(k_max), random draws from `seed`: its time per
-// token, in plain steps.
+// token, in plain steps (stalls included).
 inline double tuned_cost(const Scenario& s, int k_max, int tokens, uint32_t seed, double jitter) {
   std::mt19937 rng(seed);
   if (s.jitter > 0) jitter = s.jitter;
-  std::uniform_real_distribution<double> u(0.0, 1.0), jit(1.0 - jitter, 1.0 + jitter);
+  std::uniform_real_distribution<double> u(0.0, 1.0), jit(1.0 - jitter, 1.0 + jitter), stall(1.6, 2.2);
   KTuner tuner(k_max);
   double seconds = 0;
   int emitted = 0, deferred = kDeferWindow;
@@ -80,7 +97,7 @@ inline double tuned_cost(const Scenario& s, int k_max, int tokens, uint32_t seed
     const int k = tuner.next();
     int accepted = 0;
     while (accepted < k && u(rng) < s.accept[accepted]) ++accepted;
-    const double t = round_cost(s, k) * jit(rng);
+    const double t = round_cost(s, k) * jit(rng) * (s.spike_share > 0 && u(rng) < s.spike_share ? stall(rng) : 1.0);
     const double catch_up = k > 0 ? s.catch_up_per_row * deferred : 0.0;
     // (as the engine: a round with more deferred positions than a round's own is no measure of k)
     if (k > 0 && deferred > k_max + 1)
@@ -105,7 +122,7 @@ inline double regret(const Scenario& s, int k_max, int tokens, int runs, double 
 // Mean speed against plain decoding over `runs` generations of `tokens` tokens (seeds 0..runs-1).
 inline double speed_vs_plain(const Scenario& s, int k_max, int tokens, int runs, double jitter) {
   double sum = 0;
-  for (int run = 0; run < runs; ++run) sum += 1.0 / tuned_cost(s, k_max, tokens, static_cast<uint32_t>(run), jitter);
+  for (int run = 0; run < runs; ++run) sum += fixed_cost(s, 0) / tuned_cost(s, k_max, tokens, static_cast<uint32_t>(run), jitter);
   return sum / runs;
 }
 
