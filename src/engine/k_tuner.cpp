@@ -31,7 +31,7 @@ constexpr double kOutlierFactor = 1.3;
 // times their median instead: a 2-vCPU VM stalls one round in six or seven to ~2x whatever its k, and each
 // stall, at 1.3x of the average, still moved k's estimate by up to 6% and the rounds' spread (the noise
 // margin) by as much, enough to hide the 15-20% a k > 0 gains there (k_tuner_sim.h's "2 vCPUs with
-// stalls": regret 6.0% over 2000 tokens with the average's clamp alone, 3.3-4.5% with the median's). A median
+// stalls": regret 6.0% over 2000 tokens with the average's clamp alone, 4.5% with the median's). A median
 // of the last five follows a real change of k's time after three of its rounds.
 constexpr double kStallFactor = 1.1;
 // Plain decoding keeps near-ties: speculation costs a little that no round's time shows (the MTP layers'
@@ -286,9 +286,8 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
     seconds_[k] *= drift(k);
     plain_at_[k] = seconds_[0] / weight_[0];
   }
-  const double spent = seconds;  // (the budget pays the whole round, an outlier too)
+  const double spent = seconds;  // (the budget pays the whole round, an outlier too; the median keeps it raw)
   const double decay = std::pow(kDecay, weight);
-  const double raw = seconds;
   if (weight_[k] > 0) {
     const double mean = seconds_[k] / weight_[k];
     const double typical = recent_median(k);
@@ -302,7 +301,7 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
   weight_[k] = weight_[k] * decay + weight;
   learn_acceptance(k, emitted, drafts_judged, weight);
   ++rounds_[k];
-  remember_round(k, raw, weight);
+  remember_round(k, spent, weight);
   charge(k, spent, emitted, weight);
   if (probe_left_ <= 0 || k != probe_k_) return;
   probe_left_ -= weight;

@@ -167,7 +167,8 @@ TEST(KTuner, TheClimbReMeasuresPlainDecodingAfterKOne) {
 // nothing that could correct it (now 1.1%: ~50 drafts, a prior at position 1, re-measures from k = 0
 // that do not back off).
 TEST(KTuner, StaysCloseToTheBestFixedKOverALongGeneration) {
-  for (const auto& s : ktuner_sim::scenarios()) EXPECT_LT(ktuner_sim::regret(s, 4, 2000, 50, 0.05), s.long_regret_bound) << s.name;
+  for (const auto& s : ktuner_sim::scenarios())
+    EXPECT_LT(ktuner_sim::regret(s, 4, 2000, 50, 0.05), s.long_regret_bound) << s.name;
 }
 
 // A short generation that has not finished probing does not pay for the probes: against plain decoding,
