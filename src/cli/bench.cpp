@@ -416,7 +416,7 @@ ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& 
                             if (emitted[i]++ == 0) ++started;
                             ++total;
                             return true;
-                          }});
+                          }, {}});
   // Prefill: until every request has its first token (the KV pool is sized so that all are admitted at once,
   // and they all prefill in the first step's forward).
   while (!engine.idle() && started < int64_t(n)) engine.step();

@@ -101,6 +101,7 @@ int run_serve(int argc, char** argv) {
   served.id = a.get("served-model-name", model_name(dir));
   served.facts = &model->facts();
   served.tokenizer = tok.get();
+  if (tok) served.vocab = structured::TokenVocab::from_tokenizer(*tok, model->facts().vocab_size);
   served.chat_template = templ ? &*templ : nullptr;
   SpecOptions& spec = served.default_spec;
   spec.enabled = !a.has("no-speculate") && model->facts().num_mtp_layers > 0;

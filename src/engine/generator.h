@@ -23,9 +23,11 @@ class Generator {
   explicit Generator(Model& model);
 
   // Generates after `prompt`. on_token(id) is called for each emitted token in order (streaming) and may
-  // return false to stop (stop strings). Throws nextn::Error for bad arguments and for a failed forward.
+  // return false to stop (stop strings). `format`: structured output (request.h). Throws nextn::Error for
+  // bad arguments and for a failed forward.
   GenerationResult generate(const std::vector<int32_t>& prompt, const SamplingParams& params,
-                            const SpecOptions& spec, const std::function<bool(int32_t)>& on_token = {});
+                            const SpecOptions& spec, const std::function<bool(int32_t)>& on_token = {},
+                            const OutputFormat& format = {});
 
  private:
   Model& model_;

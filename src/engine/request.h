@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +11,20 @@
 #include "engine/sampler.h"
 
 namespace nextn {
+
+namespace structured {
+class Matcher;
+class TokenVocab;
+}  // namespace structured
+
+// Structured output (engine/structured/): the generated text must match the matcher's grammar (a JSON
+// Schema, or any JSON object), spelled with the vocabulary's tokens. Speculation keeps it exact: drafts and
+// verify rows are masked alike. Null matcher: free text.
+struct OutputFormat {
+  std::shared_ptr<const structured::Matcher> matcher;
+  std::shared_ptr<const structured::TokenVocab> vocab;
+  bool constrained() const { return matcher != nullptr; }
+};
 
 struct SpecOptions {
   bool enabled = true;        // off, or no MTP layers: plain decoding
@@ -109,6 +124,7 @@ struct Request {
   SamplingParams params;
   SpecOptions spec;
   TokenCallback on_token;
+  OutputFormat format;
 };
 
 }  // namespace nextn

@@ -49,8 +49,15 @@ Sequence::Sequence(Model& model, Request request)
   speculate_ = spec.enabled && model.facts().num_mtp_layers > 0;
   k_max_ = speculate_ ? spec.num_speculative_tokens : 0;
   tuned_ = speculate_ && spec.tune_k && params.greedy();
-  // Greedy without penalties, logprobs or relaxed acceptance reads nothing of a target row but its argmax.
-  argmax_only_ = sampler_.raw_argmax_decides() && params.logprobs < 0 && !spec.relaxed;
+  if (request_.format.constrained()) {
+    const OutputFormat& f = request_.format;
+    if (!f.vocab || f.vocab->size() != V_)
+      throw Error("generate: structured output needs the model's vocabulary of " + std::to_string(V_) + " tokens");
+    constraint_ = std::make_unique<structured::OutputConstraint>(f.matcher, f.vocab, params.stop_token_ids);
+  }
+  // Greedy without penalties, logprobs, relaxed acceptance or an output format reads nothing of a target row
+  // but its argmax.
+  argmax_only_ = raw_argmax_decides() && params.logprobs < 0 && !spec.relaxed;
   k_cur_ = k_max_;
   const int64_t n = int64_t(prompt.size());
   // Prompt and output share the model's context (as OpenAI-style servers count it): a longer prompt is an
@@ -129,12 +136,21 @@ void Sequence::emit(int32_t t, const float* raw_logits) {
   history_.push(t);
   res_.ids.push_back(t);
   ++res_.stats.num_generated;
+  bool complete = false;
+  if (constraint_) {
+    if (!constraint_->advance(t)) throw Error("internal: structured output refused an emitted token");
+    complete = constraint_->finished();
+  }
   if (params.logprobs >= 0) res_.logprobs.push_back(make_logprob(raw_logits, V_, t, params.logprobs));
   if (request_.on_token && !request_.on_token(t, params.logprobs >= 0 ? &res_.logprobs.back() : nullptr)) {
     stop_ = true;
     res_.finish_reason = "stop";
   }
   if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), t) != params.stop_token_ids.end()) {
+    stop_ = true;
+    res_.finish_reason = "stop";
+  }
+  if (complete && !stop_) {  // the output is whole (a JSON value closed): nothing may follow
     stop_ = true;
     res_.finish_reason = "stop";
   }
@@ -158,6 +174,7 @@ void Sequence::require_finite_target(const float* raw, int64_t pos) const {
 // Target choice for one row of raw logits (penalties from the current history).
 void Sequence::target_dist(const float* raw, float* probs) {
   std::copy(raw, raw + V_, resid_.data());
+  if (constraint_) constraint_->mask(resid_.data());
   sampler_.apply_penalties(resid_.data(), history_);
   sampler_.distribution(resid_.data(), probs);
 }
@@ -170,7 +187,7 @@ int32_t Sequence::draw(const float* probs) {
 // the raw row's argmax (no copy, no one-hot distribution: at 64 sequences those passes over the vocabulary
 // were a tenth of a GPU step).
 int32_t Sequence::target_token(const float* raw) {
-  if (sampler_.raw_argmax_decides()) return Sampler::argmax(raw, V_);
+  if (raw_argmax_decides()) return Sampler::argmax(raw, V_);
   target_dist(raw, p_.data());
   return draw(p_.data());
 }
@@ -239,6 +256,7 @@ DraftRound* Sequence::start_draft(int k_tuned) {
   drafted_ = 0;
   pick_seconds_ = 0;
   if (!speculate_) return nullptr;
+  if (constraint_) constraint_->begin_draft();
   // A catch-up longer than one round's own rows (positions deferred by k = 0 rounds) is a one-off; the tuner
   // does not charge it to this round's k.
   backlog_rows_ = drafter_->pending_rows() > k_max_ + 1 ? drafter_->pending_rows() : 0;
@@ -276,7 +294,7 @@ int32_t Sequence::pick(int s, float* raw) {
 // argmax decides, q is not built, and the model may hand over the id alone.
 bool Sequence::picks_argmax() const {
   const SpecOptions& spec = request_.spec;
-  return sampler_.raw_argmax_decides() && !spec.draft_dist_hook && !spec.draft_hook;
+  return raw_argmax_decides() && !spec.draft_dist_hook && !spec.draft_hook;
 }
 
 int32_t Sequence::pick_id(int s, int32_t argmax) { return take_draft(s, argmax, Clock::now()); }
@@ -284,6 +302,7 @@ int32_t Sequence::pick_id(int s, int32_t argmax) { return take_draft(s, argmax, 
 int32_t Sequence::take_draft(int s, int32_t d, Clock::time_point t0) {
   drafts_[s] = d;
   history_.push(d);  // (popped when the round ends)
+  if (constraint_) constraint_->advance_draft(d);
   ++drafted_;
   pick_seconds_ += seconds_between(t0, Clock::now());
   return d;
@@ -293,6 +312,7 @@ int32_t Sequence::take_draft(int s, int32_t d, Clock::time_point t0) {
 int32_t Sequence::draft_from_distribution(int s, float* raw) {
   const SpecOptions& spec = request_.spec;
   float* qs = q_.data() + int64_t(s) * V_;
+  if (constraint_) constraint_->mask_draft(raw);
   sampler_.apply_penalties(raw, history_);
   sampler_.distribution(raw, qs);
   if (spec.draft_dist_hook) {
@@ -344,6 +364,7 @@ int Sequence::accept(const float* logits) {
     if (!ok && spec.relaxed) {
       // Lossy opt-in: d within the target's top-N and close to its best probability (T = 1).
       std::copy(raw, raw + V_, resid_.data());
+      if (constraint_) constraint_->mask(resid_.data());
       sampler_.apply_penalties(resid_.data(), history_);
       float mx = -INFINITY;
       for (int64_t v = 0; v < V_; ++v) mx = std::max(mx, resid_[v]);

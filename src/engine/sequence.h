@@ -16,6 +16,7 @@
 
 #include "engine/request.h"
 #include "engine/sampler.h"
+#include "engine/structured/token_filter.h"
 #include "models/model.h"
 
 namespace nextn {
@@ -86,6 +87,7 @@ class Sequence final : private DraftPicker {
   void target_dist(const float* raw, float* probs);
   int32_t draw(const float* probs);
   int32_t target_token(const float* raw);
+  bool raw_argmax_decides() const { return sampler_.raw_argmax_decides() && !constraint_; }
   int32_t target_token_at(const float* logits, int i, int64_t pos);
   int32_t pick(int s, float* raw) override;
   bool picks_argmax() const override;
@@ -108,6 +110,7 @@ class Sequence final : private DraftPicker {
   TokenHistory history_;
   std::unique_ptr<SequenceState> state_;
   std::unique_ptr<DraftSession> drafter_;
+  std::unique_ptr<structured::OutputConstraint> constraint_;  // structured output (request.h's OutputFormat)
   DraftRound round_;  // (after drafter_: destroyed first, its frame lives in the drafter's arena)
   int64_t backlog_rows_ = 0;
   double pick_seconds_ = 0;

@@ -126,7 +126,7 @@ void EngineService::start(const std::shared_ptr<Job>& job) {
         live->job = job;
         live->choice = p * size_t(r.n) + size_t(j);
         live->text = std::make_unique<TextStream>(tok_, r.params.stop);
-        Request req{r.prompts[p], r.params, r.spec, {}};
+        Request req{r.prompts[p], r.params, r.spec, {}, r.format};
         req.params.seed = r.params.seed + uint64_t(j);
         req.params.logprobs = r.logprobs;
         Live* raw = live.get();

@@ -178,14 +178,11 @@ class Routes {
   void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
     if (service_.draining()) throw ApiError(503, "the server is shutting down");
     auto job = std::make_shared<Job>();
-    if (chat) {
-      // Parsed once, in the key order the client sent (the template renders maps in that order, as
-      // transformers does); the request fields are read from a copy of that tree.
-      const auto ordered = parse_body<nlohmann::ordered_json>(req);
-      job->request = parse_chat_request(json(ordered), model_, &ordered);
-    } else {
-      job->request = parse_completion_request(parse_body(req), model_);
-    }
+    // Parsed once, in the key order the client sent (the template renders maps in that order, as transformers
+    // does, and a response_format schema's properties come out in it); the fields are read from a copy.
+    const auto ordered = parse_body<nlohmann::ordered_json>(req);
+    job->request = chat ? parse_chat_request(json(ordered), model_, &ordered)
+                        : parse_completion_request(json(ordered), model_, &ordered);
     job->header = {request_id(chat ? "chatcmpl-" : "cmpl-"), unix_now(), model_.id};
     for (const auto& p : job->request.prompts) job->prompt_tokens += int64_t(p.size());
     service_.submit(job);

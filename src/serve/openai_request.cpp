@@ -4,6 +4,7 @@
 #include <random>
 
 #include "core/error.h"
+#include "engine/structured/grammar.h"
 #include "serve/api_error.h"
 #include "serve/chat_template/chat_template.h"
 
@@ -80,8 +81,47 @@ std::vector<std::string> stop_strings(const json& body) {
   return out;
 }
 
+// response_format: text (or absent), json_object, or json_schema {name, schema, strict}. The schema is read
+// from the ordered body when there is one: its properties come out in the order the client wrote them.
+OutputFormat output_format(const json& body, const ServedModel& m, const nlohmann::ordered_json* ordered) {
+  const json* rf = field(body, "response_format");
+  if (!rf) return {};
+  if (!rf->is_object() || !rf->contains("type") || !rf->at("type").is_string())
+    throw bad_field("response_format", "'response_format' must be an object with a string 'type'");
+  const std::string type = rf->at("type").get<std::string>();
+  if (type == "text") return {};
+  if (type != "json_object" && type != "json_schema")
+    throw bad_field("response_format", "'response_format.type' must be 'text', 'json_object' or 'json_schema', got '" +
+                                           type + "'");
+  if (!m.vocab)
+    throw bad_field("response_format", "'response_format' " + type + " needs the model's tokenizer; this model has none");
+  structured::Grammar g;
+  if (type == "json_object") {
+    g = structured::Grammar::any_object();
+  } else {
+    const json* js = field(*rf, "json_schema");
+    if (!js || !js->is_object())
+      throw bad_field("response_format", "'response_format.json_schema' must be an object holding 'schema'");
+    if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean())
+      throw bad_field("response_format", "'response_format.json_schema.strict' must be true or false");
+    const json* schema = field(*js, "schema");
+    try {
+      if (!schema) {
+        g = structured::Grammar::any_value();
+      } else {
+        const nlohmann::ordered_json tree = ordered ? ordered->at("response_format").at("json_schema").at("schema")
+                                                    : nlohmann::ordered_json(*schema);
+        g = structured::Grammar::from_schema(tree, "response_format.json_schema.schema");
+      }
+    } catch (const Error& e) {
+      throw bad_field("response_format", e.what());
+    }
+  }
+  return OutputFormat{std::make_shared<const structured::Matcher>(std::move(g)), m.vocab};
+}
+
 // Sampling, penalties, n, seed, speculation and streaming: the fields both endpoints share.
-void parse_common(const json& body, const ServedModel& m, ApiRequest& r) {
+void parse_common(const json& body, const ServedModel& m, ApiRequest& r, const nlohmann::ordered_json* ordered) {
   SamplingParams& p = r.params;
   p.temperature = float(number(body, "temperature", 1.0, 0.0, 100.0));
   p.top_p = float(number(body, "top_p", 1.0, 0.0, 1.0));
@@ -117,10 +157,7 @@ void parse_common(const json& body, const ServedModel& m, ApiRequest& r) {
     r.spec.num_speculative_tokens = std::max(k, 1);
     r.spec.tune_k = false;  // an explicit k is kept
   }
-  if (const json* rf = field(body, "response_format")) {
-    if (!rf->is_object() || rf->value("type", "") != "text")
-      throw bad_field("response_format", "'response_format' other than {\"type\": \"text\"} is not supported");
-  }
+  r.format = output_format(body, m, ordered);
 }
 
 // max_tokens against the context: absent = what the context leaves after the longest prompt.
@@ -217,12 +254,12 @@ void check_messages(const json& messages) {
 
 }  // namespace
 
-ApiRequest parse_completion_request(const json& body, const ServedModel& m) {
+ApiRequest parse_completion_request(const json& body, const ServedModel& m, const nlohmann::ordered_json* ordered) {
   check_object(body);
   check_model(body, m);
   ApiRequest r;
   r.prompts = completion_prompts(body, m);
-  parse_common(body, m, r);
+  parse_common(body, m, r, ordered);
   if (boolean(body, "echo", false)) throw bad_field("echo", "'echo' is not supported");
   if (field(body, "suffix")) throw bad_field("suffix", "'suffix' is not supported");
   if (field(body, "best_of") && integer(body, "best_of", 1, 1, 1) != 1) throw bad_field("best_of", "'best_of' must be 1");
@@ -271,7 +308,7 @@ ApiRequest parse_chat_request(const json& body, const ServedModel& m, const nloh
   }
   r.prompts = {m.tokenizer->encode(text, /*add_special=*/false)};
   if (r.prompts[0].empty()) throw bad_field("messages", "the rendered conversation is empty");
-  parse_common(body, m, r);
+  parse_common(body, m, r, ordered);
   if (boolean(body, "logprobs", false)) r.logprobs = int(integer(body, "top_logprobs", 0, 0, 20));
   else if (field(body, "top_logprobs")) throw bad_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   set_max_tokens(body, field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens", m, r);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/request.h"
+#include "engine/structured/token_filter.h"
 #include "io/tokenizer.h"
 #include "models/model.h"
 
@@ -21,6 +22,8 @@ struct ServedModel {
   const Tokenizer* tokenizer = nullptr;         // null: completions take token-id prompts only
   const ChatTemplate* chat_template = nullptr;  // null: the chat endpoint is refused (400)
   SpecOptions default_spec;                     // k, tuned or not, when a request does not set num_speculative_tokens
+  // The vocabulary's bytes for response_format json_object / json_schema (null: refused, no tokenizer).
+  std::shared_ptr<const structured::TokenVocab> vocab;
   int max_n = 16;
 };
 
@@ -32,14 +35,18 @@ struct ApiRequest {
   int logprobs = -1;                          // -1: none; else the number of top alternatives per token
   SamplingParams params;                      // (choice j's seed is params.seed + j)
   SpecOptions spec;
+  OutputFormat format;                        // response_format json_object / json_schema
   size_t choices() const { return prompts.size() * size_t(n); }
 };
 
 // Throw ApiError (400 naming the field, 404 for an unknown model) for anything the engine could not run as
 // asked, including a prompt + max_tokens past the model's context.
-ApiRequest parse_completion_request(const nlohmann::json& body, const ServedModel& model);
+// `ordered`: the same body as nlohmann::ordered_json (a response_format's schema keeps its properties' order,
+// which is the order the output gives them in).
+ApiRequest parse_completion_request(const nlohmann::json& body, const ServedModel& model,
+                                    const nlohmann::ordered_json* ordered = nullptr);
 // `ordered`: the same body parsed as nlohmann::ordered_json, whose messages, tools and chat_template_kwargs
-// then reach the template in the request's key order (templates print tool definitions with tojson, and
+// then reach the template in the request's key order (and a response_format's schema keeps its order) (templates print tool definitions with tojson, and
 // transformers keeps that order; nlohmann::json sorts keys).
 ApiRequest parse_chat_request(const nlohmann::json& body, const ServedModel& model,
                               const nlohmann::ordered_json* ordered = nullptr);

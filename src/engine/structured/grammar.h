@@ -1,0 +1,66 @@
+// Structured output: what a generated text must be, as a small graph of JSON value nodes compiled from a
+// JSON Schema (OpenAI's response_format json_schema) or "any JSON object" (json_object). The matcher
+// (matcher.h) walks it byte by byte; the token filter (token_filter.h) turns that into allowed token ids.
+//
+// The generated text is always valid against the schema, and may be a subset of what the schema allows:
+// object properties come in the schema's order with no others (as OpenAI's strict mode and xgrammar emit
+// them), each enum value in its compact JSON spelling, whitespace between tokens in runs of at most
+// kMaxWhitespaceRun bytes (an unbounded run lets a small model loop on newlines until max_tokens), numbers of
+// at most kMaxNumberBytes bytes (exponents of two digits at most) and nesting at most kMaxNesting containers deep. A keyword that would constrain
+// values in a way the matcher cannot enforce (minimum, pattern, format, ...) is refused by name, never ignored.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace nextn::structured {
+
+constexpr int kMaxWhitespaceRun = 24;
+constexpr int kMaxNumberBytes = 40;
+constexpr int kMaxNesting = 24;
+
+enum class Kind : uint8_t {
+  kAny,      // any JSON value
+  kObject,   // declared properties in order; or, with none declared, any keys with values of `additional`
+  kArray,    // items of `items`, min_items..max_items of them
+  kString,   // min_length..max_length characters (code points)
+  kNumber,
+  kInteger,  // a number without fraction or exponent
+  kLiteral,  // one of `literals` exactly (true / false / null, enum, const)
+  kAnyOf,    // one of `alternatives`
+};
+
+struct Property {
+  std::string key;  // the key's JSON spelling without its opening quote, closing quote included: name"
+  int node = -1;
+  bool required = false;
+};
+
+struct Node {
+  Kind kind = Kind::kAny;
+  std::vector<Property> properties;  // kObject, in schema order
+  bool free_keys = false;            // kObject: any keys (no properties declared); values of `additional`
+  int additional = -1;               // kObject with free_keys: the values' node
+  int items = -1;                    // kArray
+  int64_t min_items = 0, max_items = -1;    // kArray (-1: no maximum)
+  int64_t min_length = 0, max_length = -1;  // kString, in code points (-1: no maximum)
+  std::vector<std::string> literals;        // kLiteral: compact JSON texts
+  std::vector<int> alternatives;            // kAnyOf
+};
+
+struct Grammar {
+  std::vector<Node> nodes;
+  int root = 0;
+
+  // OpenAI's json_object: one JSON object, any keys and values.
+  static Grammar any_object();
+  // Any JSON value.
+  static Grammar any_value();
+  // From a JSON Schema document. Throws nextn::Error naming the keyword and its JSON pointer in the schema
+  // (prefixed by `where`, e.g. "response_format.json_schema.schema") for what is not supported or malformed.
+  static Grammar from_schema(const nlohmann::ordered_json& schema, const std::string& where = "schema");
+};
+
+}  // namespace nextn::structured

@@ -1,0 +1,459 @@
+#include "engine/structured/matcher.h"
+
+#include <climits>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace nextn::structured {
+namespace {
+
+bool is_ws(int b) { return b == ' ' || b == '\n' || b == '\r' || b == '\t'; }
+bool is_digit(int b) { return b >= '0' && b <= '9'; }
+bool is_hex(int b) { return is_digit(b) || (b >= 'a' && b <= 'f') || (b >= 'A' && b <= 'F'); }
+
+// kNumber phases (JSON's number grammar): which accept the end of the number.
+// An exponent has at most two digits: with at most kMaxNumberBytes digits before it, no number overflows a
+// double (a parser would refuse 1e999 or read it as infinity).
+enum NumberPhase : uint8_t { kStart, kMinus, kZero, kInt, kDot, kFrac, kExp, kExpSign, kExpDigit, kExpDigits2 };
+bool number_complete(uint8_t phase) {
+  return phase == kZero || phase == kInt || phase == kFrac || phase == kExpDigit || phase == kExpDigits2;
+}
+
+// kString escape states (Frame::a): after a backslash, then the four hex digits of \u (a surrogate's
+// D800-DFFF refused: a lone one is not valid UTF-8 once decoded).
+enum EscapeState : uint8_t { kPlain, kBackslash, kHex1, kHex2, kHex3, kHex4, kHex2Low };
+// kString UTF-8 state (Frame::c): continuation bytes still to come (low 2 bits) and the range the next one must
+// be in (bits 2-4): 0 80-BF, 1 A0-BF (after E0), 2 80-9F (after ED), 3 90-BF (after F0), 4 80-8F (after F4).
+bool continuation_ok(uint32_t c, int b) {
+  switch (c >> 2) {
+    case 1: return b >= 0xA0 && b <= 0xBF;
+    case 2: return b >= 0x80 && b <= 0x9F;
+    case 3: return b >= 0x90 && b <= 0xBF;
+    case 4: return b >= 0x80 && b <= 0x8F;
+    default: return b >= 0x80 && b <= 0xBF;
+  }
+}
+
+}  // namespace
+
+Matcher::Matcher(Grammar grammar) : g_(std::move(grammar)) {
+  if (g_.nodes.empty() || g_.root < 0 || size_t(g_.root) >= g_.nodes.size())
+    throw Error("structured output: the grammar has no root");
+  auto add = [&](Node n) {
+    g_.nodes.push_back(std::move(n));
+    return int(g_.nodes.size()) - 1;
+  };
+  any_ = add(Node{});
+  Node o;
+  o.kind = Kind::kObject;
+  o.free_keys = true;
+  o.additional = any_;
+  any_object_ = add(std::move(o));
+  Node a;
+  a.kind = Kind::kArray;
+  a.items = any_;
+  any_array_ = add(std::move(a));
+  Node s;
+  s.kind = Kind::kString;
+  any_string_ = add(std::move(s));
+  Node num;
+  num.kind = Kind::kNumber;
+  any_number_ = add(std::move(num));
+  Node lit;
+  lit.kind = Kind::kLiteral;
+  lit.literals = {"true", "false", "null"};
+  any_literal_ = add(std::move(lit));
+  if (g_.nodes.size() > 0xFFFF) throw Error("structured output: the grammar has too many nodes");
+  for (const Node& n : g_.nodes)
+    for (const std::string& l : n.literals)
+      if (l.empty()) throw Error("structured output: an empty literal");
+}
+
+Matcher::State Matcher::start() const {
+  State s;
+  Frame f;
+  f.node = uint16_t(g_.root);
+  f.op = Op::kValue;
+  s.frames.push_back(f);
+  s.ends.push_back(1);
+  return s;
+}
+
+void Matcher::keep(const Stack& st, State& out) {
+  // Identical stacks (anyOf alternatives that met again) are kept once.
+  size_t begin = 0;
+  for (uint32_t end : out.ends) {
+    if (end - begin == size_t(st.n) && std::memcmp(&out.frames[begin], st.f, sizeof(Frame) * size_t(st.n)) == 0) return;
+    begin = end;
+  }
+  out.frames.insert(out.frames.end(), st.f, st.f + st.n);
+  out.ends.push_back(uint32_t(out.frames.size()));
+}
+
+int Matcher::nesting(const Stack& st) const {
+  int d = 0;
+  for (int i = 0; i < st.n; ++i) {
+    const Op op = st.f[i].op;
+    d += op == Op::kObjOpen || op == Op::kObjColon || op == Op::kObjNext || op == Op::kObjKey || op == Op::kArrOpen ||
+         op == Op::kArrNext;
+  }
+  return d;
+}
+
+bool Matcher::push(Stack& st, Frame f) const {
+  if (st.n >= kMaxFrames) return false;
+  st.f[st.n++] = f;
+  return true;
+}
+
+bool Matcher::required_left(const Node& n, uint32_t from) const {
+  for (size_t j = from; j < n.properties.size(); ++j)
+    if (n.properties[j].required) return true;
+  return false;
+}
+
+// A value of `node` starts with `byte` (the top frame is its kValue, whitespace handled).
+void Matcher::value(Stack& st, const Node& node, int byte, State& out) const {
+  Frame& top = st.f[st.n - 1];
+  const uint16_t id = top.node;
+  auto become = [&](Op op, uint16_t n) {
+    top = Frame{};
+    top.node = n;
+    top.op = op;
+  };
+  switch (node.kind) {
+    case Kind::kAnyOf:
+      for (int alt : node.alternatives) {
+        Stack fork = st;
+        fork.f[fork.n - 1].node = uint16_t(alt);
+        advance(fork, byte, out);
+      }
+      return;
+    case Kind::kAny: {
+      const int to = byte == '{' ? any_object_ : byte == '[' ? any_array_ : byte == '"' ? any_string_
+                     : (byte == '-' || is_digit(byte)) ? any_number_ : any_literal_;
+      st.f[st.n - 1].node = uint16_t(to);
+      return advance(st, byte, out);
+    }
+    case Kind::kObject:
+      if (byte != '{' || nesting(st) >= kMaxNesting) return;
+      become(Op::kObjOpen, id);
+      return keep(st, out);
+    case Kind::kArray:
+      if (byte != '[' || nesting(st) >= kMaxNesting) return;
+      become(Op::kArrOpen, id);
+      return keep(st, out);
+    case Kind::kString:
+      if (byte != '"') return;
+      become(Op::kString, id);
+      return keep(st, out);
+    case Kind::kNumber:
+    case Kind::kInteger:
+      if (byte != '-' && !is_digit(byte)) return;
+      become(Op::kNumber, id);
+      return advance(st, byte, out);
+    case Kind::kLiteral:
+      for (size_t i = 0; i < node.literals.size(); ++i) {
+        if (uint8_t(node.literals[i][0]) != byte) continue;
+        Stack fork = st;
+        Frame& f = fork.f[fork.n - 1];
+        f = Frame{};
+        f.node = id;
+        f.op = Op::kLiteral;
+        f.b = uint32_t(i);
+        f.c = 1;
+        if (node.literals[i].size() == 1) --fork.n;  // complete
+        keep(fork, out);
+      }
+      return;
+  }
+}
+
+// One stack over one byte (or the end, byte < 0): its successors into out.
+void Matcher::advance(Stack st, int byte, State& out) const {
+  if (st.n == 0) {
+    if (byte < 0) keep(st, out);  // a complete output may end; nothing follows it
+    return;
+  }
+  Frame& top = st.f[st.n - 1];
+  const Node& node = g_.nodes[top.node];
+  auto whitespace = [&]() {
+    if (top.a >= kMaxWhitespaceRun) return;
+    ++top.a;
+    keep(st, out);
+  };
+  auto pop_and_continue = [&](bool refeed) {
+    --st.n;
+    if (refeed) return advance(st, byte, out);
+    keep(st, out);
+  };
+  if (byte < 0) {  // the end: only a complete root number may still be open
+    if (top.op == Op::kNumber && number_complete(top.a) && st.n == 1) pop_and_continue(true);
+    return;
+  }
+  switch (top.op) {
+    case Op::kValue:
+      if (is_ws(byte)) return whitespace();
+      return value(st, node, byte, out);
+
+    case Op::kObjOpen:
+    case Op::kObjKey:
+      if (is_ws(byte)) return whitespace();
+      if (byte == '}' && top.op == Op::kObjOpen && (node.free_keys || !required_left(node, top.b)))
+        return pop_and_continue(false);
+      if (byte != '"') return;
+      top.a = 0;
+      top.op = Op::kObjColon;
+      if (node.free_keys) {
+        Frame key;
+        key.node = uint16_t(any_string_);
+        key.op = Op::kString;
+        if (push(st, key)) keep(st, out);
+        return;
+      }
+      // A declared key: any property from the next one up to and including the first required one.
+      for (uint32_t j = top.b; j < node.properties.size(); ++j) {
+        Stack fork = st;
+        Frame& obj = fork.f[fork.n - 1];
+        obj.c = j;
+        obj.b = j + 1;
+        Frame key;
+        key.node = obj.node;
+        key.op = Op::kKey;
+        key.b = j;
+        if (push(fork, key)) keep(fork, out);
+        if (node.properties[j].required) break;
+      }
+      return;
+
+    case Op::kKey: {
+      const std::string& k = node.properties[top.b].key;
+      if (top.c >= k.size() || uint8_t(k[top.c]) != byte) return;
+      if (++top.c == k.size()) return pop_and_continue(false);
+      return keep(st, out);
+    }
+
+    case Op::kObjColon: {
+      if (is_ws(byte)) return whitespace();
+      if (byte != ':') return;
+      const int v = node.free_keys ? node.additional : node.properties[top.c].node;
+      top.a = 0;
+      top.op = Op::kObjNext;
+      Frame f;
+      f.node = uint16_t(v);
+      f.op = Op::kValue;
+      if (push(st, f)) keep(st, out);
+      return;
+    }
+
+    case Op::kObjNext:
+      if (is_ws(byte)) return whitespace();
+      if (byte == '}' && (node.free_keys || !required_left(node, top.b))) return pop_and_continue(false);
+      if (byte == ',' && (node.free_keys || top.b < node.properties.size())) {
+        top.a = 0;
+        top.op = Op::kObjKey;
+        keep(st, out);
+      }
+      return;
+
+    case Op::kArrOpen:
+    case Op::kArrNext: {
+      if (is_ws(byte)) return whitespace();
+      const bool open = top.op == Op::kArrOpen;
+      if (byte == ']') {
+        if (int64_t(top.b) >= node.min_items) pop_and_continue(false);
+        return;
+      }
+      if (!open && byte != ',') return;
+      if (node.max_items >= 0 && int64_t(top.b) >= node.max_items) return;
+      ++top.b;
+      top.a = 0;
+      top.op = Op::kArrNext;
+      Frame f;
+      f.node = uint16_t(node.items);
+      f.op = Op::kValue;
+      if (!push(st, f)) return;
+      if (open) return advance(st, byte, out);  // that byte starts the first item
+      return keep(st, out);
+    }
+
+    case Op::kString: {
+      auto counted = [&]() {  // a code point starts: within maxLength?
+        if (node.max_length >= 0 && int64_t(top.b) >= node.max_length) return false;
+        ++top.b;
+        return true;
+      };
+      if (top.c != 0) {  // inside a UTF-8 sequence
+        if (!continuation_ok(top.c, byte)) return;
+        top.c = (top.c & 3) - 1;  // the later continuations take 80-BF
+        return keep(st, out);
+      }
+      switch (top.a) {
+        case kPlain:
+          break;
+        case kBackslash:
+          if (byte == 'u') {
+            top.a = kHex1;
+          } else if (byte == '"' || byte == '\\' || byte == '/' || byte == 'b' || byte == 'f' || byte == 'n' ||
+                     byte == 'r' || byte == 't') {
+            top.a = kPlain;
+          } else {
+            return;
+          }
+          return keep(st, out);
+        case kHex1:
+          if (!is_hex(byte)) return;
+          top.a = (byte == 'd' || byte == 'D') ? kHex2Low : kHex2;
+          return keep(st, out);
+        case kHex2Low:
+          if (byte < '0' || byte > '7') return;
+          top.a = kHex3;
+          return keep(st, out);
+        default:  // kHex2..kHex4
+          if (!is_hex(byte)) return;
+          top.a = top.a == kHex4 ? uint8_t(kPlain) : uint8_t(top.a + 1);
+          return keep(st, out);
+      }
+      if (byte == '"') {
+        if (int64_t(top.b) >= node.min_length) pop_and_continue(false);
+        return;
+      }
+      if (byte < 0x20 || (byte >= 0x80 && byte < 0xC2) || byte > 0xF4) return;
+      if (!counted()) return;
+      if (byte == '\\') top.a = kBackslash;
+      else if (byte >= 0xF0) top.c = 3 | (byte == 0xF0 ? 3u << 2 : byte == 0xF4 ? 4u << 2 : 0u);
+      else if (byte >= 0xE0) top.c = 2 | (byte == 0xE0 ? 1u << 2 : byte == 0xED ? 2u << 2 : 0u);
+      else if (byte >= 0xC2) top.c = 1;
+      return keep(st, out);
+    }
+
+    case Op::kNumber: {
+      const bool integer = node.kind == Kind::kInteger;
+      uint8_t next = 0xFF;
+      switch (top.a) {
+        case kStart:
+          next = byte == '-' ? kMinus : byte == '0' ? kZero : is_digit(byte) ? kInt : 0xFF;
+          break;
+        case kMinus:
+          next = byte == '0' ? kZero : is_digit(byte) ? kInt : 0xFF;
+          break;
+        case kZero:
+        case kInt:
+          if (is_digit(byte) && top.a == kInt) next = kInt;
+          else if (byte == '.' && !integer) next = kDot;
+          else if ((byte == 'e' || byte == 'E') && !integer) next = kExp;
+          break;
+        case kDot:
+        case kFrac:
+          if (is_digit(byte)) next = kFrac;
+          else if ((byte == 'e' || byte == 'E') && top.a == kFrac) next = kExp;
+          break;
+        case kExp:
+          next = (byte == '+' || byte == '-') ? kExpSign : is_digit(byte) ? kExpDigit : 0xFF;
+          break;
+        case kExpSign:
+          if (is_digit(byte)) next = kExpDigit;
+          break;
+        case kExpDigit:
+          if (is_digit(byte)) next = kExpDigits2;
+          break;
+        default:  // kExpDigits2: the exponent is whole
+          break;
+      }
+      if (next != 0xFF) {
+        if (top.b >= uint32_t(kMaxNumberBytes)) return;
+        top.a = next;
+        ++top.b;
+        return keep(st, out);
+      }
+      if (number_complete(top.a)) pop_and_continue(true);  // the byte belongs to what follows the number
+      return;
+    }
+
+    case Op::kLiteral: {
+      const std::string& l = node.literals[top.b];
+      if (uint8_t(l[top.c]) != byte) return;
+      if (++top.c == l.size()) return pop_and_continue(false);
+      return keep(st, out);
+    }
+  }
+}
+
+bool Matcher::step(const State& s, uint8_t byte, State& next) const {
+  next.clear();
+  Stack st;
+  size_t begin = 0;
+  for (uint32_t end : s.ends) {
+    st.n = int(end - begin);
+    std::memcpy(st.f, &s.frames[begin], sizeof(Frame) * size_t(st.n));
+    advance(st, byte, next);
+    begin = end;
+  }
+  return !next.dead();
+}
+
+bool Matcher::feed(State& s, std::string_view bytes, State& scratch) const {
+  for (char c : bytes) {
+    if (!step(s, uint8_t(c), scratch)) {
+      s.clear();
+      return false;
+    }
+    std::swap(s, scratch);
+  }
+  return !s.dead();
+}
+
+bool Matcher::can_end(const State& s) const {
+  State out;
+  Stack st;
+  size_t begin = 0;
+  for (uint32_t end : s.ends) {
+    st.n = int(end - begin);
+    std::memcpy(st.f, &s.frames[begin], sizeof(Frame) * size_t(st.n));
+    advance(st, -1, out);
+    if (!out.dead()) return true;
+    begin = end;
+  }
+  return false;
+}
+
+bool Matcher::finished(const State& s) const {
+  if (s.dead()) return false;
+  size_t begin = 0;
+  for (uint32_t end : s.ends) {
+    if (end != begin) return false;
+    begin = end;
+  }
+  return true;
+}
+
+bool Matcher::in_plain_string(const State& s) const {
+  if (s.dead()) return false;
+  size_t begin = 0;
+  for (uint32_t end : s.ends) {
+    if (end == begin) return false;
+    const Frame& top = s.frames[end - 1];
+    if (top.op != Op::kString || top.a != kPlain || top.c != 0) return false;
+    begin = end;
+  }
+  return true;
+}
+
+int64_t Matcher::plain_room(const State& s) const {
+  int64_t room = 0;
+  size_t begin = 0;
+  for (uint32_t end : s.ends) {
+    if (end == begin) {
+      begin = end;
+      continue;
+    }
+    const Frame& top = s.frames[end - 1];
+    const Node& n = g_.nodes[top.node];
+    room = std::max(room, n.max_length < 0 ? INT64_MAX : n.max_length - int64_t(top.b));
+    begin = end;
+  }
+  return room;
+}
+
+}  // namespace nextn::structured

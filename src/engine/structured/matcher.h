@@ -1,0 +1,89 @@
+// The byte-level recognizer of a Grammar (grammar.h): which bytes may come next after a prefix of the output.
+//
+// A parse position is a stack of frames (the containers open, the value being read); a State is the set of
+// stacks the prefix can be in (more than one where anyOf alternatives, optional properties or enum values
+// share a prefix). Each byte moves every stack or drops it; a State with no stack left is a dead prefix.
+// Steps write into a caller's State whose vectors keep their capacity, so masking a vocabulary allocates
+// nothing once warm.
+#pragma once
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "engine/structured/grammar.h"
+
+namespace nextn::structured {
+
+enum class Op : uint8_t {
+  kValue,     // a value of `node` comes next (whitespace first)
+  kObjOpen,   // after '{': a key's quote, or '}' when nothing required remains
+  kObjColon,  // after a key: ':'
+  kObjNext,   // after a property's value: ',' or '}'
+  kObjKey,    // after ',': a key's quote
+  kKey,       // inside a declared key: b = the property, c = bytes of its spelling matched
+  kArrOpen,   // after '[': ']' or the first item
+  kArrNext,   // after an item: ',' or ']'; b = items so far
+  kString,    // inside a string: a = escape state, b = code points so far, c = UTF-8 state
+  kNumber,    // a = phase, b = bytes so far
+  kLiteral,   // b = which literal, c = bytes matched
+};
+
+// (12 bytes, no padding: stacks compare with memcmp.) kObj*: a = whitespace run, b = the next property that
+// may come, c = the property whose value is read; kValue / kArr*: a = whitespace run.
+struct Frame {
+  uint16_t node = 0;
+  Op op = Op::kValue;
+  uint8_t a = 0;
+  uint32_t b = 0, c = 0;
+};
+
+constexpr int kMaxFrames = 2 * kMaxNesting + 4;
+
+class Matcher {
+ public:
+  explicit Matcher(Grammar grammar);
+
+  struct State {
+    std::vector<Frame> frames;  // the stacks, one after another
+    std::vector<uint32_t> ends; // stack i is frames[ends[i - 1], ends[i])
+    size_t stacks() const { return ends.size(); }
+    bool dead() const { return ends.empty(); }
+    void clear() { frames.clear(), ends.clear(); }
+  };
+
+  State start() const;
+  // next = the state after `byte` (cleared first); false when no stack survives.
+  bool step(const State& s, uint8_t byte, State& next) const;
+  // s advanced over `bytes` in place (scratch: a caller's buffer); false (s dead) at the first byte refused.
+  bool feed(State& s, std::string_view bytes, State& scratch) const;
+  // The output may end here: some stack holds a complete value (a root number may still grow).
+  bool can_end(const State& s) const;
+  // Nothing may follow: every stack is complete and none can grow.
+  bool finished(const State& s) const;
+  // Every stack is inside a string, between characters (no escape or UTF-8 sequence open): a token of
+  // complete plain characters (token_filter.h) is then allowed when no stack's maxLength forbids it.
+  bool in_plain_string(const State& s) const;
+  // The most code points a plain token may add in s (INT64_MAX: no maxLength), valid when in_plain_string.
+  int64_t plain_room(const State& s) const;
+
+  const Grammar& grammar() const { return g_; }
+
+ private:
+  struct Stack {
+    int n = 0;
+    Frame f[kMaxFrames];
+  };
+  void advance(Stack st, int byte, State& out) const;  // byte < 0: the end of the output
+  void value(Stack& st, const Node& node, int byte, State& out) const;
+  bool push(Stack& st, Frame f) const;
+  static void keep(const Stack& st, State& out);
+  int nesting(const Stack& st) const;
+  bool required_left(const Node& n, uint32_t from) const;
+
+  Grammar g_;
+  // Nodes the matcher adds for values inside kAny: any object, any array, any string, any number,
+  // true / false / null.
+  int any_ = 0, any_object_ = 0, any_array_ = 0, any_string_ = 0, any_number_ = 0, any_literal_ = 0;
+};
+
+}  // namespace nextn::structured

@@ -1,0 +1,274 @@
+// Structured output's pieces: schema compilation (refusals by name), the byte matcher against nlohmann's JSON
+// parser (everything it accepts parses; everything dump() writes within its limits is accepted) and the token
+// filter's trie walk against a token-by-token check.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "core/error.h"
+#include "engine/structured/grammar.h"
+#include "engine/structured/matcher.h"
+#include "engine/structured/token_filter.h"
+
+namespace nextn::structured {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+Matcher schema(const char* text) { return Matcher(Grammar::from_schema(ojson::parse(text))); }
+
+// The whole text is a complete output.
+bool accepts(const Matcher& m, std::string_view text) {
+  Matcher::State s = m.start(), scratch;
+  return m.feed(s, text, scratch) && m.can_end(s);
+}
+// The text can be continued into an output (or is one).
+bool prefix_ok(const Matcher& m, std::string_view text) {
+  Matcher::State s = m.start(), scratch;
+  return m.feed(s, text, scratch);
+}
+
+std::string schema_error(const char* text) {
+  try {
+    Grammar::from_schema(ojson::parse(text), "response_format.json_schema.schema");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(StructuredGrammar, RefusesWhatItWouldNotEnforceNamingTheKeywordAndWhere) {
+  EXPECT_EQ(schema_error(R"({"type":"object","properties":{"age":{"type":"integer","minimum":0}}})"),
+            "response_format.json_schema.schema at /properties/age/minimum: the keyword 'minimum' is not supported "
+            "(it would not be enforced)");
+  EXPECT_NE(schema_error(R"({"type":"string","pattern":"^a"})").find("'pattern'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"string","format":"date-time"})").find("'format'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"objekt"})").find("unknown type 'objekt'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"object","properties":{"a":{}},"required":["b"]})").find("'b' is required"),
+            std::string::npos);
+  EXPECT_NE(schema_error(R"({"$ref":"https://example.com/s.json"})").find("only references within"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"$ref":"#/$defs/missing"})").find("does not name a schema"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"string","minLength":-1})").find("/minLength: must be a non-negative"),
+            std::string::npos);
+  EXPECT_NE(schema_error(R"(false)").find("allows no value"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"integer","maxItems":3})").find("does not apply to type 'integer'"), std::string::npos);
+  // A chain of required objects deeper than the matcher's nesting limit could never be generated.
+  EXPECT_NE(schema_error(R"({"$defs":{"n":{"type":"object","properties":{"n":{"$ref":"#/$defs/n"}},"required":["n"]}},
+                             "$ref":"#/$defs/n"})")
+                .find("nests deeper"),
+            std::string::npos);
+  // Annotations are fine.
+  EXPECT_EQ(schema_error(R"({"title":"T","description":"d","type":"string","default":"x","examples":["y"]})"), "");
+}
+
+TEST(StructuredMatcher, AnyObjectAcceptsJsonObjectsOnly) {
+  const Matcher m(Grammar::any_object());
+  for (const char* ok : {"{}", "{\"a\": [1, -2.5e3, true, null, \"x\\u00e9\\n\"]}", "{ \"a\" : {\"b\":{}} }",
+                         "{\"\":0,\"\":-0.0E+1}", "{\"k\":\"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80\"}"})
+    EXPECT_TRUE(accepts(m, ok)) << ok;
+  for (const char* bad : {"[]", "1", "{\"a\":}", "{\"a\":1,}", "{'a':1}", "{\"a\":01}", "{\"a\":\"\x01\"}",
+                          "{\"a\":\"\\ud800\"}", "{\"a\":\"\xC0\xAF\"}", "{\"a\":\"\xED\xA0\x80\"}", "{\"a\":1}}",
+                          "{\"a\":1} ", "{\"a\":tru}", "{\"a\":.5}", "{\"a\":1.}", "{\"a\":1e}", "{\"a\" 1}"})
+    EXPECT_FALSE(accepts(m, bad)) << bad;
+  EXPECT_TRUE(prefix_ok(m, "{\"a\":tr"));
+  EXPECT_TRUE(prefix_ok(m, "\n {"));  // (whitespace may lead, as anywhere between tokens)
+}
+
+TEST(StructuredMatcher, SchemaObjectsKeepTheirPropertiesInOrderAndTheirTypes) {
+  const Matcher m = schema(R"({"type":"object","properties":{
+      "name":{"type":"string","minLength":1,"maxLength":5},
+      "nick":{"type":"string"},
+      "age":{"type":"integer"},
+      "tags":{"type":"array","items":{"enum":["a","b"]},"maxItems":2},
+      "ok":{"type":["boolean","null"]}},
+    "required":["name","age","tags"]})");
+  for (const char* ok : {R"({"name":"Bob","age":3,"tags":["a"]})", R"({"name":"Bob","nick":"B","age":-3,"tags":[]})",
+                         R"({"name":"é€😀ab","age":0,"tags":["a","b"],"ok":null})",
+                         R"({ "name" : "x" , "age" : 1 , "tags" : [ "b" ] , "ok" : false })"})
+    EXPECT_TRUE(accepts(m, ok)) << ok;
+  for (const char* bad : {R"({"age":3,"name":"Bob","tags":["a"]})", R"({"name":"Bob","age":3.5,"tags":["a"]})",
+                          R"({"name":"Bobbie","age":3,"tags":["a"]})", R"({"name":"","age":3,"tags":["a"]})",
+                          R"({"name":"Bob","age":3,"tags":["a","b","a"]})", R"({"name":"Bob","age":3})",
+                          R"({"name":"Bob","age":3,"tags":["c"]})", R"({"name":"Bob","age":3,"tags":[],"x":1})",
+                          R"({"name":"Bob","age":3,"tags":[],"ok":1})"})
+    EXPECT_FALSE(accepts(m, bad)) << bad;
+}
+
+TEST(StructuredMatcher, ReferencesAnyOfAndLiterals) {
+  const Matcher tree = schema(R"({"$defs":{"node":{"type":"object","properties":{
+      "v":{"anyOf":[{"type":"number"},{"type":"string","maxLength":2}]},
+      "kids":{"type":"array","items":{"$ref":"#/$defs/node"}}},"required":["v"]}},
+    "$ref":"#/$defs/node"})");
+  EXPECT_TRUE(accepts(tree, R"({"v":1,"kids":[{"v":"ab"},{"v":2.5,"kids":[]}]})"));
+  EXPECT_FALSE(accepts(tree, R"({"v":1,"kids":[{"v":"abc"}]})"));
+  EXPECT_FALSE(accepts(tree, R"({"kids":[]})"));
+  const Matcher e = schema(R"({"enum":[1,12,"x",{"a":[true]},null]})");
+  for (const char* ok : {"1", "12", "\"x\"", "{\"a\":[true]}", "null"}) EXPECT_TRUE(accepts(e, ok)) << ok;
+  for (const char* bad : {"2", "123", "\"y\"", "{\"a\": [true]}", "true"}) EXPECT_FALSE(accepts(e, bad)) << bad;
+  const Matcher c = schema(R"({"const":"caf\u00e9"})");
+  EXPECT_TRUE(accepts(c, "\"caf\xC3\xA9\""));
+}
+
+TEST(StructuredMatcher, BoundsWhitespaceNestingAndNumbers) {
+  const Matcher m(Grammar::any_value());
+  EXPECT_TRUE(accepts(m, "[" + std::string(kMaxWhitespaceRun, ' ') + "1]"));
+  EXPECT_FALSE(accepts(m, "[" + std::string(kMaxWhitespaceRun + 1, ' ') + "1]"));
+  EXPECT_TRUE(accepts(m, std::string(kMaxNesting, '[') + std::string(kMaxNesting, ']')));
+  EXPECT_FALSE(prefix_ok(m, std::string(kMaxNesting + 1, '[')));
+  EXPECT_TRUE(accepts(m, std::string(kMaxNumberBytes, '1')));
+  EXPECT_FALSE(prefix_ok(m, std::string(kMaxNumberBytes + 1, '1')));
+  // A root number may end or grow; a closed object may only end.
+  Matcher::State s = m.start(), scratch;
+  ASSERT_TRUE(m.feed(s, "12", scratch));
+  EXPECT_TRUE(m.can_end(s));
+  EXPECT_FALSE(m.finished(s));
+  s = m.start();
+  ASSERT_TRUE(m.feed(s, "{\"a\":1}", scratch));
+  EXPECT_TRUE(m.finished(s));
+}
+
+// A random JSON value (bounded depth), with strings drawn from a small alphabet that includes escapes and
+// multi-byte characters.
+ojson random_value(std::mt19937& rng, int depth) {
+  const int kind = int(rng() % (depth > 3 ? 5 : 7));
+  const char* pieces[] = {"a", "Z", " ", "\"", "\\", "\n", "\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "/", "\t"};
+  auto str = [&]() {
+    std::string s;
+    for (int i = int(rng() % 6); i > 0; --i) s += pieces[rng() % 11];
+    return s;
+  };
+  switch (kind) {
+    case 0: return ojson(nullptr);
+    case 1: return ojson(rng() % 2 == 0);
+    case 2: return ojson(int64_t(rng() % 2000000) - 1000000);
+    case 3: return ojson(double(int64_t(rng() % 200000) - 100000) / 64.0);
+    case 4: return ojson(str());
+    case 5: {
+      ojson a = ojson::array();
+      for (int i = int(rng() % 4); i > 0; --i) a.push_back(random_value(rng, depth + 1));
+      return a;
+    }
+    default: {
+      ojson o = ojson::object();
+      for (int i = int(rng() % 4); i > 0; --i) o[str()] = random_value(rng, depth + 1);
+      return o;
+    }
+  }
+}
+
+TEST(StructuredMatcher, AgreesWithNlohmannOnRandomDocumentsAndTheirMutations) {
+  const Matcher m(Grammar::any_value());
+  std::mt19937 rng(7);
+  int accepted_mutants = 0;
+  for (int i = 0; i < 400; ++i) {
+    const ojson v = random_value(rng, 0);
+    for (const std::string& text : {v.dump(), v.dump(1)}) {
+      ASSERT_TRUE(accepts(m, text)) << text;
+      // Soundness: a mutated text the matcher takes whole must parse.
+      for (int j = 0; j < 8; ++j) {
+        std::string t = text;
+        const size_t at = rng() % t.size();
+        const char bytes[] = {'"', '\\', ',', ':', '}', ']', '0', 'e', '-', ' ', '\x80', 'u'};
+        if (rng() % 3 == 0) t.erase(at, 1);
+        else t[at] = bytes[rng() % sizeof(bytes)];
+        if (accepts(m, t)) {
+          ++accepted_mutants;
+          EXPECT_TRUE(nlohmann::json::accept(t)) << t;
+        }
+      }
+    }
+  }
+  EXPECT_GT(accepted_mutants, 50) << "the mutations should sometimes stay valid";
+}
+
+// A vocabulary with single bytes, JSON pieces, plain words, partial UTF-8 and an end token (id 0).
+std::vector<std::string> test_vocab() {
+  std::vector<std::string> v{""};  // 0: the end token (no bytes)
+  for (int b = 1; b < 256; ++b) v.push_back(std::string(1, char(b)));
+  for (const char* t : {"{\"", "\":", "\",", "\"}", "\"]", "true", "false", "null", " \"", "abc", "name", "\xC3\xA9",
+                        "\xC3", "\\n", "\\u00", "}\n", "12", ".5", "e-3", "\":\"", "\"name\":", "[{", "}]", "  ",
+                        "\n  ", "ab\"", "x\\", "caf\xC3\xA9", "\xE2\x82", "\xAC", "-0", "1e", "\"a"})
+    v.push_back(t);
+  return v;
+}
+
+TEST(StructuredTokenFilter, TrieWalkMatchesATokenByTokenCheck) {
+  auto vocab = std::make_shared<const TokenVocab>(test_vocab());
+  const char* schemas[] = {nullptr, R"({"type":"object","properties":{"name":{"type":"string","maxLength":3},
+      "xs":{"type":"array","items":{"type":"number"}}},"required":["name"]})"};
+  const char* texts[] = {R"({"name": "caf\u00e9 \n", "k": [1.5e-3, true, null, {"a": "x"}]})",
+                         R"({"name":"ab","xs":[12, -0.5, 1e3]})"};
+  for (int g = 0; g < 2; ++g) {
+    auto matcher = std::make_shared<const Matcher>(g == 0 ? Grammar::any_object()
+                                                          : Grammar::from_schema(ojson::parse(schemas[1])));
+    TokenFilter filter(matcher, vocab, {0});
+    const std::string text = texts[g];
+    Matcher::State s = matcher->start(), scratch;
+    std::vector<uint8_t> allowed;
+    for (size_t i = 0; i <= text.size(); ++i) {
+      const int64_t n = filter.allowed(s, allowed);
+      int64_t expect_n = 0;
+      for (int32_t id = 0; id < vocab->size(); ++id) {
+        bool ok;
+        if (id == 0) {
+          ok = matcher->can_end(s);
+        } else {
+          Matcher::State t = s;
+          ok = matcher->feed(t, vocab->bytes(id), scratch);
+        }
+        expect_n += ok;
+        ASSERT_EQ(allowed[size_t(id)], ok ? 1 : 0) << "schema " << g << " after '" << text.substr(0, i)
+                                                   << "', token '" << vocab->bytes(id) << "'";
+      }
+      EXPECT_EQ(n, expect_n);
+      if (i < text.size()) {
+        ASSERT_TRUE(matcher->feed(s, text.substr(i, 1), scratch)) << text.substr(0, i + 1);
+      }
+    }
+  }
+}
+
+TEST(StructuredTokenFilter, ConstraintMasksRowsAndEndsWithTheValue) {
+  auto vocab = std::make_shared<const TokenVocab>(test_vocab());
+  auto matcher = std::make_shared<const Matcher>(Grammar::from_schema(ojson::parse(R"({"enum":["ab"]})")));
+  OutputConstraint c(matcher, vocab, {0});
+  std::vector<float> row(size_t(vocab->size()), 1.0f);
+  c.mask(row.data());
+  const int32_t quote_a = int32_t(vocab->size()) - 1;
+  ASSERT_EQ(vocab->bytes(quote_a), "\"a");
+  for (int32_t id : {int32_t('"'), quote_a, int32_t(' ')}) EXPECT_EQ(row[size_t(id)], 1.0f) << vocab->bytes(id);
+  for (int32_t id : {0, int32_t('a'), int32_t('{'), int32_t('1')}) EXPECT_EQ(row[size_t(id)], -INFINITY) << id;
+  ASSERT_TRUE(c.advance(quote_a));
+  ASSERT_TRUE(c.advance('b'));
+  EXPECT_FALSE(c.finished());
+  ASSERT_TRUE(c.advance('"'));
+  EXPECT_TRUE(c.finished());
+  // Drafts run ahead on a state of their own: past the value only the end token may come, and where not even
+  // that may (no end token), a draft row is left as it is (such drafts are never verified).
+  c.begin_draft();
+  std::vector<float> d(size_t(vocab->size()), 1.0f);
+  c.mask_draft(d.data());
+  EXPECT_EQ(d[0], 1.0f);
+  EXPECT_EQ(d[size_t('"')], -INFINITY);
+  OutputConstraint no_end(matcher, vocab, {});
+  for (char ch : std::string("\"ab\"")) ASSERT_TRUE(no_end.advance(int32_t(uint8_t(ch)))) << ch;
+  ASSERT_TRUE(no_end.finished());
+  no_end.begin_draft();
+  std::fill(d.begin(), d.end(), 1.0f);
+  no_end.mask_draft(d.data());
+  for (float x : d) EXPECT_EQ(x, 1.0f);
+  std::fill(d.begin(), d.end(), 1.0f);
+  EXPECT_THROW(no_end.mask(d.data()), Error) << "a target row with nothing allowed is an error";
+}
+
+TEST(StructuredMatcher, ExponentsHaveTwoDigitsSoNoNumberOverflows) {
+  const Matcher m(Grammar::any_value());
+  EXPECT_TRUE(accepts(m, "1e99"));
+  EXPECT_TRUE(accepts(m, "-1.5E-07"));
+  EXPECT_FALSE(accepts(m, "1e999"));
+  EXPECT_TRUE(accepts(m, std::string(kMaxNumberBytes - 3, '9') + "e99"));
+}
+
+}  // namespace
+}  // namespace nextn::structured

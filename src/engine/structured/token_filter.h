@@ -1,0 +1,116 @@
+// From bytes to token ids: which tokens of the vocabulary a Matcher state allows, and a sequence's constraint
+// (its state after the emitted tokens, and a second one run ahead over a round's drafts).
+//
+// The vocabulary is a byte trie walked depth-first with the matcher's state, so a byte refused at a node
+// prunes every token below it (outside strings almost all of them after the first byte). Inside a string, the
+// tokens made only of plain characters (complete UTF-8, no quote, backslash or control byte) are allowed
+// without a walk, and only the rest go through a second trie. Masks are cached by state: a round's verify
+// rows meet the states its drafts were masked in.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/structured/matcher.h"
+
+namespace nextn {
+class Tokenizer;
+}
+
+namespace nextn::structured {
+
+class TokenVocab {
+ public:
+  // bytes[id]: what token id decodes to; empty for ids never allowed (special and unused ids).
+  explicit TokenVocab(std::vector<std::string> bytes);
+  // The model's ids [0, vocab): the tokenizer's bytes, special tokens excluded.
+  static std::shared_ptr<const TokenVocab> from_tokenizer(const Tokenizer& tokenizer, int64_t vocab);
+
+  int64_t size() const { return int64_t(bytes_.size()); }
+  const std::string& bytes(int32_t id) const { return bytes_[size_t(id)]; }
+
+ private:
+  friend class TokenFilter;
+  struct TrieNode {
+    uint32_t first_child = 0, children = 0;  // children are contiguous, by byte
+    uint32_t first_token = 0, tokens = 0;    // ids ending here: trie_tokens_[first_token, +tokens)
+    uint8_t byte = 0;
+  };
+  struct Trie {
+    std::vector<TrieNode> nodes;  // [0]: the root
+    std::vector<int32_t> tokens;
+  };
+  static Trie build(std::vector<std::pair<std::string_view, int32_t>> entries);
+
+  std::vector<std::string> bytes_;
+  Trie all_, non_plain_;
+  std::vector<int32_t> plain_;        // ids of the plain tokens (see above)
+  std::vector<int32_t> plain_chars_;  // [id]: code points of a plain token, -1 otherwise
+  size_t max_len_ = 0;
+};
+
+// Allowed tokens of one state. Holds the walk's scratch states (one per trie depth): not thread-safe.
+class TokenFilter {
+ public:
+  TokenFilter(std::shared_ptr<const Matcher> matcher, std::shared_ptr<const TokenVocab> vocab,
+              std::vector<int32_t> end_ids);
+  // allowed[id] = 1 where token id may come next in state s (an end id when the output may end there).
+  // Returns how many are allowed.
+  int64_t allowed(const Matcher::State& s, std::vector<uint8_t>& allowed);
+  const Matcher& matcher() const { return *matcher_; }
+  const TokenVocab& vocab() const { return *vocab_; }
+  bool is_end(int32_t id) const;
+
+ private:
+  void walk(const TokenVocab::Trie& trie, uint32_t node, size_t depth, std::vector<uint8_t>& allowed);
+
+  std::shared_ptr<const Matcher> matcher_;
+  std::shared_ptr<const TokenVocab> vocab_;
+  std::vector<int32_t> end_ids_;
+  std::vector<Matcher::State> depth_;  // [max token length + 1]
+};
+
+// One sequence's structured output: the state after its emitted tokens, and a draft state run ahead over
+// the drafts of a round. Greedy and sampled rows are masked alike, so speculation keeps the output exactly
+// what plain decoding under the same constraint gives.
+class OutputConstraint {
+ public:
+  OutputConstraint(std::shared_ptr<const Matcher> matcher, std::shared_ptr<const TokenVocab> vocab,
+                   std::vector<int32_t> end_ids);
+
+  // Disallowed tokens' logits -> -inf for the state after the emitted tokens. Throws nextn::Error when the
+  // vocabulary has no token that can continue (a grammar the tokenizer cannot spell).
+  void mask(float* logits) { apply(now_, logits, /*draft=*/false); }
+  // An emitted token (allowed by mask); returns false for a token the grammar refuses (a caller's bug).
+  bool advance(int32_t token);
+  // The output is complete and nothing may follow it: generation ends with this token.
+  bool finished() const { return filter_.matcher().finished(now_); }
+
+  // A round's drafts: begin_draft() copies the state, then mask_draft / advance_draft per draft step. A
+  // draft state with nothing allowed (past the end of the output) masks nothing out: such drafts are never
+  // verified, as the output ends before them.
+  void begin_draft();
+  void mask_draft(float* logits);
+  void advance_draft(int32_t token);
+
+ private:
+  void apply(const Matcher::State& s, float* logits, bool draft);
+  const std::vector<uint8_t>* cached(const Matcher::State& s);
+  bool step_token(Matcher::State& s, int32_t token);
+
+  TokenFilter filter_;
+  Matcher::State now_, draft_, scratch_;
+  bool draft_dead_ = false;
+  // Masks by state: a few most recent (a round's drafts, then its verify rows in the same states).
+  struct Entry {
+    Matcher::State state;
+    std::vector<uint8_t> allowed;
+    int64_t count = 0;
+    uint64_t used = 0;
+  };
+  std::vector<Entry> cache_;
+  uint64_t uses_ = 0;
+};
+
+}  // namespace nextn::structured
