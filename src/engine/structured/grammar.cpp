@@ -258,31 +258,9 @@ class Compiler {
   }
 
   // A schema whose every value nests deeper than kMaxNesting (a required property chain) could never be
-  // generated: refused here rather than found stuck mid-generation. The least nesting each node needs, by
-  // relaxation to a fixed point (recursive schemas make the graph cyclic).
+  // generated: refused here rather than found stuck mid-generation.
   void check_depth_possible() {
-    constexpr int kEndless = 1 << 20;
-    const std::vector<Node>& nodes = g_->nodes;
-    std::vector<int> d(nodes.size(), kEndless);
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (size_t i = 0; i < nodes.size(); ++i) {
-        const Node& n = nodes[i];
-        int v = 0;
-        if (n.kind == Kind::kAnyOf) {
-          v = kEndless;
-          for (int a : n.alternatives) v = std::min(v, d[size_t(a)]);
-        } else if (n.kind == Kind::kObject) {
-          for (const Property& p : n.properties)
-            if (p.required) v = std::max(v, d[size_t(p.node)]);
-          v = std::min(kEndless, v + 1);
-        } else if (n.kind == Kind::kArray) {
-          v = std::min(kEndless, 1 + (n.min_items > 0 ? d[size_t(n.items)] : 0));
-        }
-        if (v < d[i]) d[i] = v, changed = true;
-      }
-    }
-    if (d[size_t(g_->root)] > kMaxNesting)
+    if (min_nesting(*g_)[size_t(g_->root)] > kMaxNesting)
       fail("", "every value of this schema nests deeper than " + std::to_string(kMaxNesting) + " containers");
   }
 
@@ -293,6 +271,32 @@ class Compiler {
 };
 
 }  // namespace
+
+// By relaxation to a fixed point (recursive schemas make the graph cyclic).
+std::vector<int> min_nesting(const Grammar& g) {
+  constexpr int kEndless = 1 << 20;
+  const std::vector<Node>& nodes = g.nodes;
+  std::vector<int> d(nodes.size(), kEndless);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const Node& n = nodes[i];
+      int v = 0;
+      if (n.kind == Kind::kAnyOf) {
+        v = kEndless;
+        for (int a : n.alternatives) v = std::min(v, d[size_t(a)]);
+      } else if (n.kind == Kind::kObject) {
+        for (const Property& p : n.properties)
+          if (p.required) v = std::max(v, d[size_t(p.node)]);
+        v = std::min(kEndless, v + 1);
+      } else if (n.kind == Kind::kArray) {
+        v = std::min(kEndless, 1 + (n.min_items > 0 ? d[size_t(n.items)] : 0));
+      }
+      if (v < d[i]) d[i] = v, changed = true;
+    }
+  }
+  return d;
+}
 
 Grammar Grammar::any_value() {
   Grammar g;

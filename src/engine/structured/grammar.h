@@ -4,10 +4,12 @@
 //
 // The generated text is always valid against the schema, and may be a subset of what the schema allows:
 // object properties come in the schema's order with no others (as OpenAI's strict mode and xgrammar emit
-// them), each enum value in its compact JSON spelling, whitespace between tokens in runs of at most
-// kMaxWhitespaceRun bytes (an unbounded run lets a small model loop on newlines until max_tokens), numbers of
-// at most kMaxNumberBytes bytes (exponents of two digits at most) and nesting at most kMaxNesting containers deep. A keyword that would constrain
-// values in a way the matcher cannot enforce (minimum, pattern, format, ...) is refused by name, never ignored.
+// them), each enum value in its compact JSON spelling, numbers of at most kMaxNumberBytes bytes (exponents of
+// two digits at most: no number overflows a double), nesting at most kMaxNesting containers deep, and
+// whitespace only where JSON printers put it (after '{', '[', ',' and ':', and before '}' and ']'), in runs of
+// at most kMaxWhitespaceRun bytes: free whitespace lets a small model fill every gap with newlines until
+// max_tokens. A keyword that would constrain values in a way the matcher cannot enforce (minimum, pattern,
+// format, ...) is refused by name, never ignored.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -62,5 +64,9 @@ struct Grammar {
   // (prefixed by `where`, e.g. "response_format.json_schema.schema") for what is not supported or malformed.
   static Grammar from_schema(const nlohmann::ordered_json& schema, const std::string& where = "schema");
 };
+
+// [node]: the fewest containers a value of each node nests (its own included; a large number for a node
+// whose values cannot end).
+std::vector<int> min_nesting(const Grammar& g);
 
 }  // namespace nextn::structured

@@ -65,6 +65,7 @@ Matcher::Matcher(Grammar grammar) : g_(std::move(grammar)) {
   lit.literals = {"true", "false", "null"};
   any_literal_ = add(std::move(lit));
   if (g_.nodes.size() > 0xFFFF) throw Error("structured output: the grammar has too many nodes");
+  min_nesting_ = min_nesting(g_);
   for (const Node& n : g_.nodes)
     for (const std::string& l : n.literals)
       if (l.empty()) throw Error("structured output: an empty literal");
@@ -137,11 +138,11 @@ void Matcher::value(Stack& st, const Node& node, int byte, State& out) const {
       return advance(st, byte, out);
     }
     case Kind::kObject:
-      if (byte != '{' || nesting(st) >= kMaxNesting) return;
+      if (byte != '{' || nesting(st) + min_nesting_[id] > kMaxNesting) return;
       become(Op::kObjOpen, id);
       return keep(st, out);
     case Kind::kArray:
-      if (byte != '[' || nesting(st) >= kMaxNesting) return;
+      if (byte != '[' || nesting(st) + min_nesting_[id] > kMaxNesting) return;
       become(Op::kArrOpen, id);
       return keep(st, out);
     case Kind::kString:
@@ -194,7 +195,10 @@ void Matcher::advance(Stack st, int byte, State& out) const {
   }
   switch (top.op) {
     case Op::kValue:
-      if (is_ws(byte)) return whitespace();
+      if (is_ws(byte)) {
+        if (st.n == 1) return;  // the output starts with its value (whitespace only between tokens)
+        return whitespace();
+      }
       return value(st, node, byte, out);
 
     case Op::kObjOpen:
@@ -235,8 +239,7 @@ void Matcher::advance(Stack st, int byte, State& out) const {
     }
 
     case Op::kObjColon: {
-      if (is_ws(byte)) return whitespace();
-      if (byte != ':') return;
+      if (byte != ':') return;  // (no whitespace between a key and its colon)
       const int v = node.free_keys ? node.additional : node.properties[top.c].node;
       top.a = 0;
       top.op = Op::kObjNext;
@@ -248,9 +251,12 @@ void Matcher::advance(Stack st, int byte, State& out) const {
     }
 
     case Op::kObjNext:
-      if (is_ws(byte)) return whitespace();
+      if (is_ws(byte)) {  // (only before the closing brace)
+        if (node.free_keys || !required_left(node, top.b)) whitespace();
+        return;
+      }
       if (byte == '}' && (node.free_keys || !required_left(node, top.b))) return pop_and_continue(false);
-      if (byte == ',' && (node.free_keys || top.b < node.properties.size())) {
+      if (byte == ',' && top.a == 0 && (node.free_keys || top.b < node.properties.size())) {
         top.a = 0;
         top.op = Op::kObjKey;
         keep(st, out);
@@ -259,13 +265,16 @@ void Matcher::advance(Stack st, int byte, State& out) const {
 
     case Op::kArrOpen:
     case Op::kArrNext: {
-      if (is_ws(byte)) return whitespace();
       const bool open = top.op == Op::kArrOpen;
+      if (is_ws(byte)) {  // (after an item, only before the closing bracket)
+        if (open || int64_t(top.b) >= node.min_items) whitespace();
+        return;
+      }
       if (byte == ']') {
         if (int64_t(top.b) >= node.min_items) pop_and_continue(false);
         return;
       }
-      if (!open && byte != ',') return;
+      if (!open && (byte != ',' || top.a > 0)) return;
       if (node.max_items >= 0 && int64_t(top.b) >= node.max_items) return;
       ++top.b;
       top.a = 0;
@@ -362,7 +371,8 @@ void Matcher::advance(Stack st, int byte, State& out) const {
           break;
       }
       if (next != 0xFF) {
-        if (top.b >= uint32_t(kMaxNumberBytes)) return;
+        // (a phase that needs one more byte to be a number, only where that byte still fits)
+        if (top.b + 1 + (number_complete(next) ? 0 : 1) > uint32_t(kMaxNumberBytes)) return;
         top.a = next;
         ++top.b;
         return keep(st, out);

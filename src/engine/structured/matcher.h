@@ -81,6 +81,7 @@ class Matcher {
   bool required_left(const Node& n, uint32_t from) const;
 
   Grammar g_;
+  std::vector<int> min_nesting_;  // [node] (grammar.h): a container opens only where its value can still close
   // Nodes the matcher adds for values inside kAny: any object, any array, any string, any number,
   // true / false / null.
   int any_ = 0, any_object_ = 0, any_array_ = 0, any_string_ = 0, any_number_ = 0, any_literal_ = 0;

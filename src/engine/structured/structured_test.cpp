@@ -64,15 +64,15 @@ TEST(StructuredGrammar, RefusesWhatItWouldNotEnforceNamingTheKeywordAndWhere) {
 
 TEST(StructuredMatcher, AnyObjectAcceptsJsonObjectsOnly) {
   const Matcher m(Grammar::any_object());
-  for (const char* ok : {"{}", "{\"a\": [1, -2.5e3, true, null, \"x\\u00e9\\n\"]}", "{ \"a\" : {\"b\":{}} }",
+  for (const char* ok : {"{}", "{\"a\": [1, -2.5e3, true, null, \"x\\u00e9\\n\"]}", "{ \"a\": {\"b\":{}} }",
                          "{\"\":0,\"\":-0.0E+1}", "{\"k\":\"caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80\"}"})
     EXPECT_TRUE(accepts(m, ok)) << ok;
   for (const char* bad : {"[]", "1", "{\"a\":}", "{\"a\":1,}", "{'a':1}", "{\"a\":01}", "{\"a\":\"\x01\"}",
                           "{\"a\":\"\\ud800\"}", "{\"a\":\"\xC0\xAF\"}", "{\"a\":\"\xED\xA0\x80\"}", "{\"a\":1}}",
-                          "{\"a\":1} ", "{\"a\":tru}", "{\"a\":.5}", "{\"a\":1.}", "{\"a\":1e}", "{\"a\" 1}"})
+                          "{\"a\":1} ", "{\"a\" :1}", "{\"a\":1 ,\"b\":2}", "[1 ,2]", "{\"a\":tru}", "{\"a\":.5}", "{\"a\":1.}", "{\"a\":1e}", "{\"a\" 1}"})
     EXPECT_FALSE(accepts(m, bad)) << bad;
   EXPECT_TRUE(prefix_ok(m, "{\"a\":tr"));
-  EXPECT_TRUE(prefix_ok(m, "\n {"));  // (whitespace may lead, as anywhere between tokens)
+  EXPECT_FALSE(prefix_ok(m, "\n"));  // (the output starts with its value: whitespace only between tokens)
 }
 
 TEST(StructuredMatcher, SchemaObjectsKeepTheirPropertiesInOrderAndTheirTypes) {
@@ -85,7 +85,10 @@ TEST(StructuredMatcher, SchemaObjectsKeepTheirPropertiesInOrderAndTheirTypes) {
     "required":["name","age","tags"]})");
   for (const char* ok : {R"({"name":"Bob","age":3,"tags":["a"]})", R"({"name":"Bob","nick":"B","age":-3,"tags":[]})",
                          R"({"name":"é€😀ab","age":0,"tags":["a","b"],"ok":null})",
-                         R"({ "name" : "x" , "age" : 1 , "tags" : [ "b" ] , "ok" : false })"})
+                         R"({ "name": "x", "age":  1,
+  "tags": [ "b" ],
+  "ok": false
+})"})
     EXPECT_TRUE(accepts(m, ok)) << ok;
   for (const char* bad : {R"({"age":3,"name":"Bob","tags":["a"]})", R"({"name":"Bob","age":3.5,"tags":["a"]})",
                           R"({"name":"Bobbie","age":3,"tags":["a"]})", R"({"name":"","age":3,"tags":["a"]})",
@@ -118,6 +121,9 @@ TEST(StructuredMatcher, BoundsWhitespaceNestingAndNumbers) {
   EXPECT_FALSE(prefix_ok(m, std::string(kMaxNesting + 1, '[')));
   EXPECT_TRUE(accepts(m, std::string(kMaxNumberBytes, '1')));
   EXPECT_FALSE(prefix_ok(m, std::string(kMaxNumberBytes + 1, '1')));
+  // A byte that needs another after it (an exponent's 'e') only where that one still fits.
+  EXPECT_TRUE(prefix_ok(m, std::string(kMaxNumberBytes - 2, '1') + "e"));
+  EXPECT_FALSE(prefix_ok(m, std::string(kMaxNumberBytes - 1, '1') + "e"));
   // A root number may end or grow; a closed object may only end.
   Matcher::State s = m.start(), scratch;
   ASSERT_TRUE(m.feed(s, "12", scratch));
@@ -126,6 +132,45 @@ TEST(StructuredMatcher, BoundsWhitespaceNestingAndNumbers) {
   s = m.start();
   ASSERT_TRUE(m.feed(s, "{\"a\":1}", scratch));
   EXPECT_TRUE(m.finished(s));
+}
+
+// No prefix the matcher takes is a corner: from every state some byte continues or the output may end.
+// Random walks over the bytes each state allows, through schemas with required contents, item counts,
+// string lengths and deep nesting.
+TEST(StructuredMatcher, EveryPrefixItTakesCanBeCompleted) {
+  const char* schemas[] = {
+      R"({"type":"object","properties":{"a":{"type":"array","items":{"type":"number"},"minItems":2,"maxItems":3},
+          "b":{"type":"string","minLength":2,"maxLength":3},"c":{"type":"integer"}},"required":["a","b","c"]})",
+      R"({"$defs":{"n":{"type":"object","properties":{"k":{"type":"array","items":{"$ref":"#/$defs/n"}},
+          "v":{"type":"object","properties":{"w":{"type":"array","items":{},"minItems":1}},"required":["w"]}},
+          "required":["v"]}},"$ref":"#/$defs/n"})",
+      R"({"anyOf":[{"type":"number"},{"type":"array","items":{"anyOf":[{"type":"string"},{"type":"null"}]}}]})",
+      R"({})"};
+  std::mt19937 rng(11);
+  for (const char* text : schemas) {
+    const Matcher m = schema(text);
+    for (int walk = 0; walk < 150; ++walk) {
+      Matcher::State s = m.start(), next;
+      std::string out;
+      for (int i = 0; i < 400 && !m.finished(s); ++i) {
+        std::vector<uint8_t> ok;
+        for (int b = 0; b < 256; ++b)
+          if (m.step(s, uint8_t(b), next)) ok.push_back(uint8_t(b));
+        ASSERT_TRUE(!ok.empty() || m.can_end(s)) << "stuck after '" << out << "' in " << text;
+        if (ok.empty()) break;
+        // Mostly structural bytes: a uniform pick stays inside strings for ever.
+        std::vector<uint8_t> structural;
+        for (uint8_t b : ok)
+          if (std::string_view("{}[],:\"0123456789-.eEtfnrulas ").find(char(b)) != std::string_view::npos)
+            structural.push_back(b);
+        const auto& pool = structural.empty() || rng() % 8 == 0 ? ok : structural;
+        const uint8_t b = pool[rng() % pool.size()];
+        ASSERT_TRUE(m.step(s, b, next));
+        std::swap(s, next);
+        out += char(b);
+      }
+    }
+  }
 }
 
 // A random JSON value (bounded depth), with strings drawn from a small alphabet that includes escapes and
@@ -237,8 +282,8 @@ TEST(StructuredTokenFilter, ConstraintMasksRowsAndEndsWithTheValue) {
   c.mask(row.data());
   const int32_t quote_a = int32_t(vocab->size()) - 1;
   ASSERT_EQ(vocab->bytes(quote_a), "\"a");
-  for (int32_t id : {int32_t('"'), quote_a, int32_t(' ')}) EXPECT_EQ(row[size_t(id)], 1.0f) << vocab->bytes(id);
-  for (int32_t id : {0, int32_t('a'), int32_t('{'), int32_t('1')}) EXPECT_EQ(row[size_t(id)], -INFINITY) << id;
+  for (int32_t id : {int32_t('"'), quote_a}) EXPECT_EQ(row[size_t(id)], 1.0f) << vocab->bytes(id);
+  for (int32_t id : {0, int32_t('a'), int32_t('{'), int32_t('1'), int32_t(' ')}) EXPECT_EQ(row[size_t(id)], -INFINITY) << id;
   ASSERT_TRUE(c.advance(quote_a));
   ASSERT_TRUE(c.advance('b'));
   EXPECT_FALSE(c.finished());
