@@ -19,6 +19,9 @@
 #include "core/finite.h"
 #include "models/registry.h"
 #include "engine/generator.h"
+#include "engine/structured/grammar.h"
+#include "engine/structured/matcher.h"
+#include "engine/structured/token_filter.h"
 #include "engine/text_stream.h"
 
 namespace nextn::cli {
@@ -120,6 +123,9 @@ sampled output is distributed exactly as the target's.
   --repetition-penalty R, --presence-penalty P, --frequency-penalty F
   --stop TEXT               stop before this text (repeatable; not included in the output)
   --logprobs N              with --json: each token's logprob under the target and its N best alternatives
+  --json-object             the output is one JSON object (as OpenAI's response_format json_object)
+  --json-schema FILE        the output is JSON valid against the JSON Schema in FILE (properties in its order;
+                            a keyword that cannot be enforced is an error); exact under speculation
   --stop-id ID              stop after this token id (repeatable)
   --ignore-eos              do not stop at the checkpoint's eos token
   --relaxed-acceptance N,D  LOSSY: also accept drafts in the target's top-N within D of its top probability
@@ -199,9 +205,28 @@ void print_stats(const SpecStats& s, bool speculated, int threads) {
 
 bool has_tokenizer(const std::string& dir) { return std::filesystem::exists(dir + "/tokenizer.json"); }
 
+// --json-object: any JSON object; --json-schema FILE: the schema in FILE (its key order kept).
+structured::Grammar output_grammar(const Args& a) {
+  if (!a.has("json-schema")) return structured::Grammar::any_object();
+  const std::string path = a.get("json-schema");
+  std::ifstream f(path);
+  if (!f) throw UsageError("--json-schema: cannot read " + path);
+  nlohmann::ordered_json schema;
+  try {
+    schema = nlohmann::ordered_json::parse(f);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError("--json-schema: " + path + " is not JSON: " + e.what());
+  }
+  try {
+    return structured::Grammar::from_schema(schema, path);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--json-schema: ") + e.what());
+  }
+}
+
 int run_generate(int argc, char** argv) {
-  Args a(argc, argv, 2, {"help", "json", "no-speculate", "no-draft-probs", "ignore-eos"},
-         {"model", "ids", "prompt", "max-tokens", "speculative-tokens", "temperature", "top-k", "top-p", "min-p",
+  Args a(argc, argv, 2, {"help", "json", "no-speculate", "no-draft-probs", "ignore-eos", "json-object"},
+         {"model", "ids", "prompt", "max-tokens", "json-schema", "speculative-tokens", "temperature", "top-k", "top-p", "min-p",
           "seed", "repetition-penalty", "presence-penalty", "frequency-penalty", "stop", "stop-id",
           "relaxed-acceptance", "adaptive", "threads", "logprobs", "requests", "kv-cache-mb", "max-sequences",
           "device", "tensor-parallel"});
@@ -266,8 +291,15 @@ int run_generate(int argc, char** argv) {
   if (has_tokenizer(model_dir)) tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
   MemoryOptions memory;
   memory.kv_cache_bytes = int64_t(a.get_int("kv-cache-mb", 0, 0, 1 << 30)) << 20;
+  if (a.has("json-object") && a.has("json-schema")) throw UsageError("give --json-object or --json-schema, not both");
+  const bool structured_output = a.has("json-object") || a.has("json-schema");
+  if (structured_output && !tok) throw UsageError("--json-object / --json-schema need the model's tokenizer.json");
+  // (compiled before the model loads: a schema error is said at once)
+  const std::shared_ptr<const structured::Matcher> matcher =
+      !structured_output ? nullptr : std::make_shared<const structured::Matcher>(output_grammar(a));
   if (a.has("requests")) {
     if (a.has("ids") || a.has("prompt")) throw UsageError("--requests takes the prompts from its file: drop --ids/--prompt");
+    if (structured_output) throw UsageError("--json-object / --json-schema apply to one --prompt, not to --requests");
     RequestDefaults d{sp, so, a.has("ignore-eos")};
     return run_requests(a.get("requests"), d, model_dir, tok.get(), thread_count(a), memory,
                         a.get_int("max-sequences", 256, 1, 1 << 20), device_option(a), tensor_parallel(a));
@@ -315,6 +347,8 @@ int run_generate(int argc, char** argv) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   };
+  OutputFormat format;
+  if (matcher) format = {matcher, structured::TokenVocab::from_tokenizer(*tok, model.facts().vocab_size)};
   Generator gen(model);
   auto res = gen.generate(prompt, sp, so, [&](int32_t t) {
     if (!stream.has_tokenizer()) {
@@ -327,7 +361,7 @@ int run_generate(int argc, char** argv) {
     const TextStream::Delta d = stream.push(t);
     show(d.text);
     return !d.stopped;
-  });
+  }, format);
   show(stream.finish());
   const bool speculated = so.enabled && model.facts().num_mtp_layers > 0;
   if (json) {

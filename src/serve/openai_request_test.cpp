@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/structured/matcher.h"
 #include "serve/api_error.h"
 
 namespace nextn::serve {
@@ -114,6 +115,44 @@ TEST_F(OpenAIRequest, WrongTypesAndRangesNameTheField) {
     const ApiError e = completion_error(body);
     EXPECT_EQ(e.status, 400) << body.dump();
     EXPECT_EQ(e.param, param) << body.dump() << ": " << e.what();
+  }
+}
+
+TEST_F(OpenAIRequest, ResponseFormatJsonObjectAndJsonSchemaConstrainTheOutput) {
+  EXPECT_NE(std::string(completion_error({{"prompt", "x"}, {"response_format", {{"type", "json_object"}}}}).what())
+                .find("needs the model's tokenizer"),
+            std::string::npos)
+      << "without the vocabulary's bytes (no tokenizer) the format is refused, not ignored";
+  model_.vocab = structured::TokenVocab::from_tokenizer(tok_, facts_.vocab_size);
+  EXPECT_FALSE(parse_completion_request({{"prompt", "x"}, {"response_format", {{"type", "text"}}}}, model_)
+                   .format.constrained());
+  const ApiRequest obj = parse_completion_request({{"prompt", "x"}, {"response_format", {{"type", "json_object"}}}}, model_);
+  ASSERT_TRUE(obj.format.constrained());
+  EXPECT_EQ(obj.format.vocab, model_.vocab);
+  // The schema's key order is the output's: "b" before "a" as the client wrote it (the ordered body).
+  const auto ordered = nlohmann::ordered_json::parse(R"({"prompt":"x","response_format":{"type":"json_schema",
+      "json_schema":{"name":"t","strict":true,"schema":{"type":"object","properties":{"b":{"type":"integer"},
+      "a":{"type":"boolean"}},"required":["b","a"]}}}})");
+  const ApiRequest sch = parse_completion_request(json(ordered), model_, &ordered);
+  ASSERT_TRUE(sch.format.constrained());
+  const structured::Matcher& m = *sch.format.matcher;
+  structured::Matcher::State st = m.start(), scratch;
+  EXPECT_TRUE(m.feed(st, R"({"b":1,"a":true})", scratch) && m.finished(st));
+  st = m.start();
+  EXPECT_FALSE(m.feed(st, R"({"a":true)", scratch));
+  const std::pair<json, std::string> refused[] = {
+      {{{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "string"}, {"pattern", "^a"}}}}}},
+       "response_format.json_schema.schema at /pattern: the keyword 'pattern' is not supported"},
+      {{{"type", "json_schema"}}, "'response_format.json_schema' must be an object"},
+      {{{"type", "json_schema"}, {"json_schema", {{"strict", "yes"}}}}, "json_schema.strict' must be true or false"},
+      {{{"type", "xml"}}, "must be 'text', 'json_object' or 'json_schema'"},
+      {json::array(), "must be an object with a string 'type'"},
+  };
+  for (const auto& [rf, text] : refused) {
+    const ApiError e = completion_error({{"prompt", "x"}, {"response_format", rf}});
+    EXPECT_EQ(e.status, 400) << rf.dump();
+    EXPECT_EQ(e.param, "response_format") << rf.dump();
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
   }
 }
 
