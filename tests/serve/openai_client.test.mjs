@@ -2,7 +2,8 @@
 // Greedy results are checked against `nextn generate --json` for the same request.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, importDependency, fetchMetrics, metricValue, readSSE, waitFor, chatTemplateArgs, DEFAULT_MODEL_DIR,
@@ -270,6 +271,59 @@ test('chat completion, unstreamed and streamed', async () => {
   });
   assert.equal(mt.usage.completion_tokens, 4);
   assert.ok(mt.usage.prompt_tokens > r.usage.prompt_tokens - 5, 'a longer conversation is a longer prompt');
+});
+
+// Structured output (docs/server.md): the reply is JSON of the schema, greedy the same as `nextn generate
+// --json-schema` with speculation on, streamed the same as unstreamed; a keyword nextn would not enforce is a
+// 400 naming response_format.
+const RECORD_SCHEMA = {
+  type: 'object',
+  properties: {
+    name: { type: 'string', maxLength: 10 },
+    size: { type: 'integer' },
+    kind: { enum: ['file', 'dir'] },
+  },
+  required: ['name', 'size', 'kind'],
+};
+
+test('response_format json_schema and json_object: JSON of the asked shape, as nextn generate', async () => {
+  const schemaFile = path.join(mkdtempSync(path.join(os.tmpdir(), 'nextn-schema-')), 'record.json');
+  writeFileSync(schemaFile, JSON.stringify(RECORD_SCHEMA));
+  const prompt = 'record = ';
+  const cli = await cliGenerate(['--model', MODEL_DIR, '--prompt', prompt, '-n', '48', '--json-schema', schemaFile]);
+  const params = {
+    model: server.model, prompt, max_tokens: 48, temperature: 0,
+    response_format: { type: 'json_schema', json_schema: { name: 'record', strict: true, schema: RECORD_SCHEMA } },
+  };
+  const r = await client.completions.create(params);
+  assert.equal(r.choices[0].text, cli.text, 'greedy structured output equals nextn generate --json-schema');
+  if (r.choices[0].finish_reason === 'stop') {
+    const v = JSON.parse(r.choices[0].text);
+    assert.deepEqual(Object.keys(v), ['name', 'size', 'kind'], 'properties in the schema order');
+    assert.ok(Number.isInteger(v.size) && ['file', 'dir'].includes(v.kind) && v.name.length <= 10, r.choices[0].text);
+  } else {
+    assert.equal(r.choices[0].finish_reason, 'length');
+  }
+  const s = await collectStream(await client.completions.create({
+    ...params, stream: true, stream_options: { include_usage: true },
+  }));
+  assert.equal(s.choices[0].text, r.choices[0].text, 'streamed as unstreamed');
+  // json_object in chat, sampled with speculation: a JSON object (or, cut by max_tokens, the start of one).
+  for (const seed of [1, 2, 3]) {
+    const c = await client.chat.completions.create({
+      model: server.model, messages: [{ role: 'user', content: 'Describe a file as JSON.' }], max_tokens: 40,
+      temperature: 0.8, seed, response_format: { type: 'json_object' },
+    });
+    const text = c.choices[0].message.content;
+    assert.equal(text[0], '{', text);
+    if (c.choices[0].finish_reason === 'stop') {
+      const v = JSON.parse(text);
+      assert.ok(v && typeof v === 'object' && !Array.isArray(v), text);
+    }
+  }
+  await expectAPIError(client.completions.create({
+    ...params, response_format: { type: 'json_schema', json_schema: { name: 'n', schema: { type: 'integer', minimum: 0 } } },
+  }), { status: 400, param: 'response_format', messageMatch: /'minimum' is not supported/ });
 });
 
 test('seed with temperature > 0 reproduces; different seeds differ', async () => {
