@@ -1,6 +1,7 @@
 #include "engine/structured/token_filter.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "core/error.h"
@@ -51,6 +52,8 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)
     if (plain_chars_[i] >= 0) plain_.push_back(int32_t(i));
     else non_plain.emplace_back(b, int32_t(i));
   }
+  plain_mask_.assign(bytes_.size(), 0);
+  for (int32_t id : plain_) plain_mask_[size_t(id)] = 1;
   all_ = build(std::move(all));
   non_plain_ = build(std::move(non_plain));
 }
@@ -127,15 +130,23 @@ void TokenFilter::walk(const TokenVocab::Trie& trie, uint32_t node, size_t depth
 
 int64_t TokenFilter::allowed(const Matcher::State& s, std::vector<uint8_t>& allowed) {
   const TokenVocab& v = *vocab_;
-  allowed.assign(size_t(v.size()), 0);
-  if (s.dead()) return 0;
+  if (s.dead()) {
+    allowed.assign(size_t(v.size()), 0);
+    return 0;
+  }
   depth_[0] = s;
   if (matcher_->in_plain_string(s)) {
     const int64_t room = matcher_->plain_room(s);
-    for (int32_t id : v.plain_)
-      if (v.plain_chars_[size_t(id)] <= room) allowed[size_t(id)] = 1;
+    if (room == INT64_MAX) {
+      allowed = v.plain_mask_;  // (a copy into the kept buffer)
+    } else {
+      allowed.assign(size_t(v.size()), 0);
+      for (int32_t id : v.plain_)
+        if (v.plain_chars_[size_t(id)] <= room) allowed[size_t(id)] = 1;
+    }
     walk(v.non_plain_, 0, 0, allowed);
   } else {
+    allowed.assign(size_t(v.size()), 0);
     walk(v.all_, 0, 0, allowed);
   }
   if (matcher_->can_end(s))

@@ -46,6 +46,7 @@ class TokenVocab {
   std::vector<std::string> bytes_;
   Trie all_, non_plain_;
   std::vector<int32_t> plain_;        // ids of the plain tokens (see above)
+  std::vector<uint8_t> plain_mask_;   // [id]: 1 for a plain token
   std::vector<int32_t> plain_chars_;  // [id]: code points of a plain token, -1 otherwise
   size_t max_len_ = 0;
 };
