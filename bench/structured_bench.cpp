@@ -30,9 +30,13 @@ std::string gunzip(const std::string& path) {
   return out;
 }
 
+Tokenizer qwen3_tokenizer() {
+  return Tokenizer::from_json(gunzip(std::string(NEXTN_SOURCE_DIR) + "/tests/tokenizer/qwen3/tokenizer.json.gz"));
+}
+
 const std::shared_ptr<const structured::TokenVocab>& qwen3_vocab() {
   static const auto vocab = [] {
-    const Tokenizer tok = Tokenizer::from_json(gunzip(std::string(NEXTN_SOURCE_DIR) + "/tests/tokenizer/qwen3/tokenizer.json.gz"));
+    const Tokenizer tok = qwen3_tokenizer();
     return structured::TokenVocab::from_tokenizer(tok, int64_t(tok.vocab_size()));
   }();
   return vocab;
@@ -45,7 +49,8 @@ void BM_StructuredMask(benchmark::State& state) {
   const int which = int(state.range(0));
   const char* schema = R"({"type":"object","properties":{"name":{"type":"string"},"size":{"type":"number"}}})";
   auto matcher = std::make_shared<const structured::Matcher>(
-      which == 0 ? structured::Grammar::any_object() : structured::Grammar::from_schema(nlohmann::ordered_json::parse(schema)));
+      which == 0 ? structured::Grammar::any_object()
+                 : structured::Grammar::from_schema(nlohmann::ordered_json::parse(schema)));
   structured::TokenFilter filter(matcher, qwen3_vocab(), {151643});
   structured::Matcher::State s = matcher->start(), scratch;
   const std::string prefix = kPrefixes[which];
@@ -60,7 +65,7 @@ void BM_StructuredMask(benchmark::State& state) {
 BENCHMARK(BM_StructuredMask)->DenseRange(0, 2)->ArgName("state")->Unit(benchmark::kMicrosecond);
 
 void BM_StructuredVocabBuild(benchmark::State& state) {
-  const Tokenizer tok = Tokenizer::from_json(gunzip(std::string(NEXTN_SOURCE_DIR) + "/tests/tokenizer/qwen3/tokenizer.json.gz"));
+  const Tokenizer tok = qwen3_tokenizer();
   for (auto _ : state) benchmark::DoNotOptimize(structured::TokenVocab::from_tokenizer(tok, int64_t(tok.vocab_size())));
 }
 BENCHMARK(BM_StructuredVocabBuild)->Unit(benchmark::kMillisecond)->Iterations(3);

@@ -226,7 +226,8 @@ structured::Grammar output_grammar(const Args& a) {
 
 int run_generate(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "no-speculate", "no-draft-probs", "ignore-eos", "json-object"},
-         {"model", "ids", "prompt", "max-tokens", "json-schema", "speculative-tokens", "temperature", "top-k", "top-p", "min-p",
+         {"model", "ids", "prompt", "max-tokens", "json-schema",
+          "speculative-tokens", "temperature", "top-k", "top-p", "min-p",
           "seed", "repetition-penalty", "presence-penalty", "frequency-penalty", "stop", "stop-id",
           "relaxed-acceptance", "adaptive", "threads", "logprobs", "requests", "kv-cache-mb", "max-sequences",
           "device", "tensor-parallel"});

@@ -94,7 +94,8 @@ OutputFormat output_format(const json& body, const ServedModel& m, const nlohman
     throw bad_field("response_format", "'response_format.type' must be 'text', 'json_object' or 'json_schema', got '" +
                                            type + "'");
   if (!m.vocab)
-    throw bad_field("response_format", "'response_format' " + type + " needs the model's tokenizer; this model has none");
+    throw bad_field("response_format",
+                    "'response_format' " + type + " needs the model's tokenizer; this model has none");
   structured::Grammar g;
   if (type == "json_object") {
     g = structured::Grammar::any_object();

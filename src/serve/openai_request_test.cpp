@@ -126,7 +126,8 @@ TEST_F(OpenAIRequest, ResponseFormatJsonObjectAndJsonSchemaConstrainTheOutput) {
   model_.vocab = structured::TokenVocab::from_tokenizer(tok_, facts_.vocab_size);
   EXPECT_FALSE(parse_completion_request({{"prompt", "x"}, {"response_format", {{"type", "text"}}}}, model_)
                    .format.constrained());
-  const ApiRequest obj = parse_completion_request({{"prompt", "x"}, {"response_format", {{"type", "json_object"}}}}, model_);
+  const ApiRequest obj =
+      parse_completion_request({{"prompt", "x"}, {"response_format", {{"type", "json_object"}}}}, model_);
   ASSERT_TRUE(obj.format.constrained());
   EXPECT_EQ(obj.format.vocab, model_.vocab);
   // The schema's key order is the output's: "b" before "a" as the client wrote it (the ordered body).

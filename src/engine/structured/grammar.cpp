@@ -69,7 +69,8 @@ class Compiler {
     const ojson& r = s.at("$ref");
     if (!r.is_string()) fail(ptr + "/$ref", "must be a string");
     const std::string ref = r.get<std::string>();
-    if (ref.empty() || ref[0] != '#') fail(ptr + "/$ref", "only references within the schema (\"#/...\") are supported, not '" + ref + "'");
+    if (ref.empty() || ref[0] != '#')
+      fail(ptr + "/$ref", "only references within the schema (\"#/...\") are supported, not '" + ref + "'");
     for (const auto& [k, v] : s.items())
       if (k != "$ref" && !annotations().count(k))
         fail(ptr + "/" + pointer_token(k), "a keyword beside $ref is not supported");
@@ -253,7 +254,8 @@ class Compiler {
     if (!list.is_array() || list.empty()) fail(ptr + "/" + key, "must be a non-empty array of schemas");
     Node n;
     n.kind = Kind::kAnyOf;
-    for (size_t i = 0; i < list.size(); ++i) n.alternatives.push_back(build(list[i], ptr + "/" + key + "/" + std::to_string(i)));
+    for (size_t i = 0; i < list.size(); ++i)
+      n.alternatives.push_back(build(list[i], ptr + "/" + key + "/" + std::to_string(i)));
     return add(std::move(n));
   }
 

@@ -52,7 +52,8 @@ TEST(StructuredGrammar, RefusesWhatItWouldNotEnforceNamingTheKeywordAndWhere) {
   EXPECT_NE(schema_error(R"({"type":"string","minLength":-1})").find("/minLength: must be a non-negative"),
             std::string::npos);
   EXPECT_NE(schema_error(R"(false)").find("allows no value"), std::string::npos);
-  EXPECT_NE(schema_error(R"({"type":"integer","maxItems":3})").find("does not apply to type 'integer'"), std::string::npos);
+  EXPECT_NE(schema_error(R"({"type":"integer","maxItems":3})").find("does not apply to type 'integer'"),
+            std::string::npos);
   // A chain of required objects deeper than the matcher's nesting limit could never be generated.
   EXPECT_NE(schema_error(R"({"$defs":{"n":{"type":"object","properties":{"n":{"$ref":"#/$defs/n"}},"required":["n"]}},
                              "$ref":"#/$defs/n"})")
@@ -69,7 +70,8 @@ TEST(StructuredMatcher, AnyObjectAcceptsJsonObjectsOnly) {
     EXPECT_TRUE(accepts(m, ok)) << ok;
   for (const char* bad : {"[]", "1", "{\"a\":}", "{\"a\":1,}", "{'a':1}", "{\"a\":01}", "{\"a\":\"\x01\"}",
                           "{\"a\":\"\\ud800\"}", "{\"a\":\"\xC0\xAF\"}", "{\"a\":\"\xED\xA0\x80\"}", "{\"a\":1}}",
-                          "{\"a\":1} ", "{\"a\" :1}", "{\"a\":1 ,\"b\":2}", "[1 ,2]", "{\"a\":tru}", "{\"a\":.5}", "{\"a\":1.}", "{\"a\":1e}", "{\"a\" 1}"})
+                          "{\"a\":1} ", "{\"a\" :1}", "{\"a\":1 ,\"b\":2}", "[1 ,2]", "{\"a\":tru}", "{\"a\":.5}",
+                          "{\"a\":1.}", "{\"a\":1e}", "{\"a\" 1}"})
     EXPECT_FALSE(accepts(m, bad)) << bad;
   EXPECT_TRUE(prefix_ok(m, "{\"a\":tr"));
   EXPECT_FALSE(prefix_ok(m, "\n"));  // (the output starts with its value: whitespace only between tokens)
@@ -283,7 +285,8 @@ TEST(StructuredTokenFilter, ConstraintMasksRowsAndEndsWithTheValue) {
   const int32_t quote_a = int32_t(vocab->size()) - 1;
   ASSERT_EQ(vocab->bytes(quote_a), "\"a");
   for (int32_t id : {int32_t('"'), quote_a}) EXPECT_EQ(row[size_t(id)], 1.0f) << vocab->bytes(id);
-  for (int32_t id : {0, int32_t('a'), int32_t('{'), int32_t('1'), int32_t(' ')}) EXPECT_EQ(row[size_t(id)], -INFINITY) << id;
+  for (int32_t id : {0, int32_t('a'), int32_t('{'), int32_t('1'), int32_t(' ')})
+    EXPECT_EQ(row[size_t(id)], -INFINITY) << id;
   ASSERT_TRUE(c.advance(quote_a));
   ASSERT_TRUE(c.advance('b'));
   EXPECT_FALSE(c.finished());
