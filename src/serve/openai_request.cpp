@@ -253,6 +253,69 @@ void check_messages(const json& messages) {
   }
 }
 
+// tool_choice: absent, "none" or "auto" (the model may answer in text); "required" or
+// {"type": "function", "function": {"name": ...}} force a call.
+ForcedToolCall forced_tool_call(const json& body) {
+  const json* tc = field(body, "tool_choice");
+  ForcedToolCall f;
+  if (!tc || (tc->is_string() && (*tc == "none" || *tc == "auto"))) return f;
+  if (tc->is_string() && *tc == "required") {
+    f.mode = ForcedToolCall::Mode::kRequired;
+  } else if (tc->is_object() && tc->value("type", "") == "function" && tc->contains("function") &&
+             tc->at("function").is_object() && tc->at("function").contains("name") &&
+             tc->at("function").at("name").is_string()) {
+    f.mode = ForcedToolCall::Mode::kNamed;
+    f.name = tc->at("function").at("name").get<std::string>();
+  } else {
+    throw bad_field("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or "
+                                   "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+  }
+  const json* tools = field(body, "tools");
+  if (!tools || tools->empty()) throw bad_field("tool_choice", "'tool_choice' forces a call but 'tools' is empty");
+  return f;
+}
+
+// The grammar of a forced call: the named function's parameters schema (its arguments' JSON), or for
+// "required" one {"name": <a tool's name>, "arguments": <its parameters>} object (an anyOf over the tools).
+OutputFormat tool_call_format(const json& body, const ServedModel& m, const ForcedToolCall& f,
+                              const nlohmann::ordered_json* ordered) {
+  if (!m.vocab) throw bad_field("tool_choice", "forcing a tool call needs the model's tokenizer; this model has none");
+  using ojson = nlohmann::ordered_json;
+  const ojson tools = ordered ? ordered->at("tools") : ojson(body.at("tools"));
+  ojson alternatives = ojson::array();
+  ojson named;
+  bool found = false;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ojson& t = tools[i];
+    const std::string at = "tools[" + std::to_string(i) + "]";
+    if (!t.is_object() || t.value("type", "") != "function" || !t.contains("function") || !t["function"].is_object() ||
+        !t["function"].contains("name") || !t["function"]["name"].is_string())
+      throw bad_field("tools", "'" + at + "' must be {\"type\": \"function\", \"function\": {\"name\": ..., ...}}");
+    const std::string name = t["function"]["name"].get<std::string>();
+    const ojson params = t["function"].contains("parameters") && !t["function"]["parameters"].is_null()
+                             ? t["function"]["parameters"]
+                             : ojson{{"type", "object"}, {"properties", ojson::object()}};
+    if (f.mode == ForcedToolCall::Mode::kNamed && name == f.name) {
+      named = params;
+      found = true;
+    }
+    alternatives.push_back({{"type", "object"},
+                            {"properties", {{"name", {{"const", name}}}, {"arguments", params}}},
+                            {"required", {"name", "arguments"}}});
+  }
+  if (f.mode == ForcedToolCall::Mode::kNamed && !found)
+    throw bad_field("tool_choice", "'tool_choice' names the function '" + f.name + "', which is not among 'tools'");
+  structured::Grammar g;
+  try {
+    g = f.mode == ForcedToolCall::Mode::kNamed
+            ? structured::Grammar::from_schema(named, "the parameters of tool '" + f.name + "'")
+            : structured::Grammar::from_schema({{"anyOf", alternatives}}, "tools");
+  } catch (const Error& e) {
+    throw bad_field("tools", e.what());
+  }
+  return OutputFormat{std::make_shared<const structured::Matcher>(std::move(g)), m.vocab};
+}
+
 }  // namespace
 
 ApiRequest parse_completion_request(const json& body, const ServedModel& m, const nlohmann::ordered_json* ordered) {
@@ -283,8 +346,7 @@ ApiRequest parse_chat_request(const json& body, const ServedModel& m, const nloh
   check_messages(*messages);
   const json* tools = field(body, "tools");
   if (tools && !tools->is_array()) throw bad_field("tools", "'tools' must be an array");
-  if (const json* tc = field(body, "tool_choice"); tc && !(tc->is_string() && (*tc == "none" || *tc == "auto")))
-    throw bad_field("tool_choice", "'tool_choice' may be \"none\" or \"auto\"; forcing a tool is not supported");
+  r.tool_call = forced_tool_call(body);
   json extra = json::object();
   if (const json* kw = field(body, "chat_template_kwargs")) {
     if (!kw->is_object()) throw bad_field("chat_template_kwargs", "'chat_template_kwargs' must be an object");
@@ -310,6 +372,12 @@ ApiRequest parse_chat_request(const json& body, const ServedModel& m, const nloh
   r.prompts = {m.tokenizer->encode(text, /*add_special=*/false)};
   if (r.prompts[0].empty()) throw bad_field("messages", "the rendered conversation is empty");
   parse_common(body, m, r, ordered);
+  if (r.tool_call.mode != ForcedToolCall::Mode::kNone) {
+    if (r.format.constrained())
+      throw bad_field("response_format",
+                      "'response_format' cannot be combined with a 'tool_choice' that forces a call");
+    r.format = tool_call_format(body, m, r.tool_call, ordered);
+  }
   if (boolean(body, "logprobs", false)) r.logprobs = int(integer(body, "top_logprobs", 0, 0, 20));
   else if (field(body, "top_logprobs")) throw bad_field("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   set_max_tokens(body, field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens", m, r);

@@ -27,6 +27,14 @@ struct ServedModel {
   int max_n = 16;
 };
 
+// tool_choice that forces a call (chat): the reply is the call, generated under the tools' schemas.
+struct ForcedToolCall {
+  enum class Mode { kNone, kNamed, kRequired };
+  Mode mode = Mode::kNone;
+  std::string name;  // kNamed: the function; the output is its arguments' JSON
+                     // (kRequired: the output is {"name": ..., "arguments": {...}} for one of the tools)
+};
+
 struct ApiRequest {
   bool chat = false;
   std::vector<std::vector<int32_t>> prompts;  // completions: one per prompt; chat: the rendered conversation
@@ -35,7 +43,8 @@ struct ApiRequest {
   int logprobs = -1;                          // -1: none; else the number of top alternatives per token
   SamplingParams params;                      // (choice j's seed is params.seed + j)
   SpecOptions spec;
-  OutputFormat format;                        // response_format json_object / json_schema
+  OutputFormat format;                        // response_format json_object / json_schema, or a forced tool call
+  ForcedToolCall tool_call;
   size_t choices() const { return prompts.size() * size_t(n); }
 };
 

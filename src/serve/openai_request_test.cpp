@@ -6,6 +6,7 @@
 
 #include "engine/structured/matcher.h"
 #include "serve/api_error.h"
+#include "serve/chat_template/chat_template.h"
 
 namespace nextn::serve {
 namespace {
@@ -185,6 +186,66 @@ TEST_F(OpenAIRequest, ChatWithoutATemplateIsRefusedWithTheReason) {
     EXPECT_EQ(e.status, 400);
     EXPECT_NE(std::string(e.what()).find("no chat template"), std::string::npos) << e.what();
   }
+}
+
+// The whole text is one output of the matcher.
+bool matches(const structured::Matcher& m, std::string_view text) {
+  structured::Matcher::State st = m.start(), scratch;
+  return m.feed(st, text, scratch) && m.can_end(st);
+}
+
+TEST_F(OpenAIRequest, AForcedToolCallIsGeneratedUnderItsParametersSchema) {
+  const auto templ = ChatTemplate::from_checkpoint(std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny");
+  ASSERT_TRUE(templ.has_value());
+  model_.chat_template = &*templ;
+  model_.vocab = structured::TokenVocab::from_tokenizer(tok_, facts_.vocab_size);
+  facts_.context = 4096;
+  const json tools = json::parse(R"([
+    {"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
+      "properties":{"city":{"type":"string"},"days":{"type":"integer"}},"required":["city"]}}},
+    {"type":"function","function":{"name":"now"}}])");
+  const json messages = json::array({{{"role", "user"}, {"content", "weather?"}}});
+  auto chat = [&](json tool_choice) {
+    return parse_chat_request({{"messages", messages}, {"tools", tools}, {"tool_choice", tool_choice}}, model_);
+  };
+  const ApiRequest named = chat({{"type", "function"}, {"function", {{"name", "get_weather"}}}});
+  EXPECT_EQ(named.tool_call.mode, ForcedToolCall::Mode::kNamed);
+  EXPECT_EQ(named.tool_call.name, "get_weather");
+  ASSERT_TRUE(named.format.constrained());
+  EXPECT_TRUE(matches(*named.format.matcher, R"({"city":"Oslo","days":3})"));
+  EXPECT_FALSE(matches(*named.format.matcher, R"({"days":3})"));
+  const ApiRequest required = chat("required");
+  EXPECT_EQ(required.tool_call.mode, ForcedToolCall::Mode::kRequired);
+  EXPECT_TRUE(matches(*required.format.matcher, R"({"name":"get_weather","arguments":{"city":"Oslo"}})"));
+  EXPECT_TRUE(matches(*required.format.matcher, R"({"name":"now","arguments":{}})"));
+  EXPECT_FALSE(matches(*required.format.matcher, R"({"name":"now","arguments":{"city":"Oslo"}})"));
+  EXPECT_FALSE(matches(*required.format.matcher, R"({"name":"later","arguments":{}})"));
+  EXPECT_EQ(chat("auto").tool_call.mode, ForcedToolCall::Mode::kNone);
+  EXPECT_FALSE(chat("none").format.constrained());
+  auto refusal = [&](const json& body) -> std::string {
+    try {
+      parse_chat_request(body, model_);
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      return e.param + ": " + e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_NE(refusal({{"messages", messages}, {"tools", tools},
+                     {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}})
+                .find("tool_choice: 'tool_choice' names the function 'nope'"),
+            std::string::npos);
+  EXPECT_NE(refusal({{"messages", messages}, {"tool_choice", "required"}}).find("'tools' is empty"), std::string::npos);
+  EXPECT_NE(refusal({{"messages", messages}, {"tools", tools}, {"tool_choice", "sometimes"}}).find("tool_choice: "),
+            std::string::npos);
+  EXPECT_NE(refusal({{"messages", messages}, {"tools", tools}, {"tool_choice", "required"},
+                     {"response_format", {{"type", "json_object"}}}})
+                .find("response_format: "),
+            std::string::npos);
+  json bad_params = tools;
+  bad_params[0]["function"]["parameters"]["properties"]["days"]["minimum"] = 1;
+  EXPECT_NE(refusal({{"messages", messages}, {"tools", bad_params}, {"tool_choice", "required"}}).find("'minimum'"),
+            std::string::npos);
 }
 
 TEST(DumpJson, InvalidUtf8BecomesReplacementCharacters) {

@@ -1,5 +1,8 @@
 #include "serve/openai_response.h"
 
+#include <tuple>
+#include <utility>
+
 #include "serve/api_error.h"
 
 namespace nextn::serve {
@@ -27,6 +30,44 @@ const char* object_name(const ApiRequest& r, bool chunk) {
 
 // "abort" (the client went away) is nobody's business but the metrics'; clients see "stop".
 std::string api_finish_reason(const std::string& reason) { return reason == "length" ? "length" : "stop"; }
+
+// A forced tool call's id: the same in every chunk of the choice.
+std::string tool_call_id(const ResponseHeader& h, size_t index) {
+  const size_t dash = h.id.find('-');
+  return "call_" + (dash == std::string::npos ? h.id : h.id.substr(dash + 1)) + "_" + std::to_string(index);
+}
+
+// (stream chunks number their calls with "index"; a message's list does not)
+json tool_call_json(const ResponseHeader& h, size_t index, const std::string& name, const std::string& arguments,
+                    bool chunk) {
+  json call = {{"id", tool_call_id(h, index)},
+               {"type", "function"},
+               {"function", {{"name", name}, {"arguments", arguments}}}};
+  if (chunk) call["index"] = 0;
+  return call;
+}
+
+// The message (or final delta) of a finished choice under a forced tool call, and its finish_reason: a named
+// function's call carries the generated text as its arguments (finish_reason "stop", as OpenAI answers a
+// forced function; "length" when max_tokens cut the arguments); "required" parses {"name", "arguments"}
+// (finish_reason "tool_calls"; cut short, the text stays content, finish_reason "length").
+std::pair<json, std::string> tool_call_message(const ApiRequest& r, const ResponseHeader& h, size_t index,
+                                               const ChoiceOutput& c, bool chunk) {
+  json msg = {{"role", "assistant"}, {"content", nullptr}};
+  const std::string reason = api_finish_reason(c.finish_reason);
+  if (r.tool_call.mode == ForcedToolCall::Mode::kNamed) {
+    msg["tool_calls"] = json::array({tool_call_json(h, index, r.tool_call.name, c.text, chunk)});
+    return {msg, reason};
+  }
+  const json call = json::parse(c.text, nullptr, /*allow_exceptions=*/false);
+  if (reason != "stop" || !call.is_object() || !call.contains("name") || !call.contains("arguments")) {
+    msg["content"] = c.text;
+    return {msg, reason};
+  }
+  msg["tool_calls"] =
+      json::array({tool_call_json(h, index, call["name"].get<std::string>(), call["arguments"].dump(), chunk)});
+  return {msg, "tool_calls"};
+}
 
 }  // namespace
 
@@ -121,7 +162,9 @@ json final_response(const ApiRequest& r, const ResponseHeader& h, const std::vec
       lp = r.chat ? chat_logprobs(c.logprobs, 0, c.logprobs.size(), tok)
                   : completion_logprobs(c.logprobs, 0, c.logprobs.size(), tok, 0);
     json choice = {{"index", i}, {"logprobs", lp}, {"finish_reason", api_finish_reason(c.finish_reason)}};
-    if (r.chat)
+    if (r.chat && r.tool_call.mode != ForcedToolCall::Mode::kNone)
+      std::tie(choice["message"], choice["finish_reason"]) = tool_call_message(r, h, i, c, /*chunk=*/false);
+    else if (r.chat)
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
     else
       choice["text"] = c.text;
@@ -146,7 +189,28 @@ json stream_chunk(const ApiRequest& r, const ResponseHeader& h, size_t index, co
   json choice = {{"index", index},
                  {"logprobs", lp},
                  {"finish_reason", finish ? json(api_finish_reason(c.finish_reason)) : json(nullptr)}};
-  if (r.chat) {
+  if (r.chat && r.tool_call.mode == ForcedToolCall::Mode::kNamed) {
+    // The call from the first chunk, its arguments' text as it comes (OpenAI's streamed tool calls).
+    json delta = json::object();
+    if (first) {
+      delta = {{"role", "assistant"}, {"content", nullptr},
+               {"tool_calls", json::array({tool_call_json(h, index, r.tool_call.name, text, /*chunk=*/true)})}};
+    } else if (!text.empty()) {
+      delta["tool_calls"] = json::array({{{"index", 0}, {"function", {{"arguments", text}}}}});
+    }
+    choice["delta"] = delta;
+  } else if (r.chat && r.tool_call.mode == ForcedToolCall::Mode::kRequired) {
+    // The function's name is known only once generated: the call comes whole with the last chunk.
+    json delta = json::object();
+    if (first) delta["role"] = "assistant";
+    if (finish) {
+      auto [msg, reason] = tool_call_message(r, h, index, c, /*chunk=*/true);
+      for (const char* k : {"content", "tool_calls"})
+        if (msg.contains(k) && !msg[k].is_null()) delta[k] = msg[k];
+      choice["finish_reason"] = reason;
+    }
+    choice["delta"] = delta;
+  } else if (r.chat) {
     json delta = json::object();
     if (first) delta["role"] = "assistant";
     if (!text.empty() || first) delta["content"] = text;

@@ -326,6 +326,71 @@ test('response_format json_schema and json_object: JSON of the asked shape, as n
   }), { status: 400, param: 'response_format', messageMatch: /'minimum' is not supported/ });
 });
 
+// A tool_choice that forces a call: the reply is the call (tool_calls), its arguments JSON of the function's
+// parameters schema, generated under that schema with speculation on; streamed, the same call in OpenAI's
+// chunk shape.
+const TOOLS = [
+  { type: 'function', function: { name: 'get_weather', description: 'the weather of a city',
+    parameters: { type: 'object', properties: { city: { type: 'string', maxLength: 12 }, days: { type: 'integer' } },
+      required: ['city', 'days'] } } },
+  { type: 'function', function: { name: 'now' } },
+];
+
+test('tool_choice forcing a call: tool_calls with the schema\'s arguments, streamed as unstreamed', async () => {
+  const params = {
+    model: server.model, messages: [{ role: 'user', content: 'Weather in Oslo for 3 days?' }], max_tokens: 40,
+    temperature: 0, tools: TOOLS, tool_choice: { type: 'function', function: { name: 'get_weather' } },
+  };
+  const r = await client.chat.completions.create(params);
+  const c = r.choices[0];
+  assert.equal(c.message.content, null);
+  assert.equal(c.message.tool_calls.length, 1);
+  const call = c.message.tool_calls[0];
+  assert.equal(call.type, 'function');
+  assert.equal(call.function.name, 'get_weather');
+  assert.match(call.id, /^call_/);
+  if (c.finish_reason === 'stop') {
+    const args = JSON.parse(call.function.arguments);
+    assert.deepEqual(Object.keys(args), ['city', 'days'], call.function.arguments);
+    assert.ok(typeof args.city === 'string' && Number.isInteger(args.days), call.function.arguments);
+  } else {
+    assert.equal(c.finish_reason, 'length');
+  }
+  // Streamed: the call (id, name) in the first chunk, its arguments in pieces that join to the same text.
+  const stream = await client.chat.completions.create({ ...params, stream: true });
+  let args = '';
+  let name;
+  let id;
+  let finish;
+  for await (const chunk of stream) {
+    for (const ch of chunk.choices) {
+      for (const tc of ch.delta.tool_calls ?? []) {
+        assert.equal(tc.index, 0);
+        if (tc.id) id = tc.id;
+        if (tc.function?.name) name = tc.function.name;
+        args += tc.function?.arguments ?? '';
+      }
+      if (ch.finish_reason) finish = ch.finish_reason;
+    }
+  }
+  assert.equal(name, 'get_weather');
+  assert.match(id, /^call_/);
+  assert.equal(args, call.function.arguments, 'streamed arguments join to the unstreamed ones');
+  assert.equal(finish, c.finish_reason);
+  // "required": one call of either tool, name and arguments parsed from {"name", "arguments"}.
+  const q = await client.chat.completions.create({ ...params, tool_choice: 'required', max_tokens: 60 });
+  const qc = q.choices[0];
+  if (qc.finish_reason === 'tool_calls') {
+    assert.ok(['get_weather', 'now'].includes(qc.message.tool_calls[0].function.name));
+    JSON.parse(qc.message.tool_calls[0].function.arguments);
+  } else {
+    assert.equal(qc.finish_reason, 'length');
+  }
+  await expectAPIError(client.chat.completions.create({
+    ...params, tool_choice: { type: 'function', function: { name: 'nope' } },
+  }), { status: 400, param: 'tool_choice', messageMatch: /'nope'/ });
+});
+
 test('seed with temperature > 0 reproduces; different seeds differ', async () => {
   const params = { prompt: P1, max_tokens: 32, temperature: 1.0, top_p: 0.95, ignore_eos: true };
   const a = await client.completions.create({ ...params, seed: 1234 });
