@@ -10,6 +10,7 @@
 //                     with its tokenizer_config.json and a text
 //   cli_args:         command lines like the README's
 //   openai_request:   request bodies of both server endpoints, as the openai clients send them
+//   structured_output: JSON Schemas, each with an output text
 //   chat_template:    the chat templates of Qwen3, DeepSeek-V3 and the bundled models
 #include <algorithm>
 #include <cstdio>
@@ -145,6 +146,26 @@ void openai_request_seeds(const fs::path& out) {
   int i = 0;
   for (const char* b : bodies) corpus.add("body" + std::to_string(i++) + ".json", b);
   std::printf("openai_request: %zu seeds\n", corpus.count());
+}
+
+// JSON Schemas with an output text each (structured output).
+void structured_output_seeds(const fs::path& out) {
+  Corpus corpus(out, "structured_output");
+  const std::pair<const char*, const char*> seeds[] = {
+      {R"({"type":"object","properties":{"name":{"type":"string","maxLength":8},"n":{"type":"integer"},
+          "tags":{"type":"array","items":{"enum":["a","b",null]},"minItems":1}},"required":["name","tags"]})",
+       R"({"name": "x\u00e9", "n": -12, "tags": ["a", null]})"},
+      {R"({"$defs":{"t":{"type":"object","properties":{"k":{"type":"array","items":{"$ref":"#/$defs/t"}}}}},
+          "$ref":"#/$defs/t"})",
+       R"({"k":[{"k":[]},{}]})"},
+      {R"({"anyOf":[{"type":"number"},{"type":["string","null"],"minLength":2}]})", R"(1.5e-3)"},
+      {R"({})", R"([{"a":true}, 1, "s"])"},
+      {R"({"type":"object","additionalProperties":{"type":"boolean"}})", R"({"x": true, "y": false})"},
+  };
+  int i = 0;
+  for (const auto& [schema, text] : seeds)
+    corpus.add("schema" + std::to_string(i++) + ".txt", nextn::fuzz::join_parts({schema, text}));
+  std::printf("structured_output: %zu seeds\n", corpus.count());
 }
 
 // Chat templates: the real ones the renderer is checked on (Qwen3, DeepSeek-V3, the bundled models').
@@ -289,6 +310,7 @@ int main(int argc, char** argv) {
     cli_args_seeds(out);
     openai_request_seeds(out);
     chat_template_seeds(out);
+    structured_output_seeds(out);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "nextn_fuzz_seeds: %s\n", e.what());
     return 1;

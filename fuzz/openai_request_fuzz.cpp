@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "engine/structured/token_filter.h"
 #include "fuzz_util.h"
 #include "serve/api_error.h"
 #include "serve/chat_template/chat_template.h"
@@ -29,6 +30,7 @@ struct Served {
     model.facts = &facts;
     model.tokenizer = &tok;
     model.chat_template = templ ? &*templ : nullptr;
+    model.vocab = nextn::structured::TokenVocab::from_tokenizer(tok, facts.vocab_size);  // (response_format)
   }
   nextn::Tokenizer tok;
   std::optional<nextn::serve::ChatTemplate> templ;

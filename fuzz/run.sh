@@ -11,7 +11,7 @@ set -euo pipefail
 build=$(cd "$1" && pwd)
 seconds=$2
 work=${3:-$build/fuzz}
-read -ra targets <<<"${FUZZ_TARGETS:-safetensors hy_v4_config qwen4_exp_config tokenizer_encode tokenizer_json cli_args openai_request chat_template}"
+read -ra targets <<<"${FUZZ_TARGETS:-safetensors hy_v4_config qwen4_exp_config tokenizer_encode tokenizer_json cli_args openai_request chat_template structured_output}"
 
 mkdir -p "$work"
 work=$(cd "$work" && pwd)
