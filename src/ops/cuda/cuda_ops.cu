@@ -365,7 +365,7 @@ struct MmaTargets {
 template <int TILES, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32)
     fp8_mma_kernel(const __grid_constant__ MmaTargets targets, const float* __restrict__ x, int64_t M, int64_t xs,
-                   bool x_vectors, int64_t rows_per_y, bool split_in_smem, OutputSink sink) {
+                   bool x_vectors, int64_t rows_per_y, bool split_in_smem, OutputSink sink, int x_stage_rows) {
   int target = 0;
   while (target + 1 < targets.n && blockIdx.x >= targets.first_block[target + 1]) ++target;
   const DeviceWeight& w = targets.w[target];
@@ -383,6 +383,9 @@ __global__ void __launch_bounds__(WARPS * 32)
   extern __shared__ uint4 dynamic_smem[];
   auto staged = reinterpret_cast<uint4(*)[kMmaStages][TILES][2][32]>(dynamic_smem);
   unsigned* split_words = reinterpret_cast<unsigned*>(dynamic_smem + WARPS * kMmaStages * TILES * 2 * 32);
+  // x_stage_rows > 0 (x_staged_with_weights): each chunk's x, 16 floats a lane of the rows g < x_stage_rows,
+  // comes through the cp.async stages with its weights, [warp][stage][lane < 4 x_stage_rows][4] uint4 after them
+  uint4* x_staged = dynamic_smem + WARPS * kMmaStages * TILES * 2 * 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t n0 = int64_t(blockIdx.x - targets.first_block[target]) * (kMmaTileRows * TILES);
   const int64_t chunks = w.in / kMmaChunk;
@@ -397,6 +400,14 @@ __global__ void __launch_bounds__(WARPS * 32)
     wrow[i][1] = w.data + (n + g + 8 < last ? n + g + 8 : last) * w.row_stride + 16 * t;
     srow[i] = scale_row(w, n < last ? n : last, scale_bytes);
   }
+  const float* xrow = nullptr;  // this lane's x row in the current pass, when x is staged
+  auto stage_x = [&](int64_t c, int stage) {
+    if (xrow && c < chunks) {
+      uint4* dst = x_staged + ((int64_t(warp) * kMmaStages + stage) * x_stage_rows * 4 + lane) * 4;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) cp_async_16(dst + j, xrow + c * kMmaChunk + 4 * j);
+    }
+  };
   auto stage_chunk = [&](int64_t c, int stage) {
     if (c < chunks)
 #pragma unroll
@@ -404,6 +415,7 @@ __global__ void __launch_bounds__(WARPS * 32)
         cp_async_16(&staged[warp][stage][i][0][lane], wrow[i][0] + c * kMmaChunk);
         cp_async_16(&staged[warp][stage][i][1][lane], wrow[i][1] + c * kMmaChunk);
       }
+    stage_x(c, stage);
     cp_async_commit();  // (an empty group past the end keeps the count wait_group relies on)
   };
   auto stage_first_chunks = [&] {
@@ -418,10 +430,21 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int rows = int(M - m0 < kMmaCols ? M - m0 : kMmaCols);
     const bool has_x = g < rows;
     const float* xr = x + (m0 + (has_x ? g : 0)) * xs + 16 * t;
+    if (x_stage_rows > 0) {  // the first chunks' x (read only now, after the predecessor), then all landed
+      xrow = has_x ? xr : nullptr;
+      if (m0 > 0) {
+        stage_first_chunks();
+      } else {
+#pragma unroll
+        for (int st = 0; st < kMmaStages - 1; ++st) stage_x(warp + int64_t(st) * WARPS, st);
+        cp_async_commit();
+      }
+      cp_async_wait<0>();
+    }
     float total[TILES][4];
 #pragma unroll
     for (int i = 0; i < TILES; ++i) total[i][0] = total[i][1] = total[i][2] = total[i][3] = 0.f;
-    if (m0 > 0) stage_first_chunks();
+    if (m0 > 0 && x_stage_rows == 0) stage_first_chunks();
     const int64_t row_words = split_row_words(chunks);
     float* split_down = reinterpret_cast<float*>(split_words + int64_t(rows) * row_words);  // [rows][chunks]
     if (split_in_smem) {  // item (r, c, quarter q) per thread, groups of 4 in a warp (padded: all shuffle)
@@ -456,6 +479,7 @@ __global__ void __launch_bounds__(WARPS * 32)
         wv[i][0] = staged[warp][stage][i][0][lane];
         wv[i][1] = staged[warp][stage][i][1][lane];
       }
+      const int x_stage = stage;
       stage = (stage + 1) % kMmaStages;
       unsigned hi[8], lo[8];
       float d0, d1;  // 2^-p of this lane's D columns (activation rows 2t, 2t + 1)
@@ -476,7 +500,15 @@ __global__ void __launch_bounds__(WARPS * 32)
         d1 = 2 * t + 1 < rows ? split_down[int64_t(2 * t + 1) * chunks + c] : 1.f;
       } else {
         float xv[16];
-        if (has_x) {
+        if (has_x && x_stage_rows > 0) {
+          const uint4* src = x_staged + ((int64_t(warp) * kMmaStages + x_stage) * x_stage_rows * 4 + lane) * 4;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const uint4 q = src[j];
+            xv[4 * j] = __uint_as_float(q.x), xv[4 * j + 1] = __uint_as_float(q.y);
+            xv[4 * j + 2] = __uint_as_float(q.z), xv[4 * j + 3] = __uint_as_float(q.w);
+          }
+        } else if (has_x) {
           load_x<16>(xr + c * kMmaChunk, x_vectors, xv);
         } else {
 #pragma unroll
@@ -533,13 +565,33 @@ template <int TILES, int WARPS>
 constexpr size_t fp8_mma_staged_bytes = size_t(WARPS) * kMmaStages * TILES * 2 * 32 * sizeof(uint4);
 constexpr size_t kMmaSplitSmemBytes = 40 * 1024;  // a pass's split x in shared memory up to this size
 
+// Whether a launch stages x through the cp.async pipeline with the weights (each warp then splits its own
+// chunks' x, as the 32-warp blocks always do) instead of splitting the pass's rows into shared memory before
+// its first chunk (8-warp blocks) or loading x from global memory at each chunk (32-warp blocks). The split
+// of a block's rows is a prologue that grows with M, and a chunk's x read from L2 a latency each warp waits
+// on; staged, both move into the weights' stream. Measured on an H100 (docs/performance.md, thirty-third
+// session), the same bits either way: 18432 x 7168 at M = 2 / 4 +13% / +15%, 7168 x 18432 at M = 1 / 2 / 4
+// +13% / +9% / +2%, 4096 x 14336 (32 warps) at M = 1 +5%, but 2048 x 5632 (32 warps) at M = 1 -4%: so up to
+// 4 x rows in 8-warp blocks, and 1 in 32-warp ones (their shared memory bounds it) with rows of 8192 or more.
+template <int WARPS>
+constexpr size_t kMmaXStageBytes = size_t(WARPS) * kMmaStages * (WARPS == 32 ? 1 : 4) * 4 * sizeof(float) * 16;
+// (NEXTN_CUDA_FP8_STAGE_X=0 turns it off, for measuring one against the other.)
+template <int WARPS>
+bool x_staged_with_weights(int64_t in, int64_t M, bool x_vectors) {
+  static const bool off = [] {
+    const char* e = std::getenv("NEXTN_CUDA_FP8_STAGE_X");
+    return e && std::string(e) == "0";
+  }();
+  return !off && x_vectors && (WARPS == 32 ? M == 1 && in >= 8192 : M <= 4);
+}
+
 template <int TILES, int WARPS>
 void launch_fp8_mma_tiles(const MmaTargets& targets, const float* x, int64_t M, int64_t xs, bool x_vectors,
                           const OutputSink& sink) {
   constexpr size_t staged = fp8_mma_staged_bytes<TILES, WARPS>;
   static const bool configured = [] {  // (over the 48 KB a launch may take without asking)
     check(cudaFuncSetAttribute(fp8_mma_kernel<TILES, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(staged + kMmaSplitSmemBytes)),
+                               int(staged + std::max(kMmaSplitSmemBytes, kMmaXStageBytes<WARPS>))),
           "cudaFuncSetAttribute");
     return true;
   }();
@@ -550,9 +602,12 @@ void launch_fp8_mma_tiles(const MmaTargets& targets, const float* x, int64_t M, 
   // matrices split per warp: their warps have 1-3 chunks each, and the block's split had every warp wait at a
   // barrier for the eighth of the block that split a row (22% of their stall samples; 261 -> 265 tok/s).
   const size_t split = size_t(std::min<int64_t>(M, kMmaCols) * split_bytes(targets.w[0].in));
-  const bool split_in_smem = split <= kMmaSplitSmemBytes && WARPS != 32;
-  launch_kernel(fp8_mma_kernel<TILES, WARPS>, grid, dim3(WARPS * 32), staged + (split_in_smem ? split : 0),
-                "fp8_mma_kernel", targets, x, M, xs, x_vectors, rc.rows_per_chunk, split_in_smem, sink);
+  const int x_stage_rows = x_staged_with_weights<WARPS>(targets.w[0].in, M, x_vectors) ? int(M) : 0;
+  const bool split_in_smem = split <= kMmaSplitSmemBytes && WARPS != 32 && x_stage_rows == 0;
+  const size_t x_stage_bytes = size_t(WARPS) * kMmaStages * size_t(x_stage_rows) * 4 * sizeof(float) * 16;
+  launch_kernel(fp8_mma_kernel<TILES, WARPS>, grid, dim3(WARPS * 32),
+                staged + (split_in_smem ? split : 0) + x_stage_bytes, "fp8_mma_kernel", targets, x, M, xs, x_vectors,
+                rc.rows_per_chunk, split_in_smem, sink, x_stage_rows);
 }
 
 bool fp8_mma_takes(const DeviceWeight& w) {
