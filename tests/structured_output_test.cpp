@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/threadpool.h"
+#include "engine/engine.h"
 #include "engine/generator.h"
 #include "engine/structured/grammar.h"
 #include "engine/structured/matcher.h"
@@ -139,6 +140,34 @@ TEST_P(StructuredOutput, SampledOutputIsValidWithAndWithoutSpeculation) {
       const GenerationResult r = run(kPrompts[int(seed) % 3], f, sp, so);
       expect_valid(r, *f.matcher, "seed " + std::to_string(seed) + ", k = " + std::to_string(k));
     }
+  }
+}
+
+// Constrained and free sequences share each forward (the free ones' rows come back as argmax ids, the
+// constrained ones' whole): each output is what it is alone.
+TEST_P(StructuredOutput, ConstrainedAndFreeSequencesInOneBatchEachGiveTheirOwnOutput) {
+  Loaded& l = model();
+  const OutputFormat formats[] = {format(Grammar::any_object()), OutputFormat{},
+                                  format(Grammar::from_schema(nlohmann::ordered_json::parse(kSchema))), OutputFormat{}};
+  std::vector<GenerationResult> alone;
+  Engine engine(*l.model);
+  for (size_t i = 0; i < 4; ++i) {
+    SamplingParams sp;
+    sp.max_tokens = 32;
+    for (int32_t e : l.model->facts().eos_token_ids) sp.stop_token_ids.push_back(e);
+    SpecOptions so;
+    so.num_speculative_tokens = 2 + int(i % 2);
+    const std::vector<int32_t> prompt = l.tokenizer->encode(kPrompts[i % 3], true);
+    alone.push_back(Generator(*l.model).generate(prompt, sp, so, {}, formats[i]));
+    engine.submit(Request{prompt, sp, so, {}, formats[i]});
+  }
+  engine.run();
+  auto finished = engine.take_finished();
+  ASSERT_EQ(finished.size(), 4u);
+  for (auto& [id, r] : finished) {
+    ASSERT_GE(id, 0);
+    ASSERT_LT(id, 4);
+    EXPECT_EQ(r.ids, alone[size_t(id)].ids) << "request " << id;
   }
 }
 
