@@ -93,6 +93,11 @@ class Compiler {
   }
 
   int build(const ojson& s, const std::string& ptr) {
+    if (++depth_ > kMaxSchemaDepth) fail(ptr, "the schema nests deeper than " + std::to_string(kMaxSchemaDepth) + " levels");
+    struct Leave {
+      int& d;
+      ~Leave() { --d; }
+    } leave{depth_};
     if (s.is_boolean()) {
       if (!s.get<bool>()) fail(ptr, "the schema 'false' allows no value");
       return add(Node{});
@@ -270,6 +275,7 @@ class Compiler {
   std::string where_;
   Grammar* g_ = nullptr;
   std::map<std::string, int> refs_;
+  int depth_ = 0;  // build()'s recursion (schemas in schemas, references followed)
 };
 
 }  // namespace

@@ -22,6 +22,7 @@ namespace nextn::structured {
 constexpr int kMaxWhitespaceRun = 24;
 constexpr int kMaxNumberBytes = 40;
 constexpr int kMaxNesting = 24;
+constexpr int kMaxSchemaDepth = 64;  // schema objects within schema objects (deeper: refused)
 
 enum class Kind : uint8_t {
   kAny,      // any JSON value

@@ -1,5 +1,6 @@
 #include "engine/structured/matcher.h"
 
+#include <algorithm>
 #include <climits>
 #include <cstring>
 
@@ -65,6 +66,13 @@ Matcher::Matcher(Grammar grammar) : g_(std::move(grammar)) {
   lit.literals = {"true", "false", "null"};
   any_literal_ = add(std::move(lit));
   if (g_.nodes.size() > 0xFFFF) throw Error("structured output: the grammar has too many nodes");
+  for (Node& n : g_.nodes) {  // sorted, so that the literals sharing a prefix are a range
+    std::sort(n.literals.begin(), n.literals.end());
+    n.literals.erase(std::unique(n.literals.begin(), n.literals.end()), n.literals.end());
+    if (n.literals.size() >= (1u << 20)) throw Error("structured output: more than 2^20 enum values in one schema");
+    for (const std::string& l : n.literals)
+      if (l.size() >= 4096) throw Error("structured output: an enum or const value of 4096 bytes or more");
+  }
   min_nesting_ = min_nesting(g_);
   for (const Node& n : g_.nodes)
     for (const std::string& l : n.literals)
@@ -88,6 +96,7 @@ void Matcher::keep(const Stack& st, State& out) {
     if (end - begin == size_t(st.n) && std::memcmp(&out.frames[begin], st.f, sizeof(Frame) * size_t(st.n)) == 0) return;
     begin = end;
   }
+  if (out.ends.size() >= kMaxStacks) return;
   out.frames.insert(out.frames.end(), st.f, st.f + st.n);
   out.ends.push_back(uint32_t(out.frames.size()));
 }
@@ -155,20 +164,38 @@ void Matcher::value(Stack& st, const Node& node, int byte, State& out) const {
       become(Op::kNumber, id);
       return advance(st, byte, out);
     case Kind::kLiteral:
-      for (size_t i = 0; i < node.literals.size(); ++i) {
-        if (uint8_t(node.literals[i][0]) != byte) continue;
-        Stack fork = st;
-        Frame& f = fork.f[fork.n - 1];
-        f = Frame{};
-        f.node = id;
-        f.op = Op::kLiteral;
-        f.b = uint32_t(i);
-        f.c = 1;
-        if (node.literals[i].size() == 1) --fork.n;  // complete
-        keep(fork, out);
-      }
-      return;
+      become(Op::kLiteral, id);
+      return literal_step(st, node, 0, uint32_t(node.literals.size()), 0, byte, out);
   }
+}
+
+void Matcher::literal_step(Stack& st, const Node& node, uint32_t lo, uint32_t hi, uint32_t pos, int byte,
+                           State& out) const {
+  const std::vector<std::string>& lits = node.literals;
+  // Byte pos of each literal in the range, -1 for one that has ended: non-decreasing over the sorted range.
+  auto at = [&](uint32_t i) { return lits[i].size() > pos ? int(uint8_t(lits[i][pos])) : -1; };
+  auto first = [&](int key) {
+    uint32_t a = lo, b = hi;
+    while (a < b) {
+      const uint32_t m = a + (b - a) / 2;
+      if (at(m) < key) a = m + 1;
+      else b = m;
+    }
+    return a;
+  };
+  uint32_t nlo = first(byte), nhi = first(byte + 1);
+  if (nlo == nhi) return;
+  ++pos;
+  if (lits[nlo].size() == pos) {  // a literal ends with this byte: its value is complete
+    Stack done = st;
+    --done.n;
+    keep(done, out);
+    if (++nlo == nhi) return;
+  }
+  Frame& f = st.f[st.n - 1];
+  f.b = nlo | pos << 20;
+  f.c = nhi;
+  keep(st, out);
 }
 
 // One stack over one byte (or the end, byte < 0): its successors into out.
@@ -381,12 +408,8 @@ void Matcher::advance(Stack st, int byte, State& out) const {
       return;
     }
 
-    case Op::kLiteral: {
-      const std::string& l = node.literals[top.b];
-      if (uint8_t(l[top.c]) != byte) return;
-      if (++top.c == l.size()) return pop_and_continue(false);
-      return keep(st, out);
-    }
+    case Op::kLiteral:
+      return literal_step(st, node, top.b & 0xFFFFF, top.c, top.b >> 20, byte, out);
   }
 }
 

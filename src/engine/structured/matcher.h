@@ -25,7 +25,7 @@ enum class Op : uint8_t {
   kArrNext,   // after an item: ',' or ']'; b = items so far
   kString,    // inside a string: a = escape state, b = code points so far, c = UTF-8 state
   kNumber,    // a = phase, b = bytes so far
-  kLiteral,   // b = which literal, c = bytes matched
+  kLiteral,   // the literals [lo, hi) of the node (sorted) that share the pos bytes matched: b = lo | pos << 20, c = hi
 };
 
 // (12 bytes, no padding: stacks compare with memcmp.) kObj*: a = whitespace run, b = the next property that
@@ -38,6 +38,11 @@ struct Frame {
 };
 
 constexpr int kMaxFrames = 2 * kMaxNesting + 4;
+// The most stacks a State keeps: a schema whose alternatives share long prefixes (thousands of enum values
+// after their quote, hundreds of optional properties) would otherwise make every byte, and every token of a
+// mask, cost that many steps. Past it the later alternatives are dropped for that prefix: each stack kept can
+// still complete, so the output stays valid (a subset of what the schema allows, as elsewhere).
+constexpr size_t kMaxStacks = 64;
 
 class Matcher {
  public:
@@ -79,6 +84,9 @@ class Matcher {
   static void keep(const Stack& st, State& out);
   int nesting(const Stack& st) const;
   bool required_left(const Node& n, uint32_t from) const;
+  // The literals of [lo, hi) (sharing their first pos bytes) whose byte pos is `byte`, kept as one stack, and
+  // the one that ends there (it sorts first) as a completed stack.
+  void literal_step(Stack& st, const Node& node, uint32_t lo, uint32_t hi, uint32_t pos, int byte, State& out) const;
 
   Grammar g_;
   std::vector<int> min_nesting_;  // [node] (grammar.h): a container opens only where its value can still close

@@ -115,6 +115,33 @@ TEST(StructuredMatcher, ReferencesAnyOfAndLiterals) {
   EXPECT_TRUE(accepts(c, "\"caf\xC3\xA9\""));
 }
 
+// Thousands of enum values sharing their quote are one stack (a sorted range), every one of them reachable.
+TEST(StructuredMatcher, ALargeEnumIsOneStackAndEveryValueIsReachable) {
+  ojson values = ojson::array();
+  for (int i = 0; i < 3000; ++i) {
+    std::string v = "v";  // (not "v" + to_string: GCC 12 warns falsely on it, -Wrestrict)
+    v += std::to_string(i);
+    values.push_back(v);
+  }
+  values.push_back("v1x");
+  const Matcher m(Grammar::from_schema(ojson{{"enum", values}}));
+  Matcher::State s = m.start(), scratch;
+  ASSERT_TRUE(m.feed(s, "\"v1", scratch));
+  EXPECT_EQ(s.stacks(), 1u);
+  for (const char* ok : {"\"v0\"", "\"v1\"", "\"v1x\"", "\"v2999\"", "\"v1234\""}) EXPECT_TRUE(accepts(m, ok)) << ok;
+  for (const char* bad : {"\"v3000\"", "\"v\"", "\"v1y\"", "\"w1\""}) EXPECT_FALSE(accepts(m, bad)) << bad;
+  // Numbers as literals: 1 is whole at once and 12 may still follow (two stacks, as they can end apart).
+  const Matcher n(Grammar::from_schema(ojson::parse(R"({"enum":[12,1,123]})")));
+  s = n.start();
+  ASSERT_TRUE(n.feed(s, "1", scratch));
+  EXPECT_TRUE(n.can_end(s));
+  EXPECT_FALSE(n.finished(s));
+  ASSERT_TRUE(n.feed(s, "2", scratch));
+  EXPECT_TRUE(n.can_end(s));
+  ASSERT_TRUE(n.feed(s, "3", scratch));
+  EXPECT_TRUE(n.finished(s));
+}
+
 TEST(StructuredMatcher, BoundsWhitespaceNestingAndNumbers) {
   const Matcher m(Grammar::any_value());
   EXPECT_TRUE(accepts(m, "[" + std::string(kMaxWhitespaceRun, ' ') + "1]"));
