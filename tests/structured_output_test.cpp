@@ -14,6 +14,7 @@
 #include "engine/structured/token_filter.h"
 #include "io/tokenizer.h"
 #include "models/registry.h"
+#include "ops/cuda/cuda_test_util.h"
 
 namespace nextn {
 namespace {
@@ -168,6 +169,29 @@ TEST_P(StructuredOutput, ConstrainedAndFreeSequencesInOneBatchEachGiveTheirOwnOu
     ASSERT_GE(id, 0);
     ASSERT_LT(id, 4);
     EXPECT_EQ(r.ids, alone[size_t(id)].ids) << "request " << id;
+  }
+}
+
+// On the GPU (constrained rows come back whole, the others' as argmax ids): the CPU's output, token for token.
+TEST_P(StructuredOutput, CudaGivesTheCpusConstrainedOutput) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  Loaded& l = model();
+  const std::string dir = std::string(NEXTN_SOURCE_DIR) + "/models/" + GetParam();
+  std::unique_ptr<Model> gpu = load_model(dir, pool_);
+  gpu->use_device(Device::kCuda);
+  const OutputFormat f = format(Grammar::from_schema(nlohmann::ordered_json::parse(kSchema)));
+  for (const char* prompt : kPrompts) {
+    for (bool tuned : {false, true}) {
+      SamplingParams sp;
+      sp.max_tokens = 40;
+      for (int32_t e : l.model->facts().eos_token_ids) sp.stop_token_ids.push_back(e);
+      SpecOptions so;
+      so.tune_k = tuned;
+      const std::vector<int32_t> ids = l.tokenizer->encode(prompt, true);
+      const GenerationResult cpu = Generator(*l.model).generate(ids, sp, so, {}, f);
+      const GenerationResult cuda = Generator(*gpu).generate(ids, sp, so, {}, f);
+      EXPECT_EQ(cuda.ids, cpu.ids) << prompt << (tuned ? " (tuned k)" : "");
+    }
   }
 }
 
