@@ -437,55 +437,45 @@ bool Matcher::feed(State& s, std::string_view bytes, State& scratch) const {
   return !s.dead();
 }
 
-bool Matcher::can_end(const State& s) const {
-  State out;
-  Stack st;
+namespace {
+// Calls f(frames, n) for each stack of s (n frames from `frames`) until it returns true; whether one did.
+template <class F>
+bool any_stack(const Matcher::State& s, F f) {
   size_t begin = 0;
   for (uint32_t end : s.ends) {
-    st.n = int(end - begin);
-    std::memcpy(st.f, &s.frames[begin], sizeof(Frame) * size_t(st.n));
-    advance(st, -1, out);
-    if (!out.dead()) return true;
+    if (f(s.frames.data() + begin, end - begin)) return true;
     begin = end;
   }
   return false;
 }
+}  // namespace
+
+// (what advance() takes for the end: a whole value, or a root number that may still grow)
+bool Matcher::can_end(const State& s) const {
+  return any_stack(s, [](const Frame* f, size_t n) {
+    return n == 0 || (n == 1 && f[0].op == Op::kNumber && number_complete(f[0].a));
+  });
+}
 
 bool Matcher::finished(const State& s) const {
-  if (s.dead()) return false;
-  size_t begin = 0;
-  for (uint32_t end : s.ends) {
-    if (end != begin) return false;
-    begin = end;
-  }
-  return true;
+  return !s.dead() && !any_stack(s, [](const Frame*, size_t n) { return n != 0; });
 }
 
 bool Matcher::in_plain_string(const State& s) const {
-  if (s.dead()) return false;
-  size_t begin = 0;
-  for (uint32_t end : s.ends) {
-    if (end == begin) return false;
-    const Frame& top = s.frames[end - 1];
-    if (top.op != Op::kString || top.a != kPlain || top.c != 0) return false;
-    begin = end;
-  }
-  return true;
+  return !s.dead() && !any_stack(s, [](const Frame* f, size_t n) {
+    return n == 0 || f[n - 1].op != Op::kString || f[n - 1].a != kPlain || f[n - 1].c != 0;
+  });
 }
 
 int64_t Matcher::plain_room(const State& s) const {
   int64_t room = 0;
-  size_t begin = 0;
-  for (uint32_t end : s.ends) {
-    if (end == begin) {
-      begin = end;
-      continue;
+  any_stack(s, [&](const Frame* f, size_t n) {
+    if (n > 0) {
+      const Node& node = g_.nodes[f[n - 1].node];
+      room = std::max(room, node.max_length < 0 ? INT64_MAX : node.max_length - int64_t(f[n - 1].b));
     }
-    const Frame& top = s.frames[end - 1];
-    const Node& n = g_.nodes[top.node];
-    room = std::max(room, n.max_length < 0 ? INT64_MAX : n.max_length - int64_t(top.b));
-    begin = end;
-  }
+    return false;
+  });
   return room;
 }
 
