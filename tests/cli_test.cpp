@@ -627,5 +627,50 @@ TEST(Cli, GenerateRequestsRunsManyAtOnceInInputOrder) {
   std::remove(file.c_str());
 }
 
+// Structured output from the CLI: generate --json-schema FILE equals the same request's line in a --requests
+// file with response_format (and --json-schema is the default of the lines that have none); a schema keyword
+// that would not be enforced is a usage error naming it, before the model loads.
+TEST(Cli, StructuredOutputFromGenerateAndFromARequestsFile) {
+  const std::string dir = ::testing::TempDir();
+  const std::string schema_file = dir + "/nextn_schema_" + std::to_string(::getpid()) + ".json";
+  const char* schema = R"({"type":"object","properties":{"name":{"type":"string","maxLength":8},"n":{"type":"integer"}},
+    "required":["name","n"]})";
+  std::ofstream(schema_file) << schema;
+  const nextn::Run one = nextn("generate --model " + kBundled + " --json --prompt 'settings = ' -n 30 --json-schema " +
+                               schema_file);
+  ASSERT_EQ(one.status, 0) << one.err;
+  const auto alone = nlohmann::json::parse(one.out);
+  const std::string text = alone["text"].get<std::string>();
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text[0], '{') << text;
+  if (alone["finish_reason"] == "stop") {
+    EXPECT_TRUE(nlohmann::json::accept(text)) << text;
+  }
+  const std::string file = dir + "/nextn_requests_json_" + std::to_string(::getpid()) + ".jsonl";
+  {
+    std::ofstream f(file);
+    nlohmann::ordered_json line = {{"prompt", "settings = "}, {"max_tokens", 30},
+                                   {"response_format", {{"type", "json_schema"},
+                                                        {"json_schema", {{"schema", nlohmann::ordered_json::parse(schema)}}}}}};
+    f << line.dump() << "\n" << R"({"prompt": "settings = ", "max_tokens": 30})" << "\n"
+      << R"({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {"pattern": "a"}}}})"
+      << "\n";
+  }
+  const nextn::Run many = nextn("generate --model " + kBundled + " --requests " + file + " --json-schema " + schema_file);
+  std::vector<nlohmann::json> lines;
+  std::istringstream out(many.out);
+  for (std::string l; std::getline(out, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 3u) << many.out << many.err;
+  EXPECT_EQ(lines[0]["ids"], alone["ids"]);
+  EXPECT_EQ(lines[1]["ids"], alone["ids"]) << "--json-schema is the default of a line without response_format";
+  EXPECT_NE(lines[2]["error"].get<std::string>().find("'pattern' is not supported"), std::string::npos) << lines[2];
+  std::ofstream(schema_file) << R"({"type":"integer","minimum":0})";
+  const nextn::Run bad = nextn("generate --model " + kBundled + " --prompt x --json-schema " + schema_file);
+  EXPECT_EQ(bad.status, 2);
+  EXPECT_NE(bad.err.find("at /minimum: the keyword 'minimum' is not supported"), std::string::npos) << bad.err;
+  std::remove(file.c_str());
+  std::remove(schema_file.c_str());
+}
+
 }  // namespace
 }  // namespace nextn

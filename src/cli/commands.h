@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/request.h"
+#include "engine/structured/matcher.h"
 #include "io/tokenizer.h"
 #include "models/model.h"
 
@@ -57,6 +58,7 @@ struct RequestDefaults {
   SamplingParams params;
   SpecOptions spec;
   bool ignore_eos = false;
+  std::shared_ptr<const structured::Matcher> format;  // --json-object / --json-schema (null: free text)
 };
 // `nextn generate --requests FILE.jsonl` (src/cli/requests.cpp): exit status 0, or 1 when a request failed.
 int run_requests(const std::string& path, const RequestDefaults& defaults, const std::string& model_dir,

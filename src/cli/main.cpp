@@ -125,7 +125,8 @@ sampled output is distributed exactly as the target's.
   --logprobs N              with --json: each token's logprob under the target and its N best alternatives
   --json-object             the output is one JSON object (as OpenAI's response_format json_object)
   --json-schema FILE        the output is JSON valid against the JSON Schema in FILE (properties in its order;
-                            a keyword that cannot be enforced is an error); exact under speculation
+                            a keyword that cannot be enforced is an error); exact under speculation. With
+                            --requests: the default of every line (a line's "response_format" overrides it)
   --stop-id ID              stop after this token id (repeatable)
   --ignore-eos              do not stop at the checkpoint's eos token
   --relaxed-acceptance N,D  LOSSY: also accept drafts in the target's top-N within D of its top probability
@@ -138,8 +139,9 @@ sampled output is distributed exactly as the target's.
                             starts; on the CPU a test of what several GPUs will run, no faster
   --requests FILE.jsonl     run many requests at once (continuous batching): one JSON object a line with
                             "ids" or "prompt" and optionally max_tokens, temperature, top_k, top_p, min_p,
-                            seed, speculative_tokens (0: plain), ignore_eos, stop, logprobs (the options
-                            above are the defaults); prints one JSON line per request, in input order,
+                            seed, speculative_tokens (0: plain), ignore_eos, stop, logprobs,
+                            response_format (as OpenAI's; the options above are the defaults); prints
+                            one JSON line per request, in input order,
                             as --json does ({"line": N, "error": ...} for a request that failed)
   --kv-cache-mb N           the KV cache pool all sequences share, in MiB (default: one sequence of the
                             whole context); a request that does not fit waits for pages, one larger than
@@ -300,8 +302,7 @@ int run_generate(int argc, char** argv) {
       !structured_output ? nullptr : std::make_shared<const structured::Matcher>(output_grammar(a));
   if (a.has("requests")) {
     if (a.has("ids") || a.has("prompt")) throw UsageError("--requests takes the prompts from its file: drop --ids/--prompt");
-    if (structured_output) throw UsageError("--json-object / --json-schema apply to one --prompt, not to --requests");
-    RequestDefaults d{sp, so, a.has("ignore-eos")};
+    RequestDefaults d{sp, so, a.has("ignore-eos"), matcher};
     return run_requests(a.get("requests"), d, model_dir, tok.get(), thread_count(a), memory,
                         a.get_int("max-sequences", 256, 1, 1 << 20), device_option(a), tensor_parallel(a));
   }

@@ -1,6 +1,7 @@
 // `nextn generate --requests FILE.jsonl`: many requests at once through the engine's scheduler. One JSON object
 // a line: {"ids": [..]} or {"prompt": "text"}, and optionally max_tokens, temperature, top_k, top_p, min_p, seed,
-// speculative_tokens, ignore_eos, stop, logprobs (the command line's options are the defaults). Prints one JSON
+// speculative_tokens, ignore_eos, stop, logprobs, response_format (OpenAI's: json_object or json_schema; the
+// command line's options are the defaults, --json-object / --json-schema that of response_format). Prints one JSON
 // line per request, in input order, with the fields of `generate --json`; a line that is not a valid request
 // prints {"line": N, "error": "..."} in its place and the others still run.
 #include <algorithm>
@@ -17,6 +18,8 @@
 #include "core/error.h"
 #include "core/threadpool.h"
 #include "engine/engine.h"
+#include "engine/structured/grammar.h"
+#include "engine/structured/token_filter.h"
 #include "engine/text_stream.h"
 #include "models/registry.h"
 
@@ -57,9 +60,21 @@ bool flag(const json& j, const char* name, bool def) {
   return it->get<bool>();
 }
 
+// The vocabulary's bytes for structured output, made at the first request that asks for it.
+struct LazyVocab {
+  const Tokenizer* tok;
+  int64_t vocab_size;
+  std::shared_ptr<const structured::TokenVocab> vocab;
+  const std::shared_ptr<const structured::TokenVocab>& get() {
+    if (!tok) throw Error("structured output needs a tokenizer (the model has no tokenizer.json)");
+    if (!vocab) vocab = structured::TokenVocab::from_tokenizer(*tok, vocab_size);
+    return vocab;
+  }
+};
+
 // One line -> a request: the command line's parameters overridden by the line's fields.
 void parse_job(const std::string& text, const RequestDefaults& d, const Tokenizer* tok, const ModelFacts& facts,
-               Job& job) {
+               LazyVocab& vocab, Job& job) {
   json j;
   try {
     j = json::parse(text);
@@ -70,7 +85,8 @@ void parse_job(const std::string& text, const RequestDefaults& d, const Tokenize
   for (auto item = j.begin(); item != j.end(); ++item) {
     const std::string key = item.key();
     static const char* known[] = {"ids",   "prompt", "max_tokens", "temperature",        "top_k",      "top_p",
-                                  "min_p", "seed",   "stop",       "speculative_tokens", "ignore_eos", "logprobs"};
+                                  "min_p", "seed",   "stop",       "speculative_tokens", "ignore_eos", "logprobs",
+                                  "response_format"};
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known))
       throw Error("unknown field '" + key + "'");
   }
@@ -123,6 +139,14 @@ void parse_job(const std::string& text, const RequestDefaults& d, const Tokenize
     for (int32_t e : facts.eos_token_ids) r.params.stop_token_ids.push_back(e);
   r.params.validate();
   r.spec.validate();
+  std::shared_ptr<const structured::Matcher> format = d.format;
+  if (j.contains("response_format") && !j["response_format"].is_null()) {
+    // (read again in the line's key order: a schema's properties come out in it)
+    const auto ordered = nlohmann::ordered_json::parse(text);
+    const auto g = structured::grammar_of_response_format(ordered.at("response_format"), "response_format");
+    format = g ? std::make_shared<const structured::Matcher>(*g) : nullptr;
+  }
+  if (format) r.format = OutputFormat{format, vocab.get()};
   job.text = std::make_unique<TextStream>(tok, r.params.stop);
   TextStream* stream = job.text.get();
   r.on_token = [stream](int32_t t, const TokenLogprob*) { return !stream->has_tokenizer() || !stream->push(t).stopped; };
@@ -152,6 +176,7 @@ int run_requests(const std::string& path, const RequestDefaults& defaults, const
   place_model(*model, device);
   model->configure_memory(memory);
   Engine engine(*model, EngineOptions{max_sequences});
+  LazyVocab vocab{tok, model->facts().vocab_size, nullptr};
 
   std::vector<Job> jobs;
   std::map<int64_t, size_t> job_of;  // engine id -> job
@@ -161,7 +186,7 @@ int run_requests(const std::string& path, const RequestDefaults& defaults, const
     Job& job = jobs.emplace_back();
     job.line = line;
     try {
-      parse_job(text, defaults, tok, model->facts(), job);
+      parse_job(text, defaults, tok, model->facts(), vocab, job);
       job_of[engine.submit(job.request)] = jobs.size() - 1;
     } catch (const Error& e) {
       job.error = path + ":" + std::to_string(line) + ": " + e.what();

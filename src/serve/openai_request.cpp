@@ -81,44 +81,23 @@ std::vector<std::string> stop_strings(const json& body) {
   return out;
 }
 
-// response_format: text (or absent), json_object, or json_schema {name, schema, strict}. The schema is read
-// from the ordered body when there is one: its properties come out in the order the client wrote them.
+// response_format (structured/grammar.h's grammar_of_response_format), read from the ordered body when there is
+// one: a schema's properties come out in the order the client wrote them.
 OutputFormat output_format(const json& body, const ServedModel& m, const nlohmann::ordered_json* ordered) {
   const json* rf = field(body, "response_format");
   if (!rf) return {};
-  if (!rf->is_object() || !rf->contains("type") || !rf->at("type").is_string())
-    throw bad_field("response_format", "'response_format' must be an object with a string 'type'");
-  const std::string type = rf->at("type").get<std::string>();
-  if (type == "text") return {};
-  if (type != "json_object" && type != "json_schema")
-    throw bad_field("response_format", "'response_format.type' must be 'text', 'json_object' or 'json_schema', got '" +
-                                           type + "'");
-  if (!m.vocab)
-    throw bad_field("response_format",
-                    "'response_format' " + type + " needs the model's tokenizer; this model has none");
-  structured::Grammar g;
-  if (type == "json_object") {
-    g = structured::Grammar::any_object();
-  } else {
-    const json* js = field(*rf, "json_schema");
-    if (!js || !js->is_object())
-      throw bad_field("response_format", "'response_format.json_schema' must be an object holding 'schema'");
-    if (const json* strict = field(*js, "strict"); strict && !strict->is_boolean())
-      throw bad_field("response_format", "'response_format.json_schema.strict' must be true or false");
-    const json* schema = field(*js, "schema");
-    try {
-      if (!schema) {
-        g = structured::Grammar::any_value();
-      } else {
-        const nlohmann::ordered_json tree = ordered ? ordered->at("response_format").at("json_schema").at("schema")
-                                                    : nlohmann::ordered_json(*schema);
-        g = structured::Grammar::from_schema(tree, "response_format.json_schema.schema");
-      }
-    } catch (const Error& e) {
-      throw bad_field("response_format", e.what());
-    }
+  std::optional<structured::Grammar> g;
+  try {
+    g = structured::grammar_of_response_format(ordered ? ordered->at("response_format") : nlohmann::ordered_json(*rf),
+                                               "response_format");
+  } catch (const Error& e) {
+    throw bad_field("response_format", e.what());
   }
-  return OutputFormat{std::make_shared<const structured::Matcher>(std::move(g)), m.vocab};
+  if (!g) return {};
+  if (!m.vocab)
+    throw bad_field("response_format", "'response_format' " + rf->at("type").get<std::string>() +
+                                           " needs the model's tokenizer; this model has none");
+  return OutputFormat{std::make_shared<const structured::Matcher>(std::move(*g)), m.vocab};
 }
 
 // Sampling, penalties, n, seed, speculation and streaming: the fields both endpoints share.

@@ -93,7 +93,8 @@ class Compiler {
   }
 
   int build(const ojson& s, const std::string& ptr) {
-    if (++depth_ > kMaxSchemaDepth) fail(ptr, "the schema nests deeper than " + std::to_string(kMaxSchemaDepth) + " levels");
+    if (++depth_ > kMaxSchemaDepth)
+      fail(ptr, "the schema nests deeper than " + std::to_string(kMaxSchemaDepth) + " levels");
     struct Leave {
       int& d;
       ~Leave() { --d; }
@@ -326,6 +327,24 @@ Grammar Grammar::any_object() {
 
 Grammar Grammar::from_schema(const nlohmann::ordered_json& schema, const std::string& where) {
   return Compiler(schema, where).run();
+}
+
+std::optional<Grammar> grammar_of_response_format(const nlohmann::ordered_json& rf, const std::string& where) {
+  if (!rf.is_object() || !rf.contains("type") || !rf.at("type").is_string())
+    throw Error("'" + where + "' must be an object with a string 'type'");
+  const std::string type = rf.at("type").get<std::string>();
+  if (type == "text") return std::nullopt;
+  if (type == "json_object") return Grammar::any_object();
+  if (type != "json_schema")
+    throw Error("'" + where + ".type' must be 'text', 'json_object' or 'json_schema', got '" + type + "'");
+  const auto js = rf.find("json_schema");
+  if (js == rf.end() || !js->is_object())
+    throw Error("'" + where + ".json_schema' must be an object holding 'schema'");
+  if (const auto strict = js->find("strict"); strict != js->end() && !strict->is_null() && !strict->is_boolean())
+    throw Error("'" + where + ".json_schema.strict' must be true or false");
+  const auto schema = js->find("schema");
+  if (schema == js->end() || schema->is_null()) return Grammar::any_value();
+  return Grammar::from_schema(*schema, where + ".json_schema.schema");
 }
 
 }  // namespace nextn::structured

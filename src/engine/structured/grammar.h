@@ -12,6 +12,7 @@
 // format, ...) is refused by name, never ignored.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,11 @@ struct Grammar {
   // (prefixed by `where`, e.g. "response_format.json_schema.schema") for what is not supported or malformed.
   static Grammar from_schema(const nlohmann::ordered_json& schema, const std::string& where = "schema");
 };
+
+// OpenAI's response_format object: {"type": "text"} (nullopt), {"type": "json_object"}, or {"type":
+// "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": bool}} (no schema: any JSON value).
+// Throws nextn::Error naming `where` and the field for anything else.
+std::optional<Grammar> grammar_of_response_format(const nlohmann::ordered_json& rf, const std::string& where);
 
 // [node]: the fewest containers a value of each node nests (its own included; a large number for a node
 // whose values cannot end).
