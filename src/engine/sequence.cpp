@@ -188,6 +188,11 @@ int32_t Sequence::draw(const float* probs) {
 // were a tenth of a GPU step).
 int32_t Sequence::target_token(const float* raw) {
   if (raw_argmax_decides()) return Sampler::argmax(raw, V_);
+  if (sampler_.raw_argmax_decides()) {  // greedy under an output format: the argmax of the allowed logits
+    std::copy(raw, raw + V_, resid_.data());
+    constraint_->mask(resid_.data());
+    return Sampler::argmax(resid_.data(), V_);
+  }
   target_dist(raw, p_.data());
   return draw(p_.data());
 }
@@ -286,6 +291,11 @@ void Sequence::finish_draft() {
 // draft token.
 int32_t Sequence::pick(int s, float* raw) {
   const auto t0 = Clock::now();
+  const SpecOptions& spec = request_.spec;
+  if (constraint_ && sampler_.raw_argmax_decides() && !spec.draft_dist_hook && !spec.draft_hook) {
+    constraint_->mask_draft(raw);  // (greedy acceptance reads the draft token only, as picks_argmax says)
+    return take_draft(s, Sampler::argmax(raw, V_), t0);
+  }
   const int32_t d = picks_argmax() ? Sampler::argmax(raw, V_) : draft_from_distribution(s, raw);
   return take_draft(s, d, t0);
 }
