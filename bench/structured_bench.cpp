@@ -55,7 +55,7 @@ void BM_StructuredMask(benchmark::State& state) {
   structured::Matcher::State s = matcher->start(), scratch;
   const std::string prefix = kPrefixes[which];
   if (!matcher->feed(s, prefix, scratch)) throw std::runtime_error("bad prefix");
-  std::vector<uint8_t> allowed;
+  structured::TokenMask allowed;
   int64_t n = 0;
   for (auto _ : state) benchmark::DoNotOptimize(n = filter.allowed(s, allowed));
   state.counters["allowed"] = double(n);

@@ -55,13 +55,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   NEXTN_FUZZ_CHECK(continues);
   // The trie walk's mask is the token-by-token one.
   nextn::structured::TokenFilter filter(m, vocab(), {0});
-  std::vector<uint8_t> allowed;
+  nextn::structured::TokenMask allowed;
   filter.allowed(s, allowed);
   Matcher::State scratch;
   for (int32_t id = 0; id < vocab()->size(); ++id) {
     Matcher::State t = s;
     const bool ok = id == 0 ? m->can_end(s) : m->feed(t, vocab()->bytes(id), scratch);
-    NEXTN_FUZZ_CHECK(allowed[size_t(id)] == (ok ? 1 : 0));
+    NEXTN_FUZZ_CHECK(allowed.test(id) == ok);
   }
   return 0;
 }

@@ -279,7 +279,7 @@ TEST(StructuredTokenFilter, TrieWalkMatchesATokenByTokenCheck) {
     TokenFilter filter(matcher, vocab, {0});
     const std::string text = texts[g];
     Matcher::State s = matcher->start(), scratch;
-    std::vector<uint8_t> allowed;
+    TokenMask allowed;
     for (size_t i = 0; i <= text.size(); ++i) {
       const int64_t n = filter.allowed(s, allowed);
       int64_t expect_n = 0;
@@ -292,7 +292,7 @@ TEST(StructuredTokenFilter, TrieWalkMatchesATokenByTokenCheck) {
           ok = matcher->feed(t, vocab->bytes(id), scratch);
         }
         expect_n += ok;
-        ASSERT_EQ(allowed[size_t(id)], ok ? 1 : 0) << "schema " << g << " after '" << text.substr(0, i)
+        ASSERT_EQ(allowed.test(id), ok) << "schema " << g << " after '" << text.substr(0, i)
                                                    << "', token '" << vocab->bytes(id) << "'";
       }
       EXPECT_EQ(n, expect_n);

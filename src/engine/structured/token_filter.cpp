@@ -39,6 +39,22 @@ int32_t plain_code_points(std::string_view b) {
 
 }  // namespace
 
+int64_t TokenMask::count() const {
+  int64_t n = 0;
+  for (uint64_t w : bits_) n += __builtin_popcountll(w);
+  return n;
+}
+
+void TokenMask::exclude_others(float* logits) const {
+  for (size_t w = 0; w < bits_.size(); ++w) {
+    const uint64_t word = bits_[w];
+    if (word == ~uint64_t(0)) continue;
+    const int64_t base = int64_t(w) * 64, end = std::min<int64_t>(size_, base + 64);
+    for (int64_t id = base; id < end; ++id)
+      if (!(word >> (id - base) & 1)) logits[id] = -INFINITY;
+  }
+}
+
 TokenVocab::TokenVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)) {
   if (bytes_.size() > size_t(INT32_MAX)) throw Error("structured output: the vocabulary is too large");
   plain_chars_.assign(bytes_.size(), -1);
@@ -52,8 +68,8 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)
     if (plain_chars_[i] >= 0) plain_.push_back(int32_t(i));
     else non_plain.emplace_back(b, int32_t(i));
   }
-  plain_mask_.assign(bytes_.size(), 0);
-  for (int32_t id : plain_) plain_mask_[size_t(id)] = 1;
+  plain_mask_.clear(int64_t(bytes_.size()));
+  for (int32_t id : plain_) plain_mask_.set(id);
   all_ = build(std::move(all));
   non_plain_ = build(std::move(non_plain));
 }
@@ -118,20 +134,20 @@ bool TokenFilter::is_end(int32_t id) const {
   return std::find(end_ids_.begin(), end_ids_.end(), id) != end_ids_.end();
 }
 
-void TokenFilter::walk(const TokenVocab::Trie& trie, uint32_t node, size_t depth, std::vector<uint8_t>& allowed) {
+void TokenFilter::walk(const TokenVocab::Trie& trie, uint32_t node, size_t depth, TokenMask& allowed) {
   const TokenVocab::TrieNode& n = trie.nodes[node];
   for (uint32_t c = n.first_child; c < n.first_child + n.children; ++c) {
     const TokenVocab::TrieNode& child = trie.nodes[c];
     if (!matcher_->step(depth_[depth], child.byte, depth_[depth + 1])) continue;
-    for (uint32_t t = child.first_token; t < child.first_token + child.tokens; ++t) allowed[size_t(trie.tokens[t])] = 1;
+    for (uint32_t t = child.first_token; t < child.first_token + child.tokens; ++t) allowed.set(trie.tokens[t]);
     if (child.children) walk(trie, c, depth + 1, allowed);
   }
 }
 
-int64_t TokenFilter::allowed(const Matcher::State& s, std::vector<uint8_t>& allowed) {
+int64_t TokenFilter::allowed(const Matcher::State& s, TokenMask& allowed) {
   const TokenVocab& v = *vocab_;
   if (s.dead()) {
-    allowed.assign(size_t(v.size()), 0);
+    allowed.clear(v.size());
     return 0;
   }
   depth_[0] = s;
@@ -140,21 +156,19 @@ int64_t TokenFilter::allowed(const Matcher::State& s, std::vector<uint8_t>& allo
     if (room == INT64_MAX) {
       allowed = v.plain_mask_;  // (a copy into the kept buffer)
     } else {
-      allowed.assign(size_t(v.size()), 0);
+      allowed.clear(v.size());
       for (int32_t id : v.plain_)
-        if (v.plain_chars_[size_t(id)] <= room) allowed[size_t(id)] = 1;
+        if (v.plain_chars_[size_t(id)] <= room) allowed.set(id);
     }
     walk(v.non_plain_, 0, 0, allowed);
   } else {
-    allowed.assign(size_t(v.size()), 0);
+    allowed.clear(v.size());
     walk(v.all_, 0, 0, allowed);
   }
   if (matcher_->can_end(s))
     for (int32_t e : end_ids_)
-      if (e >= 0 && e < v.size()) allowed[size_t(e)] = 1;
-  int64_t n = 0;
-  for (uint8_t a : allowed) n += a;
-  return n;
+      if (e >= 0 && e < v.size()) allowed.set(e);
+  return allowed.count();
 }
 
 OutputConstraint::OutputConstraint(std::shared_ptr<const Matcher> matcher, std::shared_ptr<const TokenVocab> vocab,
@@ -184,7 +198,7 @@ void OutputConstraint::mask_draft(float* logits) {
   if (!draft_dead_) apply(draft_, logits, /*draft=*/true);
 }
 
-const std::vector<uint8_t>* OutputConstraint::cached(const Matcher::State& s) {
+OutputConstraint::Entry* OutputConstraint::cached(const Matcher::State& s) {
   ++uses_;
   for (Entry& e : cache_)
     if (e.state.ends == s.ends && e.state.frames.size() == s.frames.size() &&
@@ -192,39 +206,29 @@ const std::vector<uint8_t>* OutputConstraint::cached(const Matcher::State& s) {
           return a.node == b.node && a.op == b.op && a.a == b.a && a.b == b.b && a.c == b.c;
         })) {
       e.used = uses_;
-      return &e.allowed;
+      return &e;
     }
   return nullptr;
 }
 
 void OutputConstraint::apply(const Matcher::State& s, float* logits, bool draft) {
   constexpr size_t kCacheEntries = 10;  // a round of up to 8 drafts and its verify rows
-  const std::vector<uint8_t>* allowed = cached(s);
-  int64_t count = 0;
-  if (allowed) {
-    for (const Entry& e : cache_)
-      if (&e.allowed == allowed) count = e.count;
-  } else {
-    if (cache_.size() < kCacheEntries) {
-      cache_.emplace_back();
-    }
-    Entry* victim = &cache_.front();
+  Entry* entry = cached(s);
+  if (!entry) {
+    if (cache_.size() < kCacheEntries) cache_.emplace_back();
+    entry = &cache_.front();  // the least recently used
     for (Entry& e : cache_)
-      if (e.used < victim->used) victim = &e;
-    victim->state = s;
-    victim->count = filter_.allowed(s, victim->allowed);
-    victim->used = uses_;
-    allowed = &victim->allowed;
-    count = victim->count;
+      if (e.used < entry->used) entry = &e;
+    entry->state = s;
+    entry->count = filter_.allowed(s, entry->allowed);
+    entry->used = uses_;
   }
-  if (count == 0) {
+  if (entry->count == 0) {
     if (draft) return;  // (see mask_draft)
     throw Error("structured output: no token of the vocabulary can continue the output here (the tokenizer cannot "
                 "spell what the schema requires next)");
   }
-  const std::vector<uint8_t>& a = *allowed;
-  for (size_t v = 0; v < a.size(); ++v)
-    if (!a[v]) logits[v] = -INFINITY;
+  entry->allowed.exclude_others(logits);
 }
 
 }  // namespace nextn::structured

@@ -20,6 +20,22 @@ class Tokenizer;
 
 namespace nextn::structured {
 
+// A set of token ids as bits (a mask of a 150k vocabulary is 19 KB).
+class TokenMask {
+ public:
+  void clear(int64_t size) { size_ = size, bits_.assign(size_t((size + 63) / 64), 0); }
+  void set(int32_t id) { bits_[size_t(id) >> 6] |= uint64_t(1) << (id & 63); }
+  bool test(int32_t id) const { return bits_[size_t(id) >> 6] >> (id & 63) & 1; }
+  int64_t size() const { return size_; }
+  int64_t count() const;
+  // logits[id] = -inf for every id not in the set (logits: [size()]).
+  void exclude_others(float* logits) const;
+
+ private:
+  int64_t size_ = 0;
+  std::vector<uint64_t> bits_;
+};
+
 class TokenVocab {
  public:
   // bytes[id]: what token id decodes to; empty for ids never allowed (special and unused ids).
@@ -46,7 +62,7 @@ class TokenVocab {
   std::vector<std::string> bytes_;
   Trie all_, non_plain_;
   std::vector<int32_t> plain_;        // ids of the plain tokens (see above)
-  std::vector<uint8_t> plain_mask_;   // [id]: 1 for a plain token
+  TokenMask plain_mask_;              // the plain tokens
   std::vector<int32_t> plain_chars_;  // [id]: code points of a plain token, -1 otherwise
   size_t max_len_ = 0;
 };
@@ -56,15 +72,14 @@ class TokenFilter {
  public:
   TokenFilter(std::shared_ptr<const Matcher> matcher, std::shared_ptr<const TokenVocab> vocab,
               std::vector<int32_t> end_ids);
-  // allowed[id] = 1 where token id may come next in state s (an end id when the output may end there).
-  // Returns how many are allowed.
-  int64_t allowed(const Matcher::State& s, std::vector<uint8_t>& allowed);
+  // The tokens that may come next in state s (an end id when the output may end there); returns how many.
+  int64_t allowed(const Matcher::State& s, TokenMask& allowed);
   const Matcher& matcher() const { return *matcher_; }
   const TokenVocab& vocab() const { return *vocab_; }
   bool is_end(int32_t id) const;
 
  private:
-  void walk(const TokenVocab::Trie& trie, uint32_t node, size_t depth, std::vector<uint8_t>& allowed);
+  void walk(const TokenVocab::Trie& trie, uint32_t node, size_t depth, TokenMask& allowed);
 
   std::shared_ptr<const Matcher> matcher_;
   std::shared_ptr<const TokenVocab> vocab_;
@@ -97,7 +112,6 @@ class OutputConstraint {
 
  private:
   void apply(const Matcher::State& s, float* logits, bool draft);
-  const std::vector<uint8_t>* cached(const Matcher::State& s);
   bool step_token(Matcher::State& s, int32_t token);
 
   TokenFilter filter_;
@@ -106,11 +120,12 @@ class OutputConstraint {
   // Masks by state: a few most recent (a round's drafts, then its verify rows in the same states).
   struct Entry {
     Matcher::State state;
-    std::vector<uint8_t> allowed;
+    TokenMask allowed;
     int64_t count = 0;
     uint64_t used = 0;
   };
   std::vector<Entry> cache_;
+  Entry* cached(const Matcher::State& s);  // the entry of state s, or null
   uint64_t uses_ = 0;
 };
 
