@@ -93,7 +93,9 @@ void Matcher::keep(const Stack& st, State& out) {
   // Identical stacks (anyOf alternatives that met again) are kept once.
   size_t begin = 0;
   for (uint32_t end : out.ends) {
-    if (end - begin == size_t(st.n) && std::memcmp(&out.frames[begin], st.f, sizeof(Frame) * size_t(st.n)) == 0) return;
+    if (end - begin == size_t(st.n) &&
+        (st.n == 0 || std::memcmp(out.frames.data() + begin, st.f, sizeof(Frame) * size_t(st.n)) == 0))
+      return;
     begin = end;
   }
   if (out.ends.size() >= kMaxStacks) return;
@@ -419,7 +421,7 @@ bool Matcher::step(const State& s, uint8_t byte, State& next) const {
   size_t begin = 0;
   for (uint32_t end : s.ends) {
     st.n = int(end - begin);
-    std::memcpy(st.f, &s.frames[begin], sizeof(Frame) * size_t(st.n));
+    if (st.n > 0) std::memcpy(st.f, s.frames.data() + begin, sizeof(Frame) * size_t(st.n));
     advance(st, byte, next);
     begin = end;
   }
