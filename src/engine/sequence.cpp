@@ -57,7 +57,7 @@ Sequence::Sequence(Model& model, Request request)
   }
   // Greedy without penalties, logprobs, relaxed acceptance or an output format reads nothing of a target row
   // but its argmax.
-  argmax_only_ = raw_argmax_decides() && params.logprobs < 0 && !spec.relaxed;
+  argmax_only_ = sampler_.raw_argmax_decides() && !constraint_ && params.logprobs < 0 && !spec.relaxed;
   k_cur_ = k_max_;
   const int64_t n = int64_t(prompt.size());
   // Prompt and output share the model's context (as OpenAI-style servers count it): a longer prompt is an
@@ -187,9 +187,9 @@ int32_t Sequence::draw(const float* probs) {
 // the raw row's argmax (no copy, no one-hot distribution: at 64 sequences those passes over the vocabulary
 // were a tenth of a GPU step).
 int32_t Sequence::target_token(const float* raw) {
-  if (raw_argmax_decides()) return Sampler::argmax(raw, V_);
-  if (sampler_.raw_argmax_decides()) {  // greedy under an output format: the argmax of the allowed logits
-    std::copy(raw, raw + V_, resid_.data());
+  if (sampler_.raw_argmax_decides()) {
+    if (!constraint_) return Sampler::argmax(raw, V_);
+    std::copy(raw, raw + V_, resid_.data());  // (an output format: the argmax of the allowed logits)
     constraint_->mask(resid_.data());
     return Sampler::argmax(resid_.data(), V_);
   }
@@ -291,21 +291,20 @@ void Sequence::finish_draft() {
 // draft token.
 int32_t Sequence::pick(int s, float* raw) {
   const auto t0 = Clock::now();
-  const SpecOptions& spec = request_.spec;
-  if (constraint_ && sampler_.raw_argmax_decides() && !spec.draft_dist_hook && !spec.draft_hook) {
-    constraint_->mask_draft(raw);  // (greedy acceptance reads the draft token only, as picks_argmax says)
-    return take_draft(s, Sampler::argmax(raw, V_), t0);
-  }
-  const int32_t d = picks_argmax() ? Sampler::argmax(raw, V_) : draft_from_distribution(s, raw);
-  return take_draft(s, d, t0);
+  if (!greedy_draft()) return take_draft(s, draft_from_distribution(s, raw), t0);
+  if (constraint_) constraint_->mask_draft(raw);
+  return take_draft(s, Sampler::argmax(raw, V_), t0);
 }
 
-// Greedy acceptance reads the draft token only (never q): without penalties or test hooks, the raw row's
-// argmax decides, q is not built, and the model may hand over the id alone.
-bool Sequence::picks_argmax() const {
+// Greedy acceptance reads the draft token only (never q): without penalties or test hooks, the row's argmax
+// (of its allowed tokens, under an output format) decides and q is not built.
+bool Sequence::greedy_draft() const {
   const SpecOptions& spec = request_.spec;
-  return raw_argmax_decides() && !spec.draft_dist_hook && !spec.draft_hook;
+  return sampler_.raw_argmax_decides() && !spec.draft_dist_hook && !spec.draft_hook;
 }
+
+// The model may hand over the id alone where the raw row's argmax decides (no output format to mask it).
+bool Sequence::picks_argmax() const { return greedy_draft() && !constraint_; }
 
 int32_t Sequence::pick_id(int s, int32_t argmax) { return take_draft(s, argmax, Clock::now()); }
 

@@ -87,10 +87,10 @@ class Sequence final : private DraftPicker {
   void target_dist(const float* raw, float* probs);
   int32_t draw(const float* probs);
   int32_t target_token(const float* raw);
-  bool raw_argmax_decides() const { return sampler_.raw_argmax_decides() && !constraint_; }
   int32_t target_token_at(const float* logits, int i, int64_t pos);
   int32_t pick(int s, float* raw) override;
   bool picks_argmax() const override;
+  bool greedy_draft() const;
   int32_t pick_id(int s, int32_t argmax) override;
   int32_t take_draft(int s, int32_t d, Clock::time_point t0);
   int32_t draft_from_distribution(int s, float* raw);

@@ -55,8 +55,9 @@ struct ApiRequest {
 ApiRequest parse_completion_request(const nlohmann::json& body, const ServedModel& model,
                                     const nlohmann::ordered_json* ordered = nullptr);
 // `ordered`: the same body parsed as nlohmann::ordered_json, whose messages, tools and chat_template_kwargs
-// then reach the template in the request's key order (and a response_format's schema keeps its order) (templates print tool definitions with tojson, and
-// transformers keeps that order; nlohmann::json sorts keys).
+// then reach the template in the request's key order (templates print tool definitions with tojson, and
+// transformers keeps that order; nlohmann::json sorts keys), and whose response_format and tool schemas keep
+// their properties' order.
 ApiRequest parse_chat_request(const nlohmann::json& body, const ServedModel& model,
                               const nlohmann::ordered_json* ordered = nullptr);
 

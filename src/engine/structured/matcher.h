@@ -35,6 +35,7 @@ struct Frame {
   Op op = Op::kValue;
   uint8_t a = 0;
   uint32_t b = 0, c = 0;
+  bool operator==(const Frame&) const = default;
 };
 
 constexpr int kMaxFrames = 2 * kMaxNesting + 4;

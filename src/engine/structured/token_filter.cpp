@@ -201,10 +201,7 @@ void OutputConstraint::mask_draft(float* logits) {
 OutputConstraint::Entry* OutputConstraint::cached(const Matcher::State& s) {
   ++uses_;
   for (Entry& e : cache_)
-    if (e.state.ends == s.ends && e.state.frames.size() == s.frames.size() &&
-        std::equal(e.state.frames.begin(), e.state.frames.end(), s.frames.begin(), [](const Frame& a, const Frame& b) {
-          return a.node == b.node && a.op == b.op && a.a == b.a && a.b == b.b && a.c == b.c;
-        })) {
+    if (e.state.ends == s.ends && e.state.frames == s.frames) {
       e.used = uses_;
       return &e;
     }
