@@ -42,18 +42,34 @@ const std::shared_ptr<const structured::TokenVocab>& qwen3_vocab() {
   return vocab;
 }
 
-// state 0: after '{' (any object: a key comes); 1: inside a string value; 2: inside a number.
-const char* kPrefixes[] = {"{", "{\"name\": \"The quick", "{\"size\": 12"};
+// state 0: after '{' (any object: a key comes); 1: inside a string value; 2: inside a number; 3: inside a string
+// of at most 40 characters; 4: after a backslash in a string; 5: inside a UTF-8 character in a string; 6: inside
+// a key of any object; 7: inside a string that two anyOf alternatives read (two stacks).
+struct MaskCase {
+  int schema;  // 0: any object; 1..3: kSchemas
+  const char* prefix;
+};
+const char* kSchemas[] = {
+    nullptr, R"({"type":"object","properties":{"name":{"type":"string"},"size":{"type":"number"}}})",
+    R"({"type":"object","properties":{"title":{"type":"string","maxLength":40},"name":{"type":"string"}}})",
+    R"({"type":"object","properties":{"v":{"anyOf":[{"type":"string","maxLength":60},{"type":"string"}]}}})"};
+const MaskCase kCases[] = {{0, "{"},
+                           {1, "{\"name\": \"The quick"},
+                           {1, "{\"size\": 12"},
+                           {2, "{\"title\": \"The quick"},
+                           {2, "{\"name\": \"The quick\\"},
+                           {2, "{\"name\": \"The caf\xC3"},
+                           {0, "{\"The quick"},
+                           {3, "{\"v\": \"The quick"}};
 
 void BM_StructuredMask(benchmark::State& state) {
-  const int which = int(state.range(0));
-  const char* schema = R"({"type":"object","properties":{"name":{"type":"string"},"size":{"type":"number"}}})";
+  const MaskCase& c = kCases[state.range(0)];
   auto matcher = std::make_shared<const structured::Matcher>(
-      which == 0 ? structured::Grammar::any_object()
-                 : structured::Grammar::from_schema(nlohmann::ordered_json::parse(schema)));
+      c.schema == 0 ? structured::Grammar::any_object()
+                    : structured::Grammar::from_schema(nlohmann::ordered_json::parse(kSchemas[c.schema])));
   structured::TokenFilter filter(matcher, qwen3_vocab(), {151643});
   structured::Matcher::State s = matcher->start(), scratch;
-  const std::string prefix = kPrefixes[which];
+  const std::string prefix = c.prefix;
   if (!matcher->feed(s, prefix, scratch)) throw std::runtime_error("bad prefix");
   structured::TokenMask allowed;
   int64_t n = 0;
@@ -62,7 +78,7 @@ void BM_StructuredMask(benchmark::State& state) {
   state.counters["vocab"] = double(qwen3_vocab()->size());
   state.SetLabel(std::string("after '") + prefix + "'");
 }
-BENCHMARK(BM_StructuredMask)->DenseRange(0, 2)->ArgName("state")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_StructuredMask)->DenseRange(0, 7)->ArgName("state")->Unit(benchmark::kMicrosecond);
 
 void BM_StructuredVocabBuild(benchmark::State& state) {
   const Tokenizer tok = qwen3_tokenizer();

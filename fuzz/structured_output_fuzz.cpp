@@ -23,7 +23,11 @@ std::shared_ptr<const nextn::structured::TokenVocab> vocab() {
   static const auto v = [] {
     std::vector<std::string> bytes{""};
     for (int b = 1; b < 256; ++b) bytes.push_back(std::string(1, char(b)));
-    for (const char* t : {"{\"", "\":", "\",", "\"}", "true", "null", " \"", "12", "\\u00", "\xC3\xA9", "\xE2\x82", "}]"})
+    for (const char* t : {"{\"", "\":", "\",", "\"}", "true", "null", " \"", "12", "\\u00", "\xC3\xA9", "\xE2\x82",
+                          "}]",
+                          // inside strings: quotes after characters, escapes, partial UTF-8 before a quote
+                          "ab\"", "a\":1}", "\\\"", "\\\\\"", "\\u00e9\"", "\xA9\"}", "\x82\xAC", "\xC3\xA9\xC3",
+                          "\\n\",\"", "\xF0\x9F\x98\x80"})
       bytes.push_back(t);
     return std::make_shared<const nextn::structured::TokenVocab>(std::move(bytes));
   }();

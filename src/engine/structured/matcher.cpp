@@ -38,6 +38,47 @@ bool continuation_ok(uint32_t c, int b) {
 
 }  // namespace
 
+StringByte string_byte(StringPos& p, uint8_t byte) {
+  if (p.utf8 != 0) {  // inside a UTF-8 sequence
+    if (!continuation_ok(p.utf8, byte)) return StringByte::kRefused;
+    p.utf8 = uint8_t((p.utf8 & 3) - 1);  // the later continuations take 80-BF
+    return StringByte::kInside;
+  }
+  switch (p.escape) {
+    case kPlain:
+      break;
+    case kBackslash:
+      if (byte == 'u') {
+        p.escape = kHex1;
+      } else if (byte == '"' || byte == '\\' || byte == '/' || byte == 'b' || byte == 'f' || byte == 'n' ||
+                 byte == 'r' || byte == 't') {
+        p.escape = kPlain;
+      } else {
+        return StringByte::kRefused;
+      }
+      return StringByte::kInside;
+    case kHex1:
+      if (!is_hex(byte)) return StringByte::kRefused;
+      p.escape = (byte == 'd' || byte == 'D') ? kHex2Low : kHex2;
+      return StringByte::kInside;
+    case kHex2Low:
+      if (byte < '0' || byte > '7') return StringByte::kRefused;
+      p.escape = kHex3;
+      return StringByte::kInside;
+    default:  // kHex2..kHex4
+      if (!is_hex(byte)) return StringByte::kRefused;
+      p.escape = p.escape == kHex4 ? uint8_t(kPlain) : uint8_t(p.escape + 1);
+      return StringByte::kInside;
+  }
+  if (byte == '"') return StringByte::kClose;
+  if (byte < 0x20 || (byte >= 0x80 && byte < 0xC2) || byte > 0xF4) return StringByte::kRefused;
+  if (byte == '\\') p.escape = kBackslash;
+  else if (byte >= 0xF0) p.utf8 = uint8_t(3 | (byte == 0xF0 ? 3u << 2 : byte == 0xF4 ? 4u << 2 : 0u));
+  else if (byte >= 0xE0) p.utf8 = uint8_t(2 | (byte == 0xE0 ? 1u << 2 : byte == 0xED ? 2u << 2 : 0u));
+  else if (byte >= 0xC2) p.utf8 = 1;
+  return StringByte::kCodePoint;
+}
+
 Matcher::Matcher(Grammar grammar) : g_(std::move(grammar)) {
   if (g_.nodes.empty() || g_.root < 0 || size_t(g_.root) >= g_.nodes.size())
     throw Error("structured output: the grammar has no root");
@@ -317,52 +358,22 @@ void Matcher::advance(Stack st, int byte, State& out) const {
     }
 
     case Op::kString: {
-      auto counted = [&]() {  // a code point starts: within maxLength?
-        if (node.max_length >= 0 && int64_t(top.b) >= node.max_length) return false;
-        ++top.b;
-        return true;
-      };
-      if (top.c != 0) {  // inside a UTF-8 sequence
-        if (!continuation_ok(top.c, byte)) return;
-        top.c = (top.c & 3) - 1;  // the later continuations take 80-BF
-        return keep(st, out);
-      }
-      switch (top.a) {
-        case kPlain:
+      StringPos p{top.a, uint8_t(top.c)};
+      switch (string_byte(p, uint8_t(byte))) {
+        case StringByte::kRefused:
+          return;
+        case StringByte::kClose:
+          if (int64_t(top.b) >= node.min_length) pop_and_continue(false);
+          return;
+        case StringByte::kCodePoint:  // within maxLength?
+          if (node.max_length >= 0 && int64_t(top.b) >= node.max_length) return;
+          ++top.b;
           break;
-        case kBackslash:
-          if (byte == 'u') {
-            top.a = kHex1;
-          } else if (byte == '"' || byte == '\\' || byte == '/' || byte == 'b' || byte == 'f' || byte == 'n' ||
-                     byte == 'r' || byte == 't') {
-            top.a = kPlain;
-          } else {
-            return;
-          }
-          return keep(st, out);
-        case kHex1:
-          if (!is_hex(byte)) return;
-          top.a = (byte == 'd' || byte == 'D') ? kHex2Low : kHex2;
-          return keep(st, out);
-        case kHex2Low:
-          if (byte < '0' || byte > '7') return;
-          top.a = kHex3;
-          return keep(st, out);
-        default:  // kHex2..kHex4
-          if (!is_hex(byte)) return;
-          top.a = top.a == kHex4 ? uint8_t(kPlain) : uint8_t(top.a + 1);
-          return keep(st, out);
+        case StringByte::kInside:
+          break;
       }
-      if (byte == '"') {
-        if (int64_t(top.b) >= node.min_length) pop_and_continue(false);
-        return;
-      }
-      if (byte < 0x20 || (byte >= 0x80 && byte < 0xC2) || byte > 0xF4) return;
-      if (!counted()) return;
-      if (byte == '\\') top.a = kBackslash;
-      else if (byte >= 0xF0) top.c = 3 | (byte == 0xF0 ? 3u << 2 : byte == 0xF4 ? 4u << 2 : 0u);
-      else if (byte >= 0xE0) top.c = 2 | (byte == 0xE0 ? 1u << 2 : byte == 0xED ? 2u << 2 : 0u);
-      else if (byte >= 0xC2) top.c = 1;
+      top.a = p.escape;
+      top.c = p.utf8;
       return keep(st, out);
     }
 
@@ -463,22 +474,33 @@ bool Matcher::finished(const State& s) const {
   return !s.dead() && !any_stack(s, [](const Frame*, size_t n) { return n != 0; });
 }
 
-bool Matcher::in_plain_string(const State& s) const {
-  return !s.dead() && !any_stack(s, [](const Frame* f, size_t n) {
-    return n == 0 || f[n - 1].op != Op::kString || f[n - 1].a != kPlain || f[n - 1].c != 0;
-  });
-}
-
-int64_t Matcher::plain_room(const State& s) const {
-  int64_t room = 0;
-  any_stack(s, [&](const Frame* f, size_t n) {
-    if (n > 0) {
-      const Node& node = g_.nodes[f[n - 1].node];
-      room = std::max(room, node.max_length < 0 ? INT64_MAX : node.max_length - int64_t(f[n - 1].b));
-    }
+bool Matcher::in_string(const State& s, std::vector<InString>& out) const {
+  out.clear();
+  const bool all = !s.dead() && !any_stack(s, [&](const Frame* f, size_t n) {
+    if (n == 0 || f[n - 1].op != Op::kString) return true;
+    const Frame& top = f[n - 1];
+    const Node& node = g_.nodes[top.node];
+    InString in;
+    in.pos = StringPos{top.a, uint8_t(top.c)};
+    in.room = node.max_length < 0 ? INT64_MAX : node.max_length - int64_t(top.b);
+    in.needed = std::max<int64_t>(0, node.min_length - int64_t(top.b));
+    out.push_back(in);
     return false;
   });
-  return room;
+  if (!all) out.clear();
+  return all;
+}
+
+void Matcher::close_strings(const State& s, uint64_t which, State& out) const {
+  out.clear();
+  Stack st;
+  size_t begin = 0;
+  for (size_t i = 0; i < s.ends.size(); begin = s.ends[i++]) {
+    if (i >= 64 || !(which >> i & 1)) continue;
+    st.n = int(s.ends[i] - begin) - 1;  // (the string's frame popped)
+    if (st.n > 0) std::memcpy(st.f, s.frames.data() + begin, sizeof(Frame) * size_t(st.n));
+    keep(st, out);
+  }
 }
 
 }  // namespace nextn::structured

@@ -38,6 +38,24 @@ struct Frame {
   bool operator==(const Frame&) const = default;
 };
 
+// Inside a string (an Op::kString frame): its escape state (Frame::a) and UTF-8 state (Frame::c), and what one
+// byte does there. The string's own bytes depend on nothing else (its lengths aside), so the token filter
+// (token_filter.h) runs the vocabulary through string_byte once per position and masks inside a string
+// without walking the matcher's stacks, except over the bytes after a closing quote.
+struct StringPos {
+  uint8_t escape = 0;  // 0: between characters; a backslash, then \u's hex digits
+  uint8_t utf8 = 0;    // continuation bytes still to come (low 2 bits), the range the next must be in (bits 2-4)
+  bool operator==(const StringPos&) const = default;
+};
+enum class StringByte : uint8_t {
+  kRefused,    // not allowed here
+  kCodePoint,  // starts a character (counted against maxLength)
+  kInside,     // continues one (a UTF-8 continuation byte, an escape's body)
+  kClose,      // the closing quote (allowed where minLength is met)
+};
+// What byte does at p; p is then the position after it (when kCodePoint or kInside).
+StringByte string_byte(StringPos& p, uint8_t byte);
+
 constexpr int kMaxFrames = 2 * kMaxNesting + 4;
 // The most stacks a State keeps: a schema whose alternatives share long prefixes (thousands of enum values
 // after their quote, hundreds of optional properties) would otherwise make every byte, and every token of a
@@ -66,11 +84,18 @@ class Matcher {
   bool can_end(const State& s) const;
   // Nothing may follow: every stack is complete and none can grow.
   bool finished(const State& s) const;
-  // Every stack is inside a string, between characters (no escape or UTF-8 sequence open): a token of
-  // complete plain characters (token_filter.h) is then allowed when no stack's maxLength forbids it.
-  bool in_plain_string(const State& s) const;
-  // The most code points a plain token may add in s (INT64_MAX: no maxLength), valid when in_plain_string.
-  int64_t plain_room(const State& s) const;
+  // Where each stack of s is inside a string: its position, the characters it may still add (INT64_MAX: no
+  // maxLength) and those it needs before its closing quote (minLength). False (out cleared) unless every stack
+  // of a live s is inside a string.
+  struct InString {
+    StringPos pos;
+    int64_t room = 0, needed = 0;
+  };
+  bool in_string(const State& s, std::vector<InString>& out) const;
+  // out = s after a closing quote of the strings of the stacks in `which` (bit i: stack i), whatever their
+  // lengths (each one's string frame popped, as step() does for a quote that closes it; the other stacks
+  // dropped): valid when in_string(s).
+  void close_strings(const State& s, uint64_t which, State& out) const;
 
   const Grammar& grammar() const { return g_; }
 

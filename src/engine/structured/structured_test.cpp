@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <random>
+#include <set>
 
 #include "core/error.h"
 #include "engine/structured/grammar.h"
@@ -301,6 +302,89 @@ TEST(StructuredTokenFilter, TrieWalkMatchesATokenByTokenCheck) {
       }
     }
   }
+}
+
+// A vocabulary of ~8,000 random tokens (beside the single bytes): plain characters, quotes, escapes (some
+// refused, as \ud83d), whole and partial UTF-8, JSON punctuation, some of them longer than 16 characters.
+std::vector<std::string> random_vocab(std::mt19937& rng) {
+  std::vector<std::string> v = test_vocab();
+  const char* pieces[] = {"a",  "Z",    " ",        "0",  "\"",        "\\",           "\\\"", "\\n",
+                          "\\u00e9", "\\ud83d", "\\u12", "\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80",
+                          "\xC3", "\xE2\x82", "\x80", "\xA9", "\xF0\x9F", "\x98", ",", ":", "}", "]", "{", "[",
+                          "1", "\n", "t", "n", "u", "e", "\x01"};
+  const size_t kPieces = sizeof(pieces) / sizeof(pieces[0]);
+  std::set<std::string> seen(v.begin(), v.end());
+  while (v.size() < 8000) {
+    std::string t;
+    const int n = rng() % 6 == 0 ? 10 + int(rng() % 20) : 1 + int(rng() % 6);
+    for (int i = 0; i < n; ++i) t += pieces[rng() % (rng() % 5 == 0 ? kPieces : 4)];  // mostly plain
+    if (seen.insert(t).second) v.push_back(t);
+  }
+  return v;
+}
+
+// Inside strings the mask comes from the vocabulary's per-position tables (trimmed to maxLength / minLength)
+// and a walk of the closing tokens' bytes after the quote: the same tokens as a token-by-token check, at the
+// positions random token-level walks reach in strings with lengths, enums, escapes, multi-byte characters and
+// anyOf alternatives (several stacks inside strings at once).
+TEST(StructuredTokenFilter, InStringMasksMatchATokenByTokenCheck) {
+  std::mt19937 rng(5);
+  auto vocab = std::make_shared<const TokenVocab>(random_vocab(rng));
+  const char* schemas[] = {
+      nullptr,  // any object (strings as keys and values)
+      R"({"type":"object","properties":{"s":{"type":"string","maxLength":3},
+          "t":{"type":"string","minLength":2,"maxLength":20},"u":{"type":"string","minLength":18},
+          "e":{"enum":["a\"b","é€","x","\\"]},"a":{"type":"array","items":{"type":"string","maxLength":5}}},
+          "required":["s","t","u","e","a"]})",
+      R"({"anyOf":[{"type":"string","maxLength":12},{"type":"string","minLength":4},{"enum":["abc","a\"Z"]}]})",
+      R"({"type":"array","items":{"anyOf":[{"type":"string","maxLength":10},
+          {"type":"string","minLength":3,"maxLength":30}]}})",
+      R"({"type":"string","maxLength":25})",
+      R"({"type":"object","properties":{"k":{"type":"string","minLength":1,"maxLength":17}},"required":["k"]})"};
+  int in_string = 0, escaped = 0, in_utf8 = 0, several = 0, bounded = 0;
+  for (const char* text : schemas) {
+    auto matcher = std::make_shared<const Matcher>(text ? Grammar::from_schema(ojson::parse(text))
+                                                        : Grammar::any_object());
+    TokenFilter filter(matcher, vocab, {0});
+    TokenMask allowed;
+    std::vector<Matcher::InString> where;
+    for (int walk = 0; walk < 10; ++walk) {
+      Matcher::State s = matcher->start(), scratch;
+      std::string out;
+      for (int step = 0; step < 40 && !matcher->finished(s); ++step) {
+        const int64_t n = filter.allowed(s, allowed);
+        std::vector<int32_t> ok;
+        for (int32_t id = 0; id < vocab->size(); ++id) {
+          Matcher::State t = s;
+          const bool expect = id == 0 ? matcher->can_end(s) : matcher->feed(t, vocab->bytes(id), scratch);
+          ASSERT_EQ(allowed.test(id), expect) << (text ? text : "any object") << " after '" << out << "', token '"
+                                              << vocab->bytes(id) << "'";
+          if (expect && id != 0) ok.push_back(id);
+        }
+        ASSERT_EQ(n, int64_t(ok.size()) + (matcher->can_end(s) ? 1 : 0));
+        if (matcher->in_string(s, where)) {
+          ++in_string;
+          several += where.size() > 1;
+          for (const Matcher::InString& w : where) {
+            EXPECT_TRUE(w.pos == where[0].pos) << "stacks inside strings read the same bytes since their quote";
+            escaped += w.pos.escape != 0;
+            in_utf8 += w.pos.utf8 != 0;
+            bounded += w.room != INT64_MAX || w.needed > 0;
+          }
+        }
+        if (ok.empty()) break;
+        const int32_t id = ok[rng() % ok.size()];
+        ASSERT_TRUE(matcher->feed(s, vocab->bytes(id), scratch));
+        out += vocab->bytes(id);
+      }
+    }
+  }
+  // The walks reached what the tables key on.
+  EXPECT_GT(in_string, 500);
+  EXPECT_GT(escaped, 15);
+  EXPECT_GT(in_utf8, 30);
+  EXPECT_GT(several, 30);
+  EXPECT_GT(bounded, 200);
 }
 
 TEST(StructuredTokenFilter, ConstraintMasksRowsAndEndsWithTheValue) {

@@ -2,10 +2,14 @@
 // (its state after the emitted tokens, and a second one run ahead over a round's drafts).
 //
 // The vocabulary is a byte trie walked depth-first with the matcher's state, so a byte refused at a node
-// prunes every token below it (outside strings almost all of them after the first byte). Inside a string, the
-// tokens made only of plain characters (complete UTF-8, no quote, backslash or control byte) are allowed
-// without a walk, and only the rest go through a second trie. Masks are cached by state: a round's verify
-// rows meet the states its drafts were masked in.
+// prunes every token below it (outside strings almost all of them after the first byte). Inside a string, what
+// a token does up to a closing quote depends only on the position in the string (escape and UTF-8 state,
+// matcher.h's StringPos), so the vocabulary precomputes it for each position: the tokens that stay inside the
+// string (a mask, and the characters each adds, for maxLength), and the tokens that reach a closing quote (the
+// characters before it, for minLength and maxLength, and a trie of their bytes after it). A mask inside a
+// string is then that mask, trimmed to the string's lengths, plus the closing tokens whose bytes after the
+// quote the matcher takes from the state after the string: the only walk left, over a few hundred trie nodes.
+// Masks are cached by state: a round's verify rows meet the states its drafts were masked in.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -26,6 +30,7 @@ class TokenMask {
   void clear(int64_t size) { size_ = size, bits_.assign(size_t((size + 63) / 64), 0); }
   void set(int32_t id) { bits_[size_t(id) >> 6] |= uint64_t(1) << (id & 63); }
   bool test(int32_t id) const { return bits_[size_t(id) >> 6] >> (id & 63) & 1; }
+  void reset(int32_t id) { bits_[size_t(id) >> 6] &= ~(uint64_t(1) << (id & 63)); }
   int64_t size() const { return size_; }
   int64_t count() const;
   // logits[id] = -inf for every id not in the set (logits: [size()]).
@@ -59,11 +64,27 @@ class TokenVocab {
   };
   static Trie build(std::vector<std::pair<std::string_view, int32_t>> entries);
 
+  // The vocabulary inside a string from one StringPos, for any string: what depends on the string's minLength
+  // and maxLength (and the characters it has) is kept as character counts, compared when masking.
+  struct InString {
+    TokenMask stays;                    // the tokens whose bytes all stay inside the string
+    std::vector<int32_t> stay_ids;      // the same, fewest characters first
+    std::vector<int32_t> stay_chars;    // [i]: the characters stay_ids[i] adds
+    std::vector<TokenMask> stays_upto;  // [k]: those adding at most k characters (large sets only)
+    struct Close {
+      int32_t id = 0, chars = 0;  // chars: before the closing quote
+    };
+    std::vector<Close> closes;  // the tokens that reach a closing quote
+    int32_t max_close_chars = 0;
+    Trie after;  // their bytes after the quote (a token of this trie: an index into closes)
+  };
+  void add_string_position(StringPos p);
+  const InString* in_string(StringPos p) const;
+
   std::vector<std::string> bytes_;
-  Trie all_, non_plain_;
-  std::vector<int32_t> plain_;        // ids of the plain tokens (see above)
-  TokenMask plain_mask_;              // the plain tokens
-  std::vector<int32_t> plain_chars_;  // [id]: code points of a plain token, -1 otherwise
+  Trie all_;
+  std::vector<InString> strings_;      // one per StringPos a string can be in
+  std::vector<StringPos> string_pos_;  // [i]: the position of strings_[i]
   size_t max_len_ = 0;
 };
 
@@ -79,12 +100,21 @@ class TokenFilter {
   bool is_end(int32_t id) const;
 
  private:
-  void walk(const TokenVocab::Trie& trie, uint32_t node, size_t depth, TokenMask& allowed);
+  template <class OnToken>
+  void walk(const TokenVocab::Trie& trie, uint32_t node, size_t depth, OnToken& on_token);
+  // s inside a string (every stack; stacks_ filled by Matcher::in_string): the mask from the vocabulary's
+  // InString table of their position. False (allowed unset) where the stacks are at different positions.
+  bool allowed_in_string(const Matcher::State& s, TokenMask& allowed);
+  // The tokens of `in` that stay inside the string, with at most `room` characters, into out (a copy).
+  static void stays_within(const TokenVocab::InString& in, int64_t room, TokenMask& out);
 
   std::shared_ptr<const Matcher> matcher_;
   std::shared_ptr<const TokenVocab> vocab_;
   std::vector<int32_t> end_ids_;
-  std::vector<Matcher::State> depth_;  // [max token length + 1]
+  std::vector<Matcher::State> depth_;                // [max token length + 1]
+  std::vector<Matcher::InString> stacks_;  // allowed_in_string's: each stack's string,
+  std::vector<uint64_t> closed_by_;        // [closing token]: the stacks it closes (bit i: stack i),
+  std::vector<uint64_t> groups_;           // the distinct closed_by_ values
 };
 
 // One sequence's structured output: the state after its emitted tokens, and a draft state run ahead over
