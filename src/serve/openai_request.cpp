@@ -256,14 +256,14 @@ ForcedToolCall forced_tool_call(const json& body) {
 
 // The grammar of a forced call: the named function's parameters schema (its arguments' JSON), or for
 // "required" one {"name": <a tool's name>, "arguments": <its parameters>} object (an anyOf over the tools).
+// Each tool's parameters are a document of their own: their "$ref"s resolve within them in both cases.
 OutputFormat tool_call_format(const json& body, const ServedModel& m, const ForcedToolCall& f,
                               const nlohmann::ordered_json* ordered) {
   if (!m.vocab) throw bad_field("tool_choice", "forcing a tool call needs the model's tokenizer; this model has none");
   using ojson = nlohmann::ordered_json;
   const ojson tools = ordered ? ordered->at("tools") : ojson(body.at("tools"));
-  ojson alternatives = ojson::array();
-  ojson named;
-  bool found = false;
+  std::vector<std::pair<std::string, ojson>> functions;  // (name, parameters)
+  const ojson* named = nullptr;
   for (size_t i = 0; i < tools.size(); ++i) {
     const ojson& t = tools[i];
     const std::string at = "tools[" + std::to_string(i) + "]";
@@ -271,28 +271,32 @@ OutputFormat tool_call_format(const json& body, const ServedModel& m, const Forc
         !t["function"].contains("name") || !t["function"]["name"].is_string())
       throw bad_field("tools", "'" + at + "' must be {\"type\": \"function\", \"function\": {\"name\": ..., ...}}");
     const std::string name = t["function"]["name"].get<std::string>();
-    const ojson params = t["function"].contains("parameters") && !t["function"]["parameters"].is_null()
-                             ? t["function"]["parameters"]
-                             : ojson{{"type", "object"}, {"properties", ojson::object()}};
-    if (f.mode == ForcedToolCall::Mode::kNamed && name == f.name) {
-      named = params;
-      found = true;
-    }
-    alternatives.push_back({{"type", "object"},
-                            {"properties", {{"name", {{"const", name}}}, {"arguments", params}}},
-                            {"required", {"name", "arguments"}}});
+    functions.emplace_back(name, t["function"].contains("parameters") && !t["function"]["parameters"].is_null()
+                                     ? t["function"]["parameters"]
+                                     : ojson{{"type", "object"}, {"properties", ojson::object()}});
   }
-  if (f.mode == ForcedToolCall::Mode::kNamed && !found)
+  for (const auto& [name, params] : functions)
+    if (f.mode == ForcedToolCall::Mode::kNamed && name == f.name) named = &params;
+  if (f.mode == ForcedToolCall::Mode::kNamed && !named)
     throw bad_field("tool_choice", "'tool_choice' names the function '" + f.name + "', which is not among 'tools'");
-  structured::Grammar g;
   try {
-    g = f.mode == ForcedToolCall::Mode::kNamed
-            ? structured::Grammar::from_schema(named, "the parameters of tool '" + f.name + "'")
-            : structured::Grammar::from_schema({{"anyOf", alternatives}}, "tools");
+    structured::GrammarBuilder b;
+    const std::string where = named ? "the parameters of tool '" + f.name + "'" : "tools";
+    int root = -1;
+    if (named) {
+      root = b.schema(*named, where);
+    } else {
+      std::vector<int> calls;
+      for (const auto& [name, params] : functions) {
+        const int args = b.schema(params, "the parameters of tool '" + name + "'");
+        calls.push_back(b.object({{"name", b.literal(name)}, {"arguments", args}}));
+      }
+      root = b.any_of(std::move(calls));
+    }
+    return OutputFormat{std::make_shared<const structured::Matcher>(std::move(b).finish(root, where)), m.vocab};
   } catch (const Error& e) {
     throw bad_field("tools", e.what());
   }
-  return OutputFormat{std::make_shared<const structured::Matcher>(std::move(g)), m.vocab};
 }
 
 }  // namespace

@@ -248,6 +248,58 @@ TEST_F(OpenAIRequest, AForcedToolCallIsGeneratedUnderItsParametersSchema) {
             std::string::npos);
 }
 
+// Each tool's parameters are a document of their own: their "$ref"s ("#/$defs/...", recursive ones included)
+// resolve within them under "required" (where the grammar is an anyOf over all tools) as for a named tool,
+// even where two tools use the same pointer for different schemas.
+TEST_F(OpenAIRequest, EachToolsReferencesResolveInItsOwnParameters) {
+  const auto templ = ChatTemplate::from_checkpoint(std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny");
+  ASSERT_TRUE(templ.has_value());
+  model_.chat_template = &*templ;
+  model_.vocab = structured::TokenVocab::from_tokenizer(tok_, facts_.vocab_size);
+  facts_.context = 4096;
+  const json tools = json::parse(R"([
+    {"type":"function","function":{"name":"add_tree","parameters":{
+      "$defs":{"node":{"type":"object","properties":{"label":{"type":"string"},
+                       "children":{"type":"array","items":{"$ref":"#/$defs/node"}}},"required":["label"]}},
+      "type":"object","properties":{"root":{"$ref":"#/$defs/node"}},"required":["root"]}}},
+    {"type":"function","function":{"name":"paint","parameters":{
+      "$defs":{"node":{"enum":["red","green"]}},
+      "type":"object","properties":{"color":{"$ref":"#/$defs/node"}},"required":["color"]}}}])");
+  const json messages = json::array({{{"role", "user"}, {"content", "a tree"}}});
+  auto chat = [&](const json& tool_list, json tool_choice) {
+    return parse_chat_request({{"messages", messages}, {"tools", tool_list}, {"tool_choice", tool_choice}}, model_);
+  };
+  const ApiRequest required = chat(tools, "required");
+  ASSERT_TRUE(required.format.constrained());
+  const structured::Matcher& m = *required.format.matcher;
+  // (json's keys are sorted: "children" comes before "label")
+  EXPECT_TRUE(matches(m, R"({"name":"add_tree","arguments":{"root":{"children":[{"children":[{"label":"c"}],)"
+                         R"("label":"b"},{"children":[],"label":"d"}],"label":"a"}}})"));
+  EXPECT_TRUE(matches(m, R"({"name":"paint","arguments":{"color":"green"}})"));
+  EXPECT_FALSE(matches(m, R"({"name":"paint","arguments":{"color":{"label":"a"}}})"));
+  EXPECT_FALSE(matches(m, R"({"name":"add_tree","arguments":{"root":"red"}})"));
+  EXPECT_FALSE(matches(m, R"({"name":"add_tree","arguments":{"root":{"children":["red"],"label":"a"}}})"));
+  for (const char* name : {"add_tree", "paint"}) {
+    const ApiRequest named = chat(tools, {{"type", "function"}, {"function", {{"name", name}}}});
+    EXPECT_EQ(matches(*named.format.matcher, R"({"root":{"children":[{"label":"b"}],"label":"a"}})"),
+              std::string(name) == "add_tree");
+    EXPECT_EQ(matches(*named.format.matcher, R"({"color":"red"})"), std::string(name) == "paint");
+  }
+  // A pointer that only another tool's parameters hold does not resolve: the error names the tool.
+  json borrowed = tools;
+  borrowed[1]["function"]["parameters"].erase("$defs");
+  try {
+    chat(borrowed, "required");
+    ADD_FAILURE() << "accepted a reference to another tool's $defs";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "tools");
+    EXPECT_NE(std::string(e.what()).find("the parameters of tool 'paint' at /properties/color/$ref: '#/$defs/node' "
+                                         "does not name a schema"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(DumpJson, InvalidUtf8BecomesReplacementCharacters) {
   EXPECT_EQ(dump_json(json("a\xff" "b")), "\"a\xEF\xBF\xBD" "b\"");
 }

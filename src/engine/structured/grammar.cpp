@@ -33,17 +33,15 @@ std::string pointer_token(const std::string& s) {
   return o;
 }
 
+// The most value nodes a grammar holds (the matcher numbers them in 16 bits, and adds its own).
+constexpr size_t kMaxNodes = size_t(1) << 15;
+
+// One document into a grammar's nodes; its references resolve within it.
 class Compiler {
  public:
-  Compiler(const ojson& document, std::string where) : doc_(document), where_(std::move(where)) {}
+  Compiler(const ojson& document, std::string where, Grammar& g) : doc_(document), where_(std::move(where)), g_(&g) {}
 
-  Grammar run() {
-    Grammar g;
-    g_ = &g;
-    g.root = build(doc_, "");
-    check_depth_possible();
-    return g;
-  }
+  int run() { return build(doc_, ""); }
 
  private:
   [[noreturn]] void fail(const std::string& ptr, const std::string& what) const {
@@ -51,7 +49,7 @@ class Compiler {
   }
 
   int add(Node n) {
-    if (g_->nodes.size() >= (1u << 15)) fail("", "the schema is too large (more than 32768 value nodes)");
+    if (g_->nodes.size() >= kMaxNodes) fail("", "the schema is too large (more than 32768 value nodes)");
     g_->nodes.push_back(std::move(n));
     return int(g_->nodes.size()) - 1;
   }
@@ -265,13 +263,6 @@ class Compiler {
     return add(std::move(n));
   }
 
-  // A schema whose every value nests deeper than kMaxNesting (a required property chain) could never be
-  // generated: refused here rather than found stuck mid-generation.
-  void check_depth_possible() {
-    if (min_nesting(*g_)[size_t(g_->root)] > kMaxNesting)
-      fail("", "every value of this schema nests deeper than " + std::to_string(kMaxNesting) + " containers");
-  }
-
   const ojson& doc_;
   std::string where_;
   Grammar* g_ = nullptr;
@@ -326,7 +317,57 @@ Grammar Grammar::any_object() {
 }
 
 Grammar Grammar::from_schema(const nlohmann::ordered_json& schema, const std::string& where) {
-  return Compiler(schema, where).run();
+  GrammarBuilder b;
+  const int root = b.schema(schema, where);
+  return std::move(b).finish(root, where);
+}
+
+int GrammarBuilder::schema(const nlohmann::ordered_json& document, const std::string& where) {
+  return Compiler(document, where, g_).run();
+}
+
+int GrammarBuilder::add(Node n) {
+  if (g_.nodes.size() >= kMaxNodes) throw Error("structured output: the grammar has more than 32768 value nodes");
+  g_.nodes.push_back(std::move(n));
+  return int(g_.nodes.size()) - 1;
+}
+
+int GrammarBuilder::object(const std::vector<std::pair<std::string, int>>& properties) {
+  Node n;
+  n.kind = Kind::kObject;
+  for (const auto& [key, node] : properties) {
+    Property p;
+    p.key = ojson(key).dump().substr(1);
+    p.node = node;
+    p.required = true;
+    n.properties.push_back(std::move(p));
+  }
+  return add(std::move(n));
+}
+
+int GrammarBuilder::literal(const nlohmann::ordered_json& value) {
+  Node n;
+  n.kind = Kind::kLiteral;
+  n.literals = {value.dump()};
+  return add(std::move(n));
+}
+
+int GrammarBuilder::any_of(std::vector<int> alternatives) {
+  Node n;
+  n.kind = Kind::kAnyOf;
+  n.alternatives = std::move(alternatives);
+  return add(std::move(n));
+}
+
+// A schema whose every value nests deeper than kMaxNesting (a required property chain) could never be
+// generated: refused here rather than found stuck mid-generation.
+Grammar GrammarBuilder::finish(int root, const std::string& where) && {
+  if (root < 0 || size_t(root) >= g_.nodes.size()) throw Error(where + ": the grammar has no root");
+  g_.root = root;
+  if (min_nesting(g_)[size_t(root)] > kMaxNesting)
+    throw Error(where + ": every value of this schema nests deeper than " + std::to_string(kMaxNesting) +
+                " containers");
+  return std::move(g_);
 }
 
 std::optional<Grammar> grammar_of_response_format(const nlohmann::ordered_json& rf, const std::string& where) {

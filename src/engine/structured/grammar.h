@@ -67,6 +67,28 @@ struct Grammar {
   static Grammar from_schema(const nlohmann::ordered_json& schema, const std::string& where = "schema");
 };
 
+// A grammar made of several JSON Schema documents, each resolving its "$ref"s within itself ("#/..." points into
+// that document, whatever else the grammar holds), joined by nodes of the caller's: tool_choice "required"'s
+// anyOf over the tools' {"name", "arguments"} objects, each tool's parameters a document of its own.
+class GrammarBuilder {
+ public:
+  // One document's values; returns its root node. Throws as Grammar::from_schema (naming `where`).
+  int schema(const nlohmann::ordered_json& document, const std::string& where);
+  // An object of these properties (key, node), all of them required, in this order.
+  int object(const std::vector<std::pair<std::string, int>>& properties);
+  // Exactly this JSON value (in its compact spelling).
+  int literal(const nlohmann::ordered_json& value);
+  // A value of any of these nodes.
+  int any_of(std::vector<int> alternatives);
+  // The grammar, rooted at `root`. Throws nextn::Error naming `where` when every value of root nests deeper than
+  // kMaxNesting (it could never be generated).
+  Grammar finish(int root, const std::string& where) &&;
+
+ private:
+  int add(Node n);
+  Grammar g_;
+};
+
 // OpenAI's response_format object: {"type": "text"} (nullopt), {"type": "json_object"}, or {"type":
 // "json_schema", "json_schema": {"name": ..., "schema": {...}, "strict": bool}} (no schema: any JSON value).
 // Throws nextn::Error naming `where` and the field for anything else.

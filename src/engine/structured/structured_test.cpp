@@ -64,6 +64,45 @@ TEST(StructuredGrammar, RefusesWhatItWouldNotEnforceNamingTheKeywordAndWhere) {
   EXPECT_EQ(schema_error(R"({"title":"T","description":"d","type":"string","default":"x","examples":["y"]})"), "");
 }
 
+// The documents of one grammar (GrammarBuilder, as tool_choice "required" joins the tools' parameters) each
+// resolve "#/..." within themselves: the same pointer names a different schema in each, recursion included.
+TEST(StructuredGrammar, EachDocumentOfABuilderResolvesItsOwnReferences) {
+  GrammarBuilder b;
+  const int tree = b.schema(ojson::parse(R"({"$defs":{"t":{"type":"object","properties":{"v":{"type":"integer"},
+      "kids":{"type":"array","items":{"$ref":"#/$defs/t"}}},"required":["v"]}},"$ref":"#/$defs/t"})"), "a");
+  const int list = b.schema(ojson::parse(R"({"type":"object","properties":{"xs":{"type":"array",
+      "items":{"$ref":"#/$defs/t"}}},"required":["xs"],"$defs":{"t":{"type":"string","maxLength":3}}})"), "b");
+  const int root = b.any_of({b.object({{"name", b.literal("tree")}, {"arguments", tree}}),
+                             b.object({{"name", b.literal("list")}, {"arguments", list}})});
+  const Matcher m(std::move(b).finish(root, "tools"));
+  EXPECT_TRUE(accepts(m, R"({"name":"tree","arguments":{"v":1,"kids":[{"v":2,"kids":[{"v":3}]},{"v":4}]}})"));
+  EXPECT_TRUE(accepts(m, R"({"name":"list","arguments":{"xs":["ab","c"]}})"));
+  EXPECT_FALSE(accepts(m, R"({"name":"list","arguments":{"xs":[{"v":1}]}})"));
+  EXPECT_FALSE(accepts(m, R"({"name":"tree","arguments":{"v":1,"kids":["ab"]}})"));
+  EXPECT_FALSE(accepts(m, R"({"name":"list","arguments":{"xs":["abcd"]}})"));
+  EXPECT_FALSE(accepts(m, R"({"arguments":{"xs":[]},"name":"list"})"));
+  // A pointer into another document is an error naming the document that holds the reference.
+  GrammarBuilder c;
+  c.schema(ojson::parse(R"({"$defs":{"t":{"type":"string"}},"type":"string"})"), "a");
+  try {
+    c.schema(ojson::parse(R"({"$ref":"#/$defs/t"})"), "b");
+    ADD_FAILURE() << "resolved a pointer into another document";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "b at /$ref: '#/$defs/t' does not name a schema in the document");
+  }
+  // The joined grammar's root is checked as from_schema checks a document's: a value must fit the nesting limit.
+  GrammarBuilder d;
+  const int endless = d.schema(ojson::parse(R"({"$defs":{"n":{"type":"object","properties":{"n":{"$ref":"#/$defs/n"}},
+      "required":["n"]}},"$ref":"#/$defs/n"})"), "a");
+  const int calls = d.any_of({d.object({{"arguments", endless}})});
+  try {
+    std::move(d).finish(calls, "tools");
+    ADD_FAILURE() << "a grammar no value of which fits the nesting limit";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tools: every value of this schema nests deeper"), std::string::npos);
+  }
+}
+
 TEST(StructuredMatcher, AnyObjectAcceptsJsonObjectsOnly) {
   const Matcher m(Grammar::any_object());
   for (const char* ok : {"{}", "{\"a\": [1, -2.5e3, true, null, \"x\\u00e9\\n\"]}", "{ \"a\": {\"b\":{}} }",
