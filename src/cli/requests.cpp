@@ -75,12 +75,15 @@ struct LazyVocab {
 // One line -> a request: the command line's parameters overridden by the line's fields.
 void parse_job(const std::string& text, const RequestDefaults& d, const Tokenizer* tok, const ModelFacts& facts,
                LazyVocab& vocab, Job& job) {
-  json j;
+  // Parsed once, in the line's key order (a schema's properties come out in it); the checks below read a
+  // std::map copy, whose sorted keys their messages name as before.
+  nlohmann::ordered_json line;
   try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
+    line = nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::ordered_json::exception& e) {
     throw Error(std::string("not valid JSON (") + e.what() + ")");
   }
+  const json j(line);
   if (!j.is_object()) throw Error("a request must be a JSON object");
   for (auto item = j.begin(); item != j.end(); ++item) {
     const std::string key = item.key();
@@ -141,9 +144,7 @@ void parse_job(const std::string& text, const RequestDefaults& d, const Tokenize
   r.spec.validate();
   std::shared_ptr<const structured::Matcher> format = d.format;
   if (j.contains("response_format") && !j["response_format"].is_null()) {
-    // (read again in the line's key order: a schema's properties come out in it)
-    const auto ordered = nlohmann::ordered_json::parse(text);
-    const auto g = structured::grammar_of_response_format(ordered.at("response_format"), "response_format");
+    const auto g = structured::grammar_of_response_format(line.at("response_format"), "response_format");
     format = g ? std::make_shared<const structured::Matcher>(*g) : nullptr;
   }
   if (format) r.format = OutputFormat{format, vocab.get()};
