@@ -362,10 +362,38 @@ struct MmaTargets {
   int n;
 };
 
-template <int TILES, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32)
+// How a block's warps read their weights: K bytes of each of a tile's 16 rows per warp chunk (64 or 128: a
+// chunk is K / 64 sub-chunks of the MMAs' 64 k, each with its own split of x), STAGES chunks through shared
+// memory, and which lane copies which 16 bytes. kOwnPieces: each lane copies the pieces it later feeds its MMAs
+// (rows g and g + 8, bytes 16 t of each sub-chunk: an instruction reads 64 bytes of 8 rows), so its own
+// wait_group is all the sync needed. kRowPieces (K = 128): 8 lanes copy one row's 128 bytes (an instruction
+// reads 4 whole 128-byte lines), the lanes then read their pieces from a swizzled layout (piece p of row r at
+// p ^ 4 (r & 1): conflict-free for the MMA order's reads), with a __syncwarp between copies and reads.
+// The sums do not depend on the pattern or the stage count, only on K (which warp takes which k).
+enum class MmaPieces { kOwnPieces, kRowPieces };
+template <int TILES, int WARPS, int K, int STAGES, MmaPieces P>
+struct MmaShape {
+  static constexpr int kTiles = TILES, kWarps = WARPS, kChunk = K, kStages = STAGES, kSub = K / kMmaChunk;
+  static constexpr MmaPieces kPieces = P;
+  static constexpr int kStageUint4 = TILES * kMmaTileRows * K / 16;  // a warp's staged weights per stage
+  static constexpr int kRowPtrs = P == MmaPieces::kRowPieces ? 4 : 2;  // weight rows a lane copies from a tile
+  static constexpr size_t kStagedBytes = size_t(WARPS) * STAGES * kStageUint4 * 16;
+  // x staged with the weights: [warp][stage][sub-chunk][lane < 4 rows][4] uint4, for up to kXStageRows rows
+  static constexpr int kXStageRows = WARPS == 32 ? 1 : 4;
+  static constexpr size_t x_stage_bytes(int rows) { return size_t(WARPS) * STAGES * kSub * rows * 4 * 16 * 4; }
+  static_assert(K == 64 || K == 128, "a chunk is one or two MMA sub-chunks");
+  static_assert(P == MmaPieces::kOwnPieces || K == 128, "row pieces are 128-byte lines");
+};
+
+// The 16-byte piece `p` of row `r` (of 16) in a tile's row-pieces stage.
+__device__ __forceinline__ int row_piece(int r, int p) { return r * 8 + (p ^ ((r & 1) << 2)); }
+
+template <class S>
+__global__ void __launch_bounds__(S::kWarps * 32)
     fp8_mma_kernel(const __grid_constant__ MmaTargets targets, const float* __restrict__ x, int64_t M, int64_t xs,
                    bool x_vectors, int64_t rows_per_y, bool split_in_smem, OutputSink sink, int x_stage_rows) {
+  constexpr int TILES = S::kTiles, WARPS = S::kWarps, STAGES = S::kStages, SUB = S::kSub;
+  constexpr bool kRows = S::kPieces == MmaPieces::kRowPieces;
   int target = 0;
   while (target + 1 < targets.n && blockIdx.x >= targets.first_block[target + 1]) ++target;
   const DeviceWeight& w = targets.w[target];
@@ -379,48 +407,75 @@ __global__ void __launch_bounds__(WARPS * 32)
     M = M - r0 < rows_per_y ? M - r0 : rows_per_y;
   }
   __shared__ float part[WARPS][TILES][kMmaTileRows][kMmaCols];
-  // [warp][stage][tile][row g, g + 8][lane] (fp8_mma_staged_bytes), then the pass's split x (split_in_smem)
+  // [warp][stage][S::kStageUint4] staged weights (MmaShape), then either the pass's split x (split_in_smem) or
+  // x staged with the weights (x_stage_rows > 0, x_staged_with_weights)
   extern __shared__ uint4 dynamic_smem[];
-  auto staged = reinterpret_cast<uint4(*)[kMmaStages][TILES][2][32]>(dynamic_smem);
-  unsigned* split_words = reinterpret_cast<unsigned*>(dynamic_smem + WARPS * kMmaStages * TILES * 2 * 32);
-  // x_stage_rows > 0 (x_staged_with_weights): each chunk's x, 16 floats a lane of the rows g < x_stage_rows,
-  // comes through the cp.async stages with its weights, [warp][stage][lane < 4 x_stage_rows][4] uint4 after them
-  uint4* x_staged = dynamic_smem + WARPS * kMmaStages * TILES * 2 * 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  auto staged = [&](int stage, int tile) {
+    return dynamic_smem + (int64_t(warp) * STAGES + stage) * S::kStageUint4 + tile * (S::kStageUint4 / TILES);
+  };
+  unsigned* split_words = reinterpret_cast<unsigned*>(dynamic_smem + int64_t(WARPS) * STAGES * S::kStageUint4);
+  uint4* x_staged = dynamic_smem + int64_t(WARPS) * STAGES * S::kStageUint4;
   const int64_t n0 = int64_t(blockIdx.x - targets.first_block[target]) * (kMmaTileRows * TILES);
-  const int64_t chunks = w.in / kMmaChunk;
+  const int64_t chunks = w.in / S::kChunk, subchunks = w.in / kMmaChunk;
   const int scale_bytes = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
-  const unsigned chunks_per_block = unsigned(w.block_in / kMmaChunk);
-  const unsigned char* wrow[TILES][2];
+  const unsigned subchunks_per_block = unsigned(w.block_in / kMmaChunk);
+  const unsigned char* wrow[TILES][S::kRowPtrs];  // the rows this lane copies, at its bytes of a chunk
   const unsigned char* srow[TILES];
 #pragma unroll
   for (int i = 0; i < TILES; ++i) {
     const int64_t n = n0 + kMmaTileRows * i, last = w.out - 1;  // (rows past the end read the last, unused)
-    wrow[i][0] = w.data + (n + g < last ? n + g : last) * w.row_stride + 16 * t;
-    wrow[i][1] = w.data + (n + g + 8 < last ? n + g + 8 : last) * w.row_stride + 16 * t;
+#pragma unroll
+    for (int j = 0; j < S::kRowPtrs; ++j) {
+      const int64_t r = n + (kRows ? 4 * j + (lane >> 3) : g + 8 * j);
+      wrow[i][j] = w.data + (r < last ? r : last) * w.row_stride + (kRows ? 16 * (lane & 7) : 16 * t);
+    }
     srow[i] = scale_row(w, n < last ? n : last, scale_bytes);
   }
   const float* xrow = nullptr;  // this lane's x row in the current pass, when x is staged
+  auto x_stage_at = [&](int stage, int sub) {
+    return x_staged + (((int64_t(warp) * STAGES + stage) * SUB + sub) * x_stage_rows * 4 + lane) * 4;
+  };
   auto stage_x = [&](int64_t c, int stage) {
-    if (xrow && c < chunks) {
-      uint4* dst = x_staged + ((int64_t(warp) * kMmaStages + stage) * x_stage_rows * 4 + lane) * 4;
+    if (xrow && c < chunks)
 #pragma unroll
-      for (int j = 0; j < 4; ++j) cp_async_16(dst + j, xrow + c * kMmaChunk + 4 * j);
-    }
+      for (int h = 0; h < SUB; ++h)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) cp_async_16(x_stage_at(stage, h) + j, xrow + c * S::kChunk + kMmaChunk * h + 4 * j);
   };
   auto stage_chunk = [&](int64_t c, int stage) {
     if (c < chunks)
 #pragma unroll
       for (int i = 0; i < TILES; ++i) {
-        cp_async_16(&staged[warp][stage][i][0][lane], wrow[i][0] + c * kMmaChunk);
-        cp_async_16(&staged[warp][stage][i][1][lane], wrow[i][1] + c * kMmaChunk);
+        uint4* dst = staged(stage, i);
+#pragma unroll
+        for (int j = 0; j < S::kRowPtrs; ++j) {
+          if constexpr (kRows) {
+            cp_async_16(dst + row_piece(4 * j + (lane >> 3), lane & 7), wrow[i][j] + c * S::kChunk);
+          } else {
+#pragma unroll
+            for (int h = 0; h < SUB; ++h)
+              cp_async_16(dst + (h * 2 + j) * 32 + lane, wrow[i][j] + c * S::kChunk + kMmaChunk * h);
+          }
+        }
       }
     stage_x(c, stage);
     cp_async_commit();  // (an empty group past the end keeps the count wait_group relies on)
   };
+  // This lane's A-fragment pieces of sub-chunk h of tile i: rows g and g + 8, bytes 16 t of the sub-chunk.
+  auto weight_pieces = [&](int stage, int i, int h, uint4 (&wv)[2]) {
+    const uint4* src = staged(stage, i);
+    if constexpr (kRows) {
+      wv[0] = src[row_piece(g, 4 * h + t)];
+      wv[1] = src[row_piece(g + 8, 4 * h + t)];
+    } else {
+      wv[0] = src[(h * 2) * 32 + lane];
+      wv[1] = src[(h * 2 + 1) * 32 + lane];
+    }
+  };
   auto stage_first_chunks = [&] {
 #pragma unroll
-    for (int s = 0; s < kMmaStages - 1; ++s) stage_chunk(warp + int64_t(s) * WARPS, s);
+    for (int s = 0; s < STAGES - 1; ++s) stage_chunk(warp + int64_t(s) * WARPS, s);
   };
   // Weights only until the predecessor is done: the first pass's chunks staged, the block's rows asked of L2.
   if (M > 0) stage_first_chunks();
@@ -432,11 +487,11 @@ __global__ void __launch_bounds__(WARPS * 32)
     const float* xr = x + (m0 + (has_x ? g : 0)) * xs + 16 * t;
     if (x_stage_rows > 0) {  // the first chunks' x (read only now, after the predecessor), then all landed
       xrow = has_x ? xr : nullptr;
-      if (m0 > 0) {
+      if (m0 > 0) {  // (the previous pass's reads of the stages ended at its __syncthreads)
         stage_first_chunks();
       } else {
 #pragma unroll
-        for (int st = 0; st < kMmaStages - 1; ++st) stage_x(warp + int64_t(st) * WARPS, st);
+        for (int st = 0; st < STAGES - 1; ++st) stage_x(warp + int64_t(st) * WARPS, st);
         cp_async_commit();
       }
       cp_async_wait<0>();
@@ -445,13 +500,13 @@ __global__ void __launch_bounds__(WARPS * 32)
 #pragma unroll
     for (int i = 0; i < TILES; ++i) total[i][0] = total[i][1] = total[i][2] = total[i][3] = 0.f;
     if (m0 > 0 && x_stage_rows == 0) stage_first_chunks();
-    const int64_t row_words = split_row_words(chunks);
-    float* split_down = reinterpret_cast<float*>(split_words + int64_t(rows) * row_words);  // [rows][chunks]
+    const int64_t row_words = split_row_words(subchunks);
+    float* split_down = reinterpret_cast<float*>(split_words + int64_t(rows) * row_words);  // [rows][subchunks]
     if (split_in_smem) {  // item (r, c, quarter q) per thread, groups of 4 in a warp (padded: all shuffle)
-      const int64_t items = int64_t(rows) * chunks * 4, padded = (items + 255) / 256 * 256;
+      const int64_t items = int64_t(rows) * subchunks * 4, padded = (items + 255) / 256 * 256;
       for (int64_t i = threadIdx.x; i < padded; i += WARPS * 32) {
         const bool valid = i < items;
-        const int64_t rc = valid ? i / 4 : 0, r = rc / chunks, c = rc - r * chunks;
+        const int64_t rc = valid ? i / 4 : 0, r = rc / subchunks, c = rc - r * subchunks;
         const int q = int(i & 3);
         float xv[16];
         if (valid) load_x<16>(x + (m0 + r) * xs + c * kMmaChunk + 16 * q, x_vectors, xv);
@@ -471,70 +526,73 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
     int stage = 0;
     for (int64_t c = warp; c < chunks; c += WARPS) {
-      stage_chunk(c + int64_t(kMmaStages - 1) * WARPS, (stage + kMmaStages - 1) % kMmaStages);
-      cp_async_wait<kMmaStages - 1>();  // chunk c has landed
-      uint4 wv[TILES][2];
+      if constexpr (kRows) __syncwarp();  // (every lane's reads of the stage refilled now are done)
+      stage_chunk(c + int64_t(STAGES - 1) * WARPS, (stage + STAGES - 1) % STAGES);
+      cp_async_wait<STAGES - 1>();  // chunk c has landed
+      if constexpr (kRows) __syncwarp();  // (and every lane's copies of it are visible to the warp)
+      const int cur = stage;
+      stage = (stage + 1) % STAGES;
 #pragma unroll
-      for (int i = 0; i < TILES; ++i) {
-        wv[i][0] = staged[warp][stage][i][0][lane];
-        wv[i][1] = staged[warp][stage][i][1][lane];
-      }
-      const int x_stage = stage;
-      stage = (stage + 1) % kMmaStages;
-      unsigned hi[8], lo[8];
-      float d0, d1;  // 2^-p of this lane's D columns (activation rows 2t, 2t + 1)
-      if (split_in_smem) {
-        if (has_x) {
-          const uint4* words = reinterpret_cast<const uint4*>(split_words + g * row_words + c * 64 + 8 * t);
-          const uint4 h[2] = {words[0], words[1]}, l[2] = {words[8], words[9]};
+      for (int h = 0; h < SUB; ++h) {
+        const int64_t sc = c * SUB + h;  // the 64-k sub-chunk
+        uint4 wv[TILES][2];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            hi[4 * e] = h[e].x, hi[4 * e + 1] = h[e].y, hi[4 * e + 2] = h[e].z, hi[4 * e + 3] = h[e].w;
-            lo[4 * e] = l[e].x, lo[4 * e + 1] = l[e].y, lo[4 * e + 2] = l[e].z, lo[4 * e + 3] = l[e].w;
+        for (int i = 0; i < TILES; ++i) weight_pieces(cur, i, h, wv[i]);
+        unsigned hi[8], lo[8];
+        float d0, d1;  // 2^-p of this lane's D columns (activation rows 2t, 2t + 1)
+        if (split_in_smem) {
+          if (has_x) {
+            const uint4* words = reinterpret_cast<const uint4*>(split_words + g * row_words + sc * 64 + 8 * t);
+            const uint4 hw[2] = {words[0], words[1]}, lw[2] = {words[8], words[9]};
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              hi[4 * e] = hw[e].x, hi[4 * e + 1] = hw[e].y, hi[4 * e + 2] = hw[e].z, hi[4 * e + 3] = hw[e].w;
+              lo[4 * e] = lw[e].x, lo[4 * e + 1] = lw[e].y, lo[4 * e + 2] = lw[e].z, lo[4 * e + 3] = lw[e].w;
+            }
+          } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) hi[e] = lo[e] = 0u;
           }
+          d0 = 2 * t < rows ? split_down[int64_t(2 * t) * subchunks + sc] : 1.f;
+          d1 = 2 * t + 1 < rows ? split_down[int64_t(2 * t + 1) * subchunks + sc] : 1.f;
         } else {
+          float xv[16];
+          if (has_x && x_stage_rows > 0) {
+            const uint4* src = x_stage_at(cur, h);
 #pragma unroll
-          for (int e = 0; e < 8; ++e) hi[e] = lo[e] = 0u;
+            for (int j = 0; j < 4; ++j) {
+              const uint4 q = src[j];
+              xv[4 * j] = __uint_as_float(q.x), xv[4 * j + 1] = __uint_as_float(q.y);
+              xv[4 * j + 2] = __uint_as_float(q.z), xv[4 * j + 3] = __uint_as_float(q.w);
+            }
+          } else if (has_x) {
+            load_x<16>(xr + sc * kMmaChunk, x_vectors, xv);
+          } else {
+#pragma unroll
+            for (int e = 0; e < 16; ++e) xv[e] = 0.f;
+          }
+          const float down = split_x16(xv, hi, lo);
+          d0 = __shfl_sync(0xffffffffu, down, 8 * t);  // (from the lanes that hold those rows)
+          d1 = __shfl_sync(0xffffffffu, down, 8 * t + 4);
         }
-        d0 = 2 * t < rows ? split_down[int64_t(2 * t) * chunks + c] : 1.f;
-        d1 = 2 * t + 1 < rows ? split_down[int64_t(2 * t + 1) * chunks + c] : 1.f;
-      } else {
-        float xv[16];
-        if (has_x && x_stage_rows > 0) {
-          const uint4* src = x_staged + ((int64_t(warp) * kMmaStages + x_stage) * x_stage_rows * 4 + lane) * 4;
+#pragma unroll
+        for (int i = 0; i < TILES; ++i) {
+          const unsigned wa[4] = {wv[i][0].x, wv[i][0].y, wv[i][0].z, wv[i][0].w};
+          const unsigned wb[4] = {wv[i][1].x, wv[i][1].y, wv[i][1].z, wv[i][1].w};
+          float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            const uint4 q = src[j];
-            xv[4 * j] = __uint_as_float(q.x), xv[4 * j + 1] = __uint_as_float(q.y);
-            xv[4 * j + 2] = __uint_as_float(q.z), xv[4 * j + 3] = __uint_as_float(q.w);
+            const unsigned a[4] = {fp8x2_to_f16x2(wa[j]), fp8x2_to_f16x2(wb[j]), fp8x2_to_f16x2(wa[j] >> 16),
+                                   fp8x2_to_f16x2(wb[j] >> 16)};
+            mma_f16(acc, a, lo[2 * j], lo[2 * j + 1]);
+            mma_f16(acc, a, hi[2 * j], hi[2 * j + 1]);
           }
-        } else if (has_x) {
-          load_x<16>(xr + c * kMmaChunk, x_vectors, xv);
-        } else {
-#pragma unroll
-          for (int e = 0; e < 16; ++e) xv[e] = 0.f;
+          const float s = scale_value(srow[i], w.scale_kind, unsigned(sc) / subchunks_per_block);
+          total[i][0] = fmaf(acc[0] * d0, s, total[i][0]);
+          total[i][1] = fmaf(acc[1] * d1, s, total[i][1]);
+          total[i][2] = fmaf(acc[2] * d0, s, total[i][2]);
+          total[i][3] = fmaf(acc[3] * d1, s, total[i][3]);
         }
-        const float down = split_x16(xv, hi, lo);
-        d0 = __shfl_sync(0xffffffffu, down, 8 * t);  // (from the lanes that hold those rows)
-        d1 = __shfl_sync(0xffffffffu, down, 8 * t + 4);
-      }
-#pragma unroll
-      for (int i = 0; i < TILES; ++i) {
-        const unsigned wa[4] = {wv[i][0].x, wv[i][0].y, wv[i][0].z, wv[i][0].w};
-        const unsigned wb[4] = {wv[i][1].x, wv[i][1].y, wv[i][1].z, wv[i][1].w};
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const unsigned a[4] = {fp8x2_to_f16x2(wa[j]), fp8x2_to_f16x2(wb[j]), fp8x2_to_f16x2(wa[j] >> 16),
-                                 fp8x2_to_f16x2(wb[j] >> 16)};
-          mma_f16(acc, a, lo[2 * j], lo[2 * j + 1]);
-          mma_f16(acc, a, hi[2 * j], hi[2 * j + 1]);
-        }
-        const float s = scale_value(srow[i], w.scale_kind, unsigned(c) / chunks_per_block);
-        total[i][0] = fmaf(acc[0] * d0, s, total[i][0]);
-        total[i][1] = fmaf(acc[1] * d1, s, total[i][1]);
-        total[i][2] = fmaf(acc[2] * d0, s, total[i][2]);
-        total[i][3] = fmaf(acc[3] * d1, s, total[i][3]);
       }
     }
     cp_async_wait<0>();  // (the empty groups past the end: nothing is left in flight into the next pass)
@@ -561,8 +619,6 @@ __global__ void __launch_bounds__(WARPS * 32)
 // Whether a weight takes the tensor-core path: whole 64-k chunks inside scale blocks, 16-row tiles inside
 // scale rows, 16-byte aligned rows. Chosen by the weight alone (never by M), so that every row of every
 // call on it runs the same instructions.
-template <int TILES, int WARPS>
-constexpr size_t fp8_mma_staged_bytes = size_t(WARPS) * kMmaStages * TILES * 2 * 32 * sizeof(uint4);
 constexpr size_t kMmaSplitSmemBytes = 40 * 1024;  // a pass's split x in shared memory up to this size
 
 // Whether a launch stages x through the cp.async pipeline with the weights (each warp then splits its own
@@ -573,8 +629,6 @@ constexpr size_t kMmaSplitSmemBytes = 40 * 1024;  // a pass's split x in shared 
 // session), the same bits either way: 18432 x 7168 at M = 2 / 4 +13% / +15%, 7168 x 18432 at M = 1 / 2 / 4
 // +13% / +9% / +2%, 4096 x 14336 (32 warps) at M = 1 +5%, but 2048 x 5632 (32 warps) at M = 1 -4%: so up to
 // 4 x rows in 8-warp blocks, and 1 in 32-warp ones (their shared memory bounds it) with rows of 8192 or more.
-template <int WARPS>
-constexpr size_t kMmaXStageBytes = size_t(WARPS) * kMmaStages * (WARPS == 32 ? 1 : 4) * 4 * sizeof(float) * 16;
 // (NEXTN_CUDA_FP8_STAGE_X=0 turns it off, for measuring one against the other.)
 template <int WARPS>
 bool x_staged_with_weights(int64_t in, int64_t M, bool x_vectors) {
@@ -585,13 +639,13 @@ bool x_staged_with_weights(int64_t in, int64_t M, bool x_vectors) {
   return !off && x_vectors && (WARPS == 32 ? M == 1 && in >= 8192 : M <= 4);
 }
 
-template <int TILES, int WARPS>
+template <class S>
 void launch_fp8_mma_tiles(const MmaTargets& targets, const float* x, int64_t M, int64_t xs, bool x_vectors,
                           const OutputSink& sink) {
-  constexpr size_t staged = fp8_mma_staged_bytes<TILES, WARPS>;
+  constexpr int WARPS = S::kWarps;
   static const bool configured = [] {  // (over the 48 KB a launch may take without asking)
-    check(cudaFuncSetAttribute(fp8_mma_kernel<TILES, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(staged + std::max(kMmaSplitSmemBytes, kMmaXStageBytes<WARPS>))),
+    check(cudaFuncSetAttribute(fp8_mma_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(S::kStagedBytes + std::max(kMmaSplitSmemBytes, S::x_stage_bytes(S::kXStageRows)))),
           "cudaFuncSetAttribute");
     return true;
   }();
@@ -604,12 +658,14 @@ void launch_fp8_mma_tiles(const MmaTargets& targets, const float* x, int64_t M, 
   const size_t split = size_t(std::min<int64_t>(M, kMmaCols) * split_bytes(targets.w[0].in));
   const int x_stage_rows = x_staged_with_weights<WARPS>(targets.w[0].in, M, x_vectors) ? int(M) : 0;
   const bool split_in_smem = split <= kMmaSplitSmemBytes && WARPS != 32 && x_stage_rows == 0;
-  const size_t x_stage_bytes = size_t(WARPS) * kMmaStages * size_t(x_stage_rows) * 4 * sizeof(float) * 16;
-  launch_kernel(fp8_mma_kernel<TILES, WARPS>, grid, dim3(WARPS * 32),
-                staged + (split_in_smem ? split : 0) + x_stage_bytes, "fp8_mma_kernel", targets, x, M, xs, x_vectors,
-                rc.rows_per_chunk, split_in_smem, sink, x_stage_rows);
+  launch_kernel(fp8_mma_kernel<S>, grid, dim3(WARPS * 32),
+                S::kStagedBytes + (split_in_smem ? split : 0) + S::x_stage_bytes(x_stage_rows), "fp8_mma_kernel",
+                targets, x, M, xs, x_vectors, rc.rows_per_chunk, split_in_smem, sink, x_stage_rows);
 }
 
+// Whether a weight takes the tensor-core path: whole 64-k chunks inside scale blocks, 16-row tiles inside
+// scale rows, 16-byte aligned rows. Chosen by the weight alone (never by M), so that every row of every
+// call on it runs the same instructions.
 bool fp8_mma_takes(const DeviceWeight& w) {
   static const bool off = [] {
     const char* e = std::getenv("NEXTN_CUDA_FP8_MMA");
@@ -619,27 +675,46 @@ bool fp8_mma_takes(const DeviceWeight& w) {
          w.scale_row0 % kMmaTileRows == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_stride % 16 == 0;
 }
 
-// The warps of a block, which split a weight row's 64-k chunks between them (so they set the order of its sums):
-// chosen by the weight's shape alone, so that a weight's outputs have the same bits in every launch. A matrix
-// too narrow to give every SM two 2-tile blocks (the attention's projections, the MLP's down projection) runs
-// one block of 32 warps a tile (1024 threads; 1 tile a block, as 2 need more registers than that leaves), a
-// wide one 8 warps a block (2 blocks an SM at 128 registers a thread). At M = 1 on the H200: 2048 x 5632 read
-// 0.24 / 0.29 / 0.32 of the copy bandwidth with 8 / 16 / 32 warps, 2048 x 2048 0.18 / 0.21 / 0.21; 11264 x 2048
-// 0.42 with 8 and 0.37 with 16 (docs/performance.md, twenty-fourth session).
-int mma_warps(const DeviceWeight& w) { return w.out < 2 * kMmaTileRows * int64_t(multiprocessors()) ? 32 : 8; }
+// The shape of a weight's tensor-core launches (MmaShape), which sets the order of its sums (which warp takes
+// which k): chosen by the weight's shape alone, so that a weight's outputs have the same bits in every launch.
+// A matrix too narrow to give every SM two 2-tile blocks (the attention's projections, the MLP's down
+// projection) runs one block of 32 warps a tile (1024 threads; 1 tile a block, as 2 need more registers than
+// that leaves) over 64-k chunks, a wide one 8 warps a block (2 blocks an SM at 128 registers a thread). At M = 1
+// on the H200: 2048 x 5632 read 0.24 / 0.29 / 0.32 of the copy bandwidth with 8 / 16 / 32 warps, 2048 x 2048
+// 0.18 / 0.21 / 0.21; 11264 x 2048 0.42 with 8 and 0.37 with 16 (docs/performance.md, twenty-fourth session).
+// Where the scale blocks are 128 wide, a wide matrix's warps read 128-k chunks as whole 128-byte lines (row
+// pieces, 2 stages): on an H100 at M = 1 / 2 / 4, 7168 x 18432 read 0.79 / 0.77 / 0.70 of the copy bandwidth
+// with 64-k chunks and 0.86 / 0.85 / 0.75 so, 18432 x 7168 0.71 / 0.71 / 0.65 and 0.73 / 0.72 / 0.68; own
+// pieces of 128-k chunks gained half as much, 3 stages (1 block an SM) and 4 tiles a block lost 20-25%
+// (docs/performance.md, thirty-fourth session). Narrow matrices keep 64-k chunks unless
+// NEXTN_CUDA_FP8_NARROW128=1 (rows of 8192 or more: each of the 32 warps then has 2+ chunks);
+// NEXTN_CUDA_FP8_CHUNK=64 gives every weight 64-k chunks (for measuring one against the other).
+enum class MmaKind { kNarrow64, kNarrow128, kWide64, kWide128 };
+int mma_tiles(MmaKind k) { return k == MmaKind::kNarrow64 || k == MmaKind::kNarrow128 ? 1 : 2; }
+bool env_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == value;
+}
+MmaKind mma_kind(const DeviceWeight& w) {
+  static const bool only64 = env_is("NEXTN_CUDA_FP8_CHUNK", "64"), narrow128 = env_is("NEXTN_CUDA_FP8_NARROW128", "1");
+  const bool lines = !only64 && w.in % 128 == 0 && w.block_in % 128 == 0;
+  if (w.out < 2 * kMmaTileRows * int64_t(multiprocessors()))
+    return lines && narrow128 && w.in >= 8192 ? MmaKind::kNarrow128 : MmaKind::kNarrow64;
+  return lines ? MmaKind::kWide128 : MmaKind::kWide64;
+}
 
-// One launch for up to kMaxMmaTargets weights of x's width (each taking the tensor-core path) and one warp count
-// (mma_warps; matmul_many groups them so): wide weights 2 tiles a block of 8 warps (1 and 4 tiles measured
-// slower on large matrices: docs/performance.md, "Fourteenth session"), narrow ones 1 tile a block of 32 warps
-// (with 2 the attention's 0.6-2 MB projections ran on 9-48 blocks of 132). A tile's sums depend neither on the
-// tiles beside it nor on the weights sharing the launch: every output gets the bits of its own one-weight
-// launch. A sink applies to the first weight's outputs (a launch of one weight: cuda::matmul's).
+// One launch for up to kMaxMmaTargets weights of x's width (each taking the tensor-core path) and one MmaKind
+// (matmul_many groups them so): wide weights 2 tiles a block of 8 warps (1 and 4 tiles measured slower on large
+// matrices: docs/performance.md, "Fourteenth session"), narrow ones 1 tile a block of 32 warps (with 2 the
+// attention's 0.6-2 MB projections ran on 9-48 blocks of 132). A tile's sums depend neither on the tiles beside
+// it nor on the weights sharing the launch: every output gets the bits of its own one-weight launch. A sink
+// applies to the first weight's outputs (a launch of one weight: cuda::matmul's).
 void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight* const* w, float* const* y,
                     const int64_t* ys, int n, bool x_vectors, const OutputSink& sink = {}) {
   MmaTargets targets{};
   targets.n = n;
-  const bool narrow = mma_warps(*w[0]) == 32;
-  const int64_t rows_per_block = narrow ? kMmaTileRows : 2 * kMmaTileRows;
+  const MmaKind kind = mma_kind(*w[0]);
+  const int64_t rows_per_block = mma_tiles(kind) * kMmaTileRows;
   unsigned blocks = 0;
   for (int i = 0; i < n; ++i) {
     targets.w[i] = *w[i];
@@ -649,8 +724,14 @@ void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight* c
     blocks += unsigned((w[i]->out + rows_per_block - 1) / rows_per_block);
   }
   targets.first_block[n] = blocks;
-  if (narrow) launch_fp8_mma_tiles<1, 32>(targets, x, M, xs, x_vectors, sink);
-  else launch_fp8_mma_tiles<2, 8>(targets, x, M, xs, x_vectors, sink);
+  constexpr MmaPieces kOwn = MmaPieces::kOwnPieces, kRow = MmaPieces::kRowPieces;
+  auto go = [&](auto shape) { launch_fp8_mma_tiles<decltype(shape)>(targets, x, M, xs, x_vectors, sink); };
+  switch (kind) {
+    case MmaKind::kNarrow64: go(MmaShape<1, 32, 64, kMmaStages, kOwn>{}); break;
+    case MmaKind::kNarrow128: go(MmaShape<1, 32, 128, 2, kRow>{}); break;
+    case MmaKind::kWide64: go(MmaShape<2, 8, 64, kMmaStages, kOwn>{}); break;
+    case MmaKind::kWide128: go(MmaShape<2, 8, 128, 2, kRow>{}); break;
+  }
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------------
@@ -829,7 +910,7 @@ void matmul_many(const float* x, int64_t M, const ops::MatmulOut* outs, int64_t 
     const ops::MatmulOut& o = outs[i];
     const DeviceWeight d = device_weight(*o.w);
     if (o.w->dtype != DType::F8_E4M3 || !fp8_mma_takes(d) ||
-        (n > 0 && (d.in != descs[0].in || mma_warps(d) != mma_warps(descs[0])))) {
+        (n > 0 && (d.in != descs[0].in || mma_kind(d) != mma_kind(descs[0])))) {
       matmul(x, M, *o.w, o.y, -1, o.y_stride);
       continue;
     }

@@ -57,9 +57,11 @@ std::vector<Shape> shapes() {
     v.push_back({DType::F8_E4M3, s, 200, 384, 128, true});
   }
   // Tensor-core FP8 where x's split leaves shared memory past 4 rows: 1 weight tile a block (256 x 4096) and
-  // 2 (4352 x 2560: enough tiles to fill the SMs twice).
+  // 2 (4352 x 2560: enough tiles to fill the SMs twice); and a wide one whose 8 rows' split fits there
+  // (4352 x 1024: x staged up to 4 rows, split in shared memory for 5-8 and each pass of 8 after).
   v.push_back({DType::F8_E4M3, DType::F32, 256, 4096, 0, false});
   v.push_back({DType::F8_E4M3, DType::F32, 4352, 2560, 0, false});
+  v.push_back({DType::F8_E4M3, DType::F32, 4352, 1024, 0, false});
   return v;
 }
 
