@@ -270,8 +270,8 @@ void launch(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float*
 // fp32 values f16 cannot hold, goes in as hi + lo f16 pairs (22 significant bits) of x · 2^p, p per row and
 // 64-k chunk putting the chunk's largest |x| in [2^14, 2^15) (so nothing overflows, and what underflows is
 // below 2^-38 of that largest); each chunk's sum is then promoted: total += (sum · 2^-p) · block scale.
-// A weight tile is 16 rows; the block's 8 warps take the 64-k chunks c = warp, warp + 8, ... and their sums
-// are added in warp order, and a row's values never meet another row's (its p is its own), so a row gets
+// A weight tile is 16 rows; the block's W warps take the chunks (64 or 128 k: MmaShape) c = warp, warp + W, ...
+// and their sums are added in warp order, and a row's values never meet another row's (its p is its own), so a row gets
 // the same bits whatever M, as in the kernel above.
 // The split is made per pass by the whole block into shared memory when the pass's rows fit there (at M = 1,
 // rows up to ~10k wide) and the block's warps have several chunks each (8-warp blocks), else by each warp at each
@@ -305,9 +305,9 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], u
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Weight bytes are brought in through shared memory with cp.async, kMmaStages chunks ahead of their use: the
+// Weight bytes are brought in through shared memory with cp.async, stages - 1 chunks ahead of their use: the
 // loads a warp can keep in flight in registers (one chunk) left DRAM at 40% of its peak with 2 blocks per SM.
-// Each lane copies and later reads only its own 16-byte pieces, so its own wait_group is all the sync needed.
+// (kMmaStages for 64-k chunks; MmaShape says who copies which piece.)
 constexpr int kMmaStages = 4;
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
@@ -685,10 +685,10 @@ bool fp8_mma_takes(const DeviceWeight& w) {
 // Where the scale blocks are 128 wide, a wide matrix's warps read 128-k chunks as whole 128-byte lines (row
 // pieces, 2 stages): on an H100 at M = 1 / 2 / 4, 7168 x 18432 read 0.79 / 0.77 / 0.70 of the copy bandwidth
 // with 64-k chunks and 0.86 / 0.85 / 0.75 so, 18432 x 7168 0.71 / 0.71 / 0.65 and 0.73 / 0.72 / 0.68; own
-// pieces of 128-k chunks gained half as much, 3 stages (1 block an SM) and 4 tiles a block lost 20-25%
-// (docs/performance.md, thirty-fourth session). Narrow matrices keep 64-k chunks unless
-// NEXTN_CUDA_FP8_NARROW128=1 (rows of 8192 or more: each of the 32 warps then has 2+ chunks);
-// NEXTN_CUDA_FP8_CHUNK=64 gives every weight 64-k chunks (for measuring one against the other).
+// pieces of 128-k chunks gained half as much; 3 stages (1 block an SM), 4 tiles a block, or 4 warps lost 5-30%
+// (docs/performance.md, thirty-fourth session). Narrow matrices read them too where rows are 8192 or more wide
+// (each of the 32 warps then has 2+ chunks): 4096 x 14336 and 2048 x 16384 +9% / +10% at M = 1, 2-8% at M = 2-4;
+// narrower rows keep 64-k chunks. NEXTN_CUDA_FP8_CHUNK=64 gives every weight 64-k chunks (for measuring).
 enum class MmaKind { kNarrow64, kNarrow128, kWide64, kWide128 };
 int mma_tiles(MmaKind k) { return k == MmaKind::kNarrow64 || k == MmaKind::kNarrow128 ? 1 : 2; }
 bool env_is(const char* name, const char* value) {
@@ -696,10 +696,10 @@ bool env_is(const char* name, const char* value) {
   return e && std::string(e) == value;
 }
 MmaKind mma_kind(const DeviceWeight& w) {
-  static const bool only64 = env_is("NEXTN_CUDA_FP8_CHUNK", "64"), narrow128 = env_is("NEXTN_CUDA_FP8_NARROW128", "1");
+  static const bool only64 = env_is("NEXTN_CUDA_FP8_CHUNK", "64");
   const bool lines = !only64 && w.in % 128 == 0 && w.block_in % 128 == 0;
   if (w.out < 2 * kMmaTileRows * int64_t(multiprocessors()))
-    return lines && narrow128 && w.in >= 8192 ? MmaKind::kNarrow128 : MmaKind::kNarrow64;
+    return lines && w.in >= 8192 ? MmaKind::kNarrow128 : MmaKind::kNarrow64;
   return lines ? MmaKind::kWide128 : MmaKind::kWide64;
 }
 

@@ -62,6 +62,7 @@ std::vector<Shape> shapes() {
   v.push_back({DType::F8_E4M3, DType::F32, 256, 4096, 0, false});
   v.push_back({DType::F8_E4M3, DType::F32, 4352, 2560, 0, false});
   v.push_back({DType::F8_E4M3, DType::F32, 4352, 1024, 0, false});
+  v.push_back({DType::F8_E4M3, DType::F32, 272, 8192, 0, false});  // narrow, 128-k chunks (2 a warp)
   return v;
 }
 
