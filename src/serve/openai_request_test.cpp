@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
+
 #include "engine/structured/matcher.h"
 #include "serve/api_error.h"
 #include "serve/chat_template/chat_template.h"
@@ -38,9 +40,21 @@ class OpenAIRequest : public ::testing::Test {
     return ApiError(0, "");
   }
 
+  // The bundled model's chat template and vocabulary, and room for a tool call: what chat requests with tools
+  // need (false when the template does not load).
+  bool serve_chat_with_tools() {
+    templ_ = ChatTemplate::from_checkpoint(std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny");
+    if (!templ_) return false;
+    model_.chat_template = &*templ_;
+    model_.vocab = structured::TokenVocab::from_tokenizer(tok_, facts_.vocab_size);
+    facts_.context = 4096;
+    return true;
+  }
+
   Tokenizer tok_;
   ModelFacts facts_;
   ServedModel model_;
+  std::optional<ChatTemplate> templ_;  // (serve_chat_with_tools)
 };
 
 TEST_F(OpenAIRequest, CompletionFieldsSetTheEngineParameters) {
@@ -195,11 +209,7 @@ bool matches(const structured::Matcher& m, std::string_view text) {
 }
 
 TEST_F(OpenAIRequest, AForcedToolCallIsGeneratedUnderItsParametersSchema) {
-  const auto templ = ChatTemplate::from_checkpoint(std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny");
-  ASSERT_TRUE(templ.has_value());
-  model_.chat_template = &*templ;
-  model_.vocab = structured::TokenVocab::from_tokenizer(tok_, facts_.vocab_size);
-  facts_.context = 4096;
+  ASSERT_TRUE(serve_chat_with_tools());
   const json tools = json::parse(R"([
     {"type":"function","function":{"name":"get_weather","parameters":{"type":"object",
       "properties":{"city":{"type":"string"},"days":{"type":"integer"}},"required":["city"]}}},
@@ -252,11 +262,7 @@ TEST_F(OpenAIRequest, AForcedToolCallIsGeneratedUnderItsParametersSchema) {
 // resolve within them under "required" (where the grammar is an anyOf over all tools) as for a named tool,
 // even where two tools use the same pointer for different schemas.
 TEST_F(OpenAIRequest, EachToolsReferencesResolveInItsOwnParameters) {
-  const auto templ = ChatTemplate::from_checkpoint(std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny");
-  ASSERT_TRUE(templ.has_value());
-  model_.chat_template = &*templ;
-  model_.vocab = structured::TokenVocab::from_tokenizer(tok_, facts_.vocab_size);
-  facts_.context = 4096;
+  ASSERT_TRUE(serve_chat_with_tools());
   const json tools = json::parse(R"([
     {"type":"function","function":{"name":"add_tree","parameters":{
       "$defs":{"node":{"type":"object","properties":{"label":{"type":"string"},
