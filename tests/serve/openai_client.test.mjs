@@ -391,6 +391,33 @@ test('tool_choice forcing a call: tool_calls with the schema\'s arguments, strea
   }), { status: 400, param: 'tool_choice', messageMatch: /'nope'/ });
 });
 
+// A tool whose parameters use "$defs" and a recursive "$ref": under tool_choice "required" (an anyOf over the
+// tools) its pointers resolve within its own parameters, as for a call forced by name.
+test('tool_choice required with tools whose parameters use $defs and a recursive $ref', async () => {
+  const tree = { type: 'function', function: { name: 'add_tree', parameters: {
+    $defs: { node: { type: 'object', properties: { label: { type: 'string', maxLength: 8 },
+      children: { type: 'array', items: { $ref: '#/$defs/node' }, maxItems: 2 } }, required: ['label'] } },
+    type: 'object', properties: { root: { $ref: '#/$defs/node' } }, required: ['root'] } } };
+  const params = {
+    model: server.model, messages: [{ role: 'user', content: 'A tree, please.' }], max_tokens: 60, temperature: 0,
+    tools: [tree, TOOLS[0]], tool_choice: 'required',
+  };
+  const r = await client.chat.completions.create(params);
+  const c = r.choices[0];
+  if (c.finish_reason === 'tool_calls') {
+    const call = c.message.tool_calls[0];
+    assert.ok(['add_tree', 'get_weather'].includes(call.function.name), call.function.name);
+    const args = JSON.parse(call.function.arguments);
+    if (call.function.name === 'add_tree') assert.equal(typeof args.root.label, 'string', call.function.arguments);
+  } else {
+    assert.equal(c.finish_reason, 'length');
+  }
+  const named = await client.chat.completions.create({
+    ...params, tool_choice: { type: 'function', function: { name: 'add_tree' } },
+  });
+  assert.equal(named.choices[0].message.tool_calls[0].function.name, 'add_tree');
+});
+
 test('seed with temperature > 0 reproduces; different seeds differ', async () => {
   const params = { prompt: P1, max_tokens: 32, temperature: 1.0, top_p: 0.95, ignore_eos: true };
   const a = await client.completions.create({ ...params, seed: 1234 });
