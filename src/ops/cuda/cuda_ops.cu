@@ -619,6 +619,12 @@ __global__ void __launch_bounds__(S::kWarps * 32)
 // Whether a weight takes the tensor-core path: whole 64-k chunks inside scale blocks, 16-row tiles inside
 // scale rows, 16-byte aligned rows. Chosen by the weight alone (never by M), so that every row of every
 // call on it runs the same instructions.
+// Whether environment variable `name` is set to `value` (the switches for measuring one path against another).
+bool env_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == value;
+}
+
 constexpr size_t kMmaSplitSmemBytes = 40 * 1024;  // a pass's split x in shared memory up to this size
 
 // Whether a launch stages x through the cp.async pipeline with the weights (each warp then splits its own
@@ -632,10 +638,7 @@ constexpr size_t kMmaSplitSmemBytes = 40 * 1024;  // a pass's split x in shared 
 // (NEXTN_CUDA_FP8_STAGE_X=0 turns it off, for measuring one against the other.)
 template <int WARPS>
 bool x_staged_with_weights(int64_t in, int64_t M, bool x_vectors) {
-  static const bool off = [] {
-    const char* e = std::getenv("NEXTN_CUDA_FP8_STAGE_X");
-    return e && std::string(e) == "0";
-  }();
+  static const bool off = env_is("NEXTN_CUDA_FP8_STAGE_X", "0");
   return !off && x_vectors && (WARPS == 32 ? M == 1 && in >= 8192 : M <= 4);
 }
 
@@ -667,10 +670,7 @@ void launch_fp8_mma_tiles(const MmaTargets& targets, const float* x, int64_t M, 
 // scale rows, 16-byte aligned rows. Chosen by the weight alone (never by M), so that every row of every
 // call on it runs the same instructions.
 bool fp8_mma_takes(const DeviceWeight& w) {
-  static const bool off = [] {
-    const char* e = std::getenv("NEXTN_CUDA_FP8_MMA");
-    return e && std::string(e) == "0";
-  }();
+  static const bool off = env_is("NEXTN_CUDA_FP8_MMA", "0");
   return !off && w.in % kMmaChunk == 0 && w.block_in % kMmaChunk == 0 && w.block_out % kMmaTileRows == 0 &&
          w.scale_row0 % kMmaTileRows == 0 && reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && w.row_stride % 16 == 0;
 }
@@ -691,10 +691,6 @@ bool fp8_mma_takes(const DeviceWeight& w) {
 // narrower rows keep 64-k chunks. NEXTN_CUDA_FP8_CHUNK=64 gives every weight 64-k chunks (for measuring).
 enum class MmaKind { kNarrow64, kNarrow128, kWide64, kWide128 };
 int mma_tiles(MmaKind k) { return k == MmaKind::kNarrow64 || k == MmaKind::kNarrow128 ? 1 : 2; }
-bool env_is(const char* name, const char* value) {
-  const char* e = std::getenv(name);
-  return e && std::string(e) == value;
-}
 MmaKind mma_kind(const DeviceWeight& w) {
   static const bool only64 = env_is("NEXTN_CUDA_FP8_CHUNK", "64");
   const bool lines = !only64 && w.in % 128 == 0 && w.block_in % 128 == 0;
