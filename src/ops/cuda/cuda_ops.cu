@@ -616,9 +616,6 @@ __global__ void __launch_bounds__(S::kWarps * 32)
   }
 }
 
-// Whether a weight takes the tensor-core path: whole 64-k chunks inside scale blocks, 16-row tiles inside
-// scale rows, 16-byte aligned rows. Chosen by the weight alone (never by M), so that every row of every
-// call on it runs the same instructions.
 // Whether environment variable `name` is set to `value` (the switches for measuring one path against another).
 bool env_is(const char* name, const char* value) {
   const char* e = std::getenv(name);
