@@ -33,6 +33,9 @@ std::string pointer_token(const std::string& s) {
   return o;
 }
 
+// A property's key as Property::key spells it: its JSON string without the opening quote.
+std::string property_key(const std::string& key) { return ojson(key).dump().substr(1); }
+
 // The most value nodes a grammar holds (the matcher numbers them in 16 bits, and adds its own).
 constexpr size_t kMaxNodes = size_t(1) << 15;
 
@@ -200,15 +203,16 @@ class Compiler {
       if (!props.is_object()) fail(ptr + "/properties", "must be an object");
       for (const auto& [key, sub] : props.items()) {
         Property p;
-        p.key = ojson(key).dump().substr(1);
+        p.key = property_key(key);
         p.required = required.count(key) > 0;
         p.node = build(sub, ptr + "/properties/" + pointer_token(key));
         n.properties.push_back(std::move(p));
       }
     }
     for (const std::string& r : required) {
+      const std::string key = property_key(r);
       bool found = false;
-      for (const Property& p : n.properties) found |= p.key == ojson(r).dump().substr(1);
+      for (const Property& p : n.properties) found |= p.key == key;
       if (!found) fail(ptr + "/required", "'" + r + "' is required but not among the properties");
     }
     if (!declared) {
@@ -337,7 +341,7 @@ int GrammarBuilder::object(const std::vector<std::pair<std::string, int>>& prope
   n.kind = Kind::kObject;
   for (const auto& [key, node] : properties) {
     Property p;
-    p.key = ojson(key).dump().substr(1);
+    p.key = property_key(key);
     p.node = node;
     p.required = true;
     n.properties.push_back(std::move(p));
