@@ -307,8 +307,7 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const unsigned (&a)[4], u
 
 // Weight bytes are brought in through shared memory with cp.async, stages - 1 chunks ahead of their use: the
 // loads a warp can keep in flight in registers (one chunk) left DRAM at 40% of its peak with 2 blocks per SM.
-// (kMmaStages for 64-k chunks; MmaShape says who copies which piece.)
-constexpr int kMmaStages = 4;
+// (MmaShape: 4 stages of 64-k chunks; 2 of 128-k ones, as 3 left one block an SM and read a fifth less.)
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   const unsigned a = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -363,26 +362,25 @@ struct MmaTargets {
 };
 
 // How a block's warps read their weights: K bytes of each of a tile's 16 rows per warp chunk (64 or 128: a
-// chunk is K / 64 sub-chunks of the MMAs' 64 k, each with its own split of x), STAGES chunks through shared
-// memory, and which lane copies which 16 bytes. kOwnPieces: each lane copies the pieces it later feeds its MMAs
-// (rows g and g + 8, bytes 16 t of each sub-chunk: an instruction reads 64 bytes of 8 rows), so its own
-// wait_group is all the sync needed. kRowPieces (K = 128): 8 lanes copy one row's 128 bytes (an instruction
-// reads 4 whole 128-byte lines), the lanes then read their pieces from a swizzled layout (piece p of row r at
-// p ^ 4 (r & 1): conflict-free for the MMA order's reads), with a __syncwarp between copies and reads.
-// The sums do not depend on the pattern or the stage count, only on K (which warp takes which k).
-enum class MmaPieces { kOwnPieces, kRowPieces };
-template <int TILES, int WARPS, int K, int STAGES, MmaPieces P>
+// chunk is K / 64 sub-chunks of the MMAs' 64 k, each with its own split of x), kStages chunks through shared
+// memory, and which lane copies which 16 bytes. 64-k chunks: each lane copies the pieces it later feeds its
+// MMAs (rows g and g + 8, bytes 16 t: an instruction reads 64 bytes of 8 rows), so its own wait_group is all
+// the sync needed. 128-k chunks (kRowPieces): 8 lanes copy one row's 128 bytes (an instruction reads 4 whole
+// 128-byte lines), the lanes then read their pieces from a swizzled layout (piece p of row r at p ^ 4 (r & 1):
+// conflict-free for the MMA order's reads), with a __syncwarp between copies and reads. The sums depend only
+// on K (which warp takes which k), not on the copy pattern or the stages.
+template <int TILES, int WARPS, int K>
 struct MmaShape {
-  static constexpr int kTiles = TILES, kWarps = WARPS, kChunk = K, kStages = STAGES, kSub = K / kMmaChunk;
-  static constexpr MmaPieces kPieces = P;
+  static constexpr int kTiles = TILES, kWarps = WARPS, kChunk = K, kSub = K / kMmaChunk;
+  static constexpr int kStages = K == 64 ? 4 : 2;
+  static constexpr bool kRowPieces = K == 128;
   static constexpr int kStageUint4 = TILES * kMmaTileRows * K / 16;  // a warp's staged weights per stage
-  static constexpr int kRowPtrs = P == MmaPieces::kRowPieces ? 4 : 2;  // weight rows a lane copies from a tile
-  static constexpr size_t kStagedBytes = size_t(WARPS) * STAGES * kStageUint4 * 16;
+  static constexpr int kRowPtrs = kRowPieces ? 4 : 2;                 // weight rows a lane copies from a tile
+  static constexpr size_t kStagedBytes = size_t(WARPS) * kStages * kStageUint4 * 16;
   // x staged with the weights: [warp][stage][sub-chunk][lane < 4 rows][4] uint4, for up to kXStageRows rows
   static constexpr int kXStageRows = WARPS == 32 ? 1 : 4;
-  static constexpr size_t x_stage_bytes(int rows) { return size_t(WARPS) * STAGES * kSub * rows * 4 * 16 * 4; }
+  static constexpr size_t x_stage_bytes(int rows) { return size_t(WARPS) * kStages * kSub * rows * 4 * 16 * 4; }
   static_assert(K == 64 || K == 128, "a chunk is one or two MMA sub-chunks");
-  static_assert(P == MmaPieces::kOwnPieces || K == 128, "row pieces are 128-byte lines");
 };
 
 // The 16-byte piece `p` of row `r` (of 16) in a tile's row-pieces stage.
@@ -393,7 +391,7 @@ __global__ void __launch_bounds__(S::kWarps * 32)
     fp8_mma_kernel(const __grid_constant__ MmaTargets targets, const float* __restrict__ x, int64_t M, int64_t xs,
                    bool x_vectors, int64_t rows_per_y, bool split_in_smem, OutputSink sink, int x_stage_rows) {
   constexpr int TILES = S::kTiles, WARPS = S::kWarps, STAGES = S::kStages, SUB = S::kSub;
-  constexpr bool kRows = S::kPieces == MmaPieces::kRowPieces;
+  constexpr bool kRows = S::kRowPieces;
   int target = 0;
   while (target + 1 < targets.n && blockIdx.x >= targets.first_block[target + 1]) ++target;
   const DeviceWeight& w = targets.w[target];
@@ -452,10 +450,8 @@ __global__ void __launch_bounds__(S::kWarps * 32)
         for (int j = 0; j < S::kRowPtrs; ++j) {
           if constexpr (kRows) {
             cp_async_16(dst + row_piece(4 * j + (lane >> 3), lane & 7), wrow[i][j] + c * S::kChunk);
-          } else {
-#pragma unroll
-            for (int h = 0; h < SUB; ++h)
-              cp_async_16(dst + (h * 2 + j) * 32 + lane, wrow[i][j] + c * S::kChunk + kMmaChunk * h);
+          } else {  // (one sub-chunk)
+            cp_async_16(dst + j * 32 + lane, wrow[i][j] + c * S::kChunk);
           }
         }
       }
@@ -468,9 +464,9 @@ __global__ void __launch_bounds__(S::kWarps * 32)
     if constexpr (kRows) {
       wv[0] = src[row_piece(g, 4 * h + t)];
       wv[1] = src[row_piece(g + 8, 4 * h + t)];
-    } else {
-      wv[0] = src[(h * 2) * 32 + lane];
-      wv[1] = src[(h * 2 + 1) * 32 + lane];
+    } else {  // (h = 0)
+      wv[0] = src[lane];
+      wv[1] = src[32 + lane];
     }
   };
   auto stage_first_chunks = [&] {
@@ -717,13 +713,12 @@ void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight* c
     blocks += unsigned((w[i]->out + rows_per_block - 1) / rows_per_block);
   }
   targets.first_block[n] = blocks;
-  constexpr MmaPieces kOwn = MmaPieces::kOwnPieces, kRow = MmaPieces::kRowPieces;
   auto go = [&](auto shape) { launch_fp8_mma_tiles<decltype(shape)>(targets, x, M, xs, x_vectors, sink); };
   switch (kind) {
-    case MmaKind::kNarrow64: go(MmaShape<1, 32, 64, kMmaStages, kOwn>{}); break;
-    case MmaKind::kNarrow128: go(MmaShape<1, 32, 128, 2, kRow>{}); break;
-    case MmaKind::kWide64: go(MmaShape<2, 8, 64, kMmaStages, kOwn>{}); break;
-    case MmaKind::kWide128: go(MmaShape<2, 8, 128, 2, kRow>{}); break;
+    case MmaKind::kNarrow64: go(MmaShape<1, 32, 64>{}); break;
+    case MmaKind::kNarrow128: go(MmaShape<1, 32, 128>{}); break;
+    case MmaKind::kWide64: go(MmaShape<2, 8, 64>{}); break;
+    case MmaKind::kWide128: go(MmaShape<2, 8, 128>{}); break;
   }
 }
 
