@@ -163,7 +163,7 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   grow_device<float>(w.streams, S * C * H);
   for (cuda::DeviceBuffer* b : {&w.x, &w.xn, &w.y, &w.hidden, &w.shared_out, &w.h_prev, &w.lm_in})
     grow_device<float>(*b, S * H);
-  grow_device<float>(w.mixes, S * 2 * C);
+  grow_device<float>(w.mixes, cuda::hc_pre_scratch_floats(S, C, H, 2 * C));  // (the mixers' partials)
   grow_device<float>(w.post, S * C);
   grow_device<float>(w.q_resid, S * c.q_lora_rank);
   grow_device<float>(w.q, S * nh * c.qk_head_dim);
@@ -357,9 +357,8 @@ void HYV4CudaBlocks::hyper_pre(const HyperConnectionWeights& hc, const std::vect
   const HYV4Config& c = cfg_;
   const int64_t C = c.hc_mult;
   const float eps = float(c.rms_norm_eps);
-  cuda::matmul(ws_->streams.f32(), S_, dev(hc.fn), ws_->mixes.f32());  // [S, 2C]
   const cuda::HcNorm normed{dev(norm), eps, ws_->xn.f32()};
-  cuda::hc_pre(ws_->streams.f32(), ws_->mixes.f32(), 2 * C, S_, C, c.hidden_size, dev(hc.base), hc.scale[0],
+  cuda::hc_pre(ws_->streams.f32(), S_, C, c.hidden_size, dev(hc.fn), ws_->mixes.f32(), dev(hc.base), hc.scale[0],
                hc.scale[1], eps, float(c.hc_eps), float(c.hc_magnitude), ws_->x.f32(), ws_->post.f32(), &normed);
 }
 
@@ -370,9 +369,8 @@ void HYV4CudaBlocks::hc_head(const Linear& fn, const std::vector<float>& base, c
   const BlockTimer timer(kHyper);
   const HYV4Config& c = cfg_;
   const float eps = float(c.rms_norm_eps);
-  cuda::matmul(ws_->streams.f32(), S_, dev(fn), ws_->mixes.f32());  // [S, C]
   const cuda::HcNorm normed{dev(norm), eps, ws_->hidden.f32()};
-  cuda::hc_pre(ws_->streams.f32(), ws_->mixes.f32(), c.hc_mult, S_, c.hc_mult, c.hidden_size, dev(base), scale[0],
+  cuda::hc_pre(ws_->streams.f32(), S_, c.hc_mult, c.hidden_size, dev(fn), ws_->mixes.f32(), dev(base), scale[0],
                0.0f, eps, float(c.hc_eps), 0.0f, ws_->x.f32(), nullptr, &normed);
 }
 

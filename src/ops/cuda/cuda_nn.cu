@@ -6,6 +6,7 @@
 
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
+#include <cooperative_groups.h>
 
 #include <algorithm>
 #include <climits>
@@ -21,6 +22,8 @@
 namespace nextn::cuda {
 
 namespace {
+
+namespace cg = cooperative_groups;
 
 
 // One element of w, decoded as the CPU dequantizes it.
@@ -148,7 +151,6 @@ __device__ __forceinline__ Slice block_slice(int64_t n) {
 
 // Slices for rows of n elements: one per 1024 (at most 8), a single one where the output overwrites the input
 // (its blocks would read elements another block has written).
-constexpr size_t kHcNormSmemBytes = 48 * 1024;  // hc_pre's fused norm: rows up to 12288 wide (no opt-in)
 unsigned row_slices(int64_t n, bool in_place) {
   return in_place ? 1u : unsigned(std::clamp<int64_t>(n / 1024, 1, 8));
 }
@@ -275,53 +277,95 @@ __device__ __forceinline__ float decode(const DeviceWeight& w, int64_t i, float 
   if constexpr (KIND == 2) return fp8_to_f32(w.data[i]) * fp8_scale;
 }
 
-// Block (column tile, h, m): thread (column c = lane, row group g = warp) sums rows g, g + kThGroups, ... of
-// its column (the FP8 scale row advanced as the rows cross a scale block: no division per element), then
-// the groups' sums are added in group order. A column's 128-512 rows in one thread's chain made this one
-// of a decode step's slowest kernels (latency-bound: 32 blocks on the 48-layer synthetic checkpoint).
-constexpr int kThCols = 32, kThGroups = 8;
-
+// 16 bytes of a weight row as floats: E elements from element i0 (row · row_stride + c0) of w, decoded as
+// decode<KIND> does (FP8 with scale s), one 16-byte load where `vec` (the rows' elements 16-byte aligned) and the
+// E elements lie inside the row (c0 + E <= in), else one element at a time with zeros past the row.
 template <int KIND>
-__global__ void __launch_bounds__(kThCols * kThGroups)
+constexpr int kVecElems = KIND == 0 ? 4 : KIND == 1 ? 8 : 16;
+template <int KIND>
+__device__ __forceinline__ void decode16(const DeviceWeight& w, int64_t i0, int64_t c0, bool vec, float s,
+                                         float (&v)[kVecElems<KIND>]) {
+  constexpr int E = kVecElems<KIND>;
+  if (vec && c0 + E <= w.in) {
+    const uint4 q = *reinterpret_cast<const uint4*>(w.data + i0 * w.elem_bytes);
+    const unsigned u[4] = {q.x, q.y, q.z, q.w};
+    if constexpr (KIND == 2) {
+#pragma unroll
+      for (int p = 0; p < 8; ++p) {  // (pair p: elements 2p and 2p + 1, the low byte first)
+        const __half2_raw h = fp8x2_to_half2(u[p / 2] >> (16 * (p % 2)));
+        v[2 * p] = __half2float(__half(__half_raw{h.x})) * s;
+        v[2 * p + 1] = __half2float(__half(__half_raw{h.y})) * s;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+        v[e] = KIND == 0 ? __uint_as_float(u[e]) : bf16_bits_to_f32((u[e / 2] >> (16 * (e % 2))) & 0xffffu);
+    }
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < E; ++e) v[e] = c0 + e < w.in ? decode<KIND>(w, i0 + e, s) : 0.f;
+}
+
+// Block (column tile, h, m): lane l of warp g takes the tile's 16-byte column piece l (E columns) down rows g,
+// g + kTrWarps, ... of head h, each of its E sums in row order; then the warps' sums are added in warp order. A
+// thread a column, reading a byte a row (FP8), made this one of a decode step's slowest kernels.
+constexpr int kTrWarps = 16;
+template <int KIND>
+__global__ void __launch_bounds__(kTrWarps * 32)
     matmul_transposed_heads_kernel(const float* x, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0, int64_t hrs,
-                                   int64_t rows, float* y, int64_t ys, int64_t yh, int64_t tail) {
-  __shared__ float part[kThGroups][kThCols];
+                                   int64_t rows, float* y, int64_t ys, int64_t yh, int64_t tail, bool vec) {
+  constexpr int E = kVecElems<KIND>, kTile = 32 * E;
+  __shared__ float part[kTrWarps][kTile];  // [warp][e · 32 + lane]
   const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
-  const int64_t c = int64_t(blockIdx.x) * kThCols + lane, h = blockIdx.y, m = blockIdx.z;
+  const int64_t tile0 = int64_t(blockIdx.x) * kTile, c0 = tile0 + int64_t(lane) * E, h = blockIdx.y, m = blockIdx.z;
   const int64_t first = row0 + h * hrs;
-  if (m == 0)  // the block's columns of the head's rows, a line each (weights: before the wait)
-    for (int64_t r = threadIdx.x; r < rows; r += blockDim.x)
-      asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w.data + ((first + r) * w.row_stride + c - lane) * w.elem_bytes));
+  if (m == 0) {  // the tile's lines of the head's rows (weights: before the wait)
+    constexpr int kLines = kTile * (KIND == 0 ? 4 : KIND == 1 ? 2 : 1) / 128;
+    for (int64_t i = threadIdx.x; i < rows * kLines; i += blockDim.x) {
+      const int64_t byte = (tile0 + (i % kLines) * (128 / w.elem_bytes)) * w.elem_bytes;
+      if (byte < w.in * w.elem_bytes)
+        asm volatile("prefetch.global.L2 [%0];\n" ::"l"(w.data + (first + i / kLines) * w.row_stride * w.elem_bytes + byte));
+    }
+  }
   begin_after_predecessor();
   const float* xr = x + m * xs + h * xh;
   if (blockIdx.x == 0)  // x's elements past the summed rows, passed through after y's columns
     for (int64_t i = threadIdx.x; i < tail; i += blockDim.x) y[m * ys + h * yh + w.in + i] = xr[rows + i];
-  float acc = 0.f;
-  if (c < w.in) {
+  float acc[E] = {};
+  if (c0 < w.in) {
     const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
-    const unsigned scol = KIND == 2 ? unsigned(c / w.block_in) : 0u;
-    int64_t block = KIND == 2 ? (w.scale_row0 + first + g) / w.block_out : 0;
-    int64_t in_block = KIND == 2 ? (w.scale_row0 + first + g) % w.block_out : 0;
-    float s = KIND == 2 ? scale_value(w.scale + block * w.scale_cols * sb, w.scale_kind, scol) : 1.0f;
-#pragma unroll 4
-    for (int64_t r = g; r < rows; r += kThGroups) {
-      acc = fmaf(decode<KIND>(w, (first + r) * w.row_stride + c, s), xr[r], acc);
-      if (KIND == 2) {
-        in_block += kThGroups;
-        if (in_block >= w.block_out) {
-          block += in_block / w.block_out;
-          in_block %= w.block_out;
-          s = scale_value(w.scale + block * w.scale_cols * sb, w.scale_kind, scol);
-        }
+    const bool one_scale = KIND != 2 || c0 / w.block_in == (c0 + E - 1) / w.block_in;
+#pragma unroll 8
+    for (int64_t r = g; r < rows; r += kTrWarps) {
+      const int64_t row = first + r;
+      const unsigned char* srow = KIND == 2 ? scale_row(w, row, sb) : nullptr;
+      float wv[E];
+      if (one_scale) {
+        const float s = KIND == 2 ? scale_value(srow, w.scale_kind, unsigned(c0 / w.block_in)) : 1.0f;
+        decode16<KIND>(w, row * w.row_stride + c0, c0, vec, s, wv);
+      } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+          wv[e] = c0 + e < w.in ? decode<KIND>(w, row * w.row_stride + c0 + e,
+                                               scale_value(srow, w.scale_kind, unsigned((c0 + e) / w.block_in)))
+                                : 0.f;
       }
+      const float xv = xr[r];
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] = fmaf(wv[e], xv, acc[e]);
     }
   }
-  part[g][lane] = acc;
-  __syncthreads();
-  if (g == 0 && c < w.in) {
-    float sum = part[0][lane];
 #pragma unroll
-    for (int i = 1; i < kThGroups; ++i) sum += part[i][lane];
+  for (int e = 0; e < E; ++e) part[g][e * 32 + lane] = acc[e];
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+    const int64_t c = tile0 + i;
+    if (c >= w.in) break;
+    const int pos = (i % E) * 32 + i / E;
+    float sum = part[0][pos];
+#pragma unroll
+    for (int gg = 1; gg < kTrWarps; ++gg) sum += part[gg][pos];
     y[m * ys + h * yh + c] = sum;
   }
 }
@@ -329,56 +373,169 @@ __global__ void __launch_bounds__(kThCols * kThGroups)
 // ---- iHC ---------------------------------------------------------------------------------------------------
 
 constexpr int kMaxStreams = 64;
+constexpr int kMaxMixes = 2 * kMaxStreams;
 
-// With norm.out (HcNorm, a null weight: none), each of the row's blocks computes the whole of x into shared
-// memory (the same expression per element), takes its statistics as rms_norm_rows_kernel takes them from x, and
-// writes its slice of the normed row: x itself is never stored.
-__global__ void hc_pre_kernel(const float* streams, const float* mixes, int64_t ms, int64_t C, int64_t H,
-                              const float* base, float scale0, float scale1, float eps, float hc_eps, float mag,
-                              float* x, float* post, HcNorm norm) {
+// The mixer's products were one matmul of a few long columns (8 x 28672 f32 at hidden 7168: 0.9 MB read by 8
+// blocks, 10 us a call), and the pre-mix's row statistics one block's chain over the whole C · H row (15 us):
+// both latency-bound on a handful of SMs. Now a row's C · H elements are cut into slices of kMixSlice, a block
+// each, that leave their products and sum of squares as partials; the mix's blocks add them up.
+constexpr int64_t kMixSlice = 4 * kThreads;  // (4 consecutive elements a thread)
+constexpr int kHeldMixes = 8;                // mixer columns whose weights a thread loads before the wait
+
+int64_t mix_slices(int64_t width) { return (width + kMixSlice - 1) / kMixSlice; }
+
+// Weights [k, k + 4) of row n of w (zeros past w.in).
+template <WeightKind K>
+__device__ __forceinline__ void weights4(const DeviceWeight& w, int64_t n, int64_t k, float (&v)[4]) {
+  const int scale_bytes = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
+  const unsigned char* srow = K == WeightKind::kFP8 ? scale_row(w, n, scale_bytes) : nullptr;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) v[e] = k + e < w.in ? weight_at<K>(w, srow, n, k + e) : 0.f;
+}
+
+// Block (slice s, row chunk): for each row r of the chunk, partials[r, s, j] = Σ_k fn[j, k] · streams[r, k] for
+// j < n_mix and partials[r, s, n_mix] = Σ_k streams[r, k]², k over the slice; a thread's 4 elements in order,
+// then the warp's tree, then the warps in order.
+template <WeightKind K>
+__global__ void __launch_bounds__(kThreads)
+    hc_mix_partials_kernel(const float* streams, int64_t rows, int64_t width, DeviceWeight fn, int64_t rows_per_y,
+                           float* partials) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float part[kWarps][kMaxMixes + 1];
+  const int64_t n_mix = fn.out, slices = gridDim.x, k0 = int64_t(blockIdx.x) * kMixSlice + 4 * threadIdx.x;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  float held[kHeldMixes][4];  // (weights: before the wait)
+#pragma unroll
+  for (int j = 0; j < kHeldMixes; ++j)
+    if (j < n_mix) weights4<K>(fn, j, k0, held[j]);
+  begin_after_predecessor();
+  const int64_t r_end = min(rows, int64_t(blockIdx.y + 1) * rows_per_y);
+  for (int64_t r = int64_t(blockIdx.y) * rows_per_y; r < r_end; ++r) {
+    const float* X = streams + r * width;
+    float v[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) v[e] = k0 + e < width ? X[k0 + e] : 0.f;
+    auto dot = [&](const float(&wv)[4]) {
+      float acc = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc = fmaf(wv[e], v[e], acc);
+      return warp_sum(acc);
+    };
+    const float ss = dot(v);
+    if (lane == 0) part[warp][n_mix] = ss;
+#pragma unroll
+    for (int j = 0; j < kHeldMixes; ++j)
+      if (j < n_mix) {
+        const float d = dot(held[j]);
+        if (lane == 0) part[warp][j] = d;
+      }
+    for (int64_t j = kHeldMixes; j < n_mix; ++j) {
+      float wv[4];
+      weights4<K>(fn, j, k0, wv);
+      const float d = dot(wv);
+      if (lane == 0) part[warp][j] = d;
+    }
+    __syncthreads();
+    if (threadIdx.x <= n_mix) {
+      float t = part[0][threadIdx.x];
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) t += part[w][threadIdx.x];
+      partials[(r * slices + blockIdx.x) * (n_mix + 1) + threadIdx.x] = t;
+    }
+    __syncthreads();
+  }
+}
+
+// Blocks a row for the mix: a power of two (cluster shapes), one per 1024 elements, at most 8 (the portable
+// cluster size).
+unsigned mix_blocks(int64_t H) {
+  unsigned g = 1;
+  while (g < 8 && int64_t(g) * 1024 < H) g *= 2;
+  return g;
+}
+constexpr int kPreElems = 4, kPreStreams = 4;  // a thread's first elements and streams loaded right after the wait
+
+// Block (r, q), cluster r (the row's blocks): slice q of row r (block_slice). Every block sums the row's
+// partials in slice order into its mixes (the same bits in each), mixes its slice of x and, with norm.out,
+// takes the sum of squares of x from its own slice's and, through the cluster's shared memory, the others',
+// in block order.
+__global__ void __launch_bounds__(kThreads)
+    hc_pre_kernel(const float* streams, const float* partials, int64_t slices, int64_t n_mix, const float* bias,
+                  int64_t C, int64_t H, const float* base, float scale0, float scale1, float eps, float hc_eps,
+                  float mag, float* x, float* post, HcNorm norm) {
+  extern __shared__ float xs[];  // [the block's slice of x]
+  __shared__ float mixes[kMaxMixes + 1], pre[kMaxStreams], block_ss, row_ss;
   const Slice sl = block_slice(H);
   const HeldWeights held = hold_weights(norm.out ? norm.weight : nullptr, sl);
   const bool mixer = threadIdx.x < C;
   // (base holds C biases, 2C with post gates: hc_head's has C)
   const float base_pre = mixer ? base[threadIdx.x] : 0.f, base_post = mixer && post ? base[C + threadIdx.x] : 0.f;
+  const float mix_bias = bias && threadIdx.x < n_mix ? bias[threadIdx.x] : 0.f;
   begin_after_predecessor();
   const int64_t r = blockIdx.x;
   const float* X = streams + r * C * H;
-  const float inv = rms_inv(X, C * H, eps);
-  __shared__ float pre[kMaxStreams];
+  float sv[kPreElems][kPreStreams];  // (issued with the partials' loads: neither waits for the other)
+#pragma unroll
+  for (int u = 0; u < kPreElems; ++u)
+#pragma unroll
+    for (int j = 0; j < kPreStreams; ++j) {
+      const int64_t i = sl.begin + threadIdx.x + int64_t(u) * kThreads;
+      sv[u][j] = j < C && i < sl.end ? X[j * H + i] : 0.f;
+    }
+  if (threadIdx.x <= n_mix) {
+    const float* p = partials + r * slices * (n_mix + 1) + threadIdx.x;
+    float t = p[0];
+    for (int64_t q = 1; q < slices; ++q) t += p[q * (n_mix + 1)];
+    mixes[threadIdx.x] = threadIdx.x < n_mix && bias ? t + mix_bias : t;
+  }
+  __syncthreads();
+  const float inv = 1.0f / sqrtf(mixes[n_mix] / float(C * H) + eps);
   if (mixer) {
     const int64_t j = threadIdx.x;
-    const float* m = mixes + r * ms;
-    pre[j] = sigmoidf(m[j] * inv * scale0 + base_pre) + hc_eps;
-    if (post && blockIdx.y == 0) post[r * C + j] = mag * sigmoidf(m[C + j] * inv * scale1 + base_post) + hc_eps;
+    pre[j] = sigmoidf(mixes[j] * inv * scale0 + base_pre) + hc_eps;
+    if (post && blockIdx.y == 0) post[r * C + j] = mag * sigmoidf(mixes[C + j] * inv * scale1 + base_post) + hc_eps;
   }
   __syncthreads();
-  auto mixed = [&](int64_t i) {  // (up to 8 streams: their loads issued before the sum uses them)
-    float acc = 0.f;
-    if (C <= 8) {
-      float v[8];
-#pragma unroll
-      for (int j = 0; j < 8; ++j) v[j] = j < C ? X[j * H + i] : 0.f;
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        if (j < C) acc = acc + pre[j] * v[j];
-      return acc;
+  float ss = 0.f;
+  auto put = [&](int64_t i, float v) {
+    if (norm.out) {
+      xs[i - sl.begin] = v;
+      ss = fmaf(v, v, ss);
+    } else {
+      x[r * H + i] = v;
     }
-    for (int64_t j = 0; j < C; ++j) acc = acc + pre[j] * X[j * H + i];
-    return acc;
   };
-  if (!norm.out) {
-#pragma unroll 4
-    for (int64_t i = sl.begin + threadIdx.x; i < sl.end; i += kThreads) x[r * H + i] = mixed(i);
-    return;
+#pragma unroll
+  for (int u = 0; u < kPreElems; ++u) {
+    const int64_t i = sl.begin + threadIdx.x + int64_t(u) * kThreads;
+    if (i >= sl.end) break;
+    float acc = 0.f;
+#pragma unroll
+    for (int j = 0; j < kPreStreams; ++j)
+      if (j < C) acc = fmaf(pre[j], sv[u][j], acc);
+    for (int64_t j = kPreStreams; j < C; ++j) acc = fmaf(pre[j], X[j * H + i], acc);
+    put(i, acc);
   }
-  extern __shared__ float xs[];  // [H]
-#pragma unroll 4
-  for (int64_t i = threadIdx.x; i < H; i += kThreads) xs[i] = mixed(i);
-  __syncthreads();
-  const float x_inv = rms_inv(xs, H, norm.eps);
-  for_slice(sl, held, norm.weight,
-            [&](int64_t k, float w) { norm.out[r * H + k] = rms_scaled(xs[k], x_inv, norm.weight != nullptr, w); });
+  for (int64_t i = sl.begin + threadIdx.x + int64_t(kPreElems) * kThreads; i < sl.end; i += kThreads) {
+    float acc = 0.f;
+    for (int64_t j = 0; j < C; ++j) acc = fmaf(pre[j], X[j * H + i], acc);
+    put(i, acc);
+  }
+  if (!norm.out) return;
+  const float mine = block_all(ss, SumOp());
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) block_ss = mine;
+  cluster.sync();
+  if (threadIdx.x == 0) {
+    float t = 0.f;
+    for (unsigned q = 0; q < cluster.num_blocks(); ++q) t += *cluster.map_shared_rank(&block_ss, q);
+    row_ss = t;
+  }
+  cluster.sync();  // (row_ss written; and no block leaves while another may still read its block_ss)
+  const float x_inv = 1.0f / sqrtf(row_ss / float(H) + norm.eps);
+  for_slice(sl, held, norm.weight, [&](int64_t k, float w) {
+    norm.out[r * H + k] = rms_scaled(xs[k - sl.begin], x_inv, norm.weight != nullptr, w);
+  });
 }
 
 __global__ void hc_post_kernel(float* streams, const float* post, const float* y, int64_t C, int64_t H, int64_t n) {
@@ -633,26 +790,54 @@ __global__ void __launch_bounds__(kMlaThreads)
   }
 }
 
-// Block (n, h, z): thread t sums the columns c = t, t + blockDim, ... of rows z, z + gridDim.z, ..., then the
-// block's fixed tree (a row per grid.z: in series, 64 rows made this one of a step's slowest kernels).
+// Block (n tile, h, z): warp i takes row n = tile · kHeadWarps + i of head h, lane l its 16-byte pieces l, l + 32,
+// ... (in order), then the warp's tree; rows z, z + gridDim.z, ... of x. A block a row, 256 threads summing
+// 512 columns through a block-wide tree, made this one of a decode step's slowest kernels (16384 blocks).
+constexpr int kHeadWarps = 8;
 template <int KIND>
-__global__ void matmul_heads_kernel(const float* x, int64_t M, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0,
-                                    int64_t hrs, float* y, int64_t ys, int64_t yh) {
-  const int64_t n = blockIdx.x, h = blockIdx.y, row = row0 + h * hrs + n;
-  if (blockIdx.z == 0) prefetch_weight_rows(w, row, 1);  // (weights: before the wait)
+__global__ void __launch_bounds__(kHeadWarps * 32)
+    matmul_heads_kernel(const float* x, int64_t M, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0, int64_t hrs,
+                        int64_t rows_per_head, float* y, int64_t ys, int64_t yh, bool vec, bool x_vec) {
+  constexpr int E = kVecElems<KIND>;
+  const int lane = threadIdx.x & 31;
+  const int64_t n = int64_t(blockIdx.x) * kHeadWarps + (threadIdx.x >> 5), h = blockIdx.y, row = row0 + h * hrs + n;
+  if (n >= rows_per_head) return;  // (no block-wide step follows)
+  if (blockIdx.z == 0 && lane == 0 && w.prefetch_row_bytes > 0)  // (weights: before the wait)
+    prefetch_l2(w.data + row * w.row_stride * w.elem_bytes, w.in * w.elem_bytes, 0, 1);
   begin_after_predecessor();
   const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
   const unsigned char* srow = KIND == 2 ? scale_row(w, row, sb) : nullptr;
-  const unsigned block_in = unsigned(w.block_in);
   for (int64_t m = blockIdx.z; m < M; m += gridDim.z) {
     const float* xr = x + m * xs + h * xh;
     float acc = 0.f;
-    for (int64_t c = threadIdx.x; c < w.in; c += kThreads) {
-      const float s = KIND == 2 ? scale_value(srow, w.scale_kind, unsigned(c) / block_in) : 1.0f;
-      acc = fmaf(decode<KIND>(w, row * w.row_stride + c, s), xr[c], acc);
+    for (int64_t c0 = int64_t(lane) * E; c0 < w.in; c0 += 32 * E) {
+      float wv[E], xv[E];
+      const bool one_scale = KIND != 2 || (c0 / w.block_in == (c0 + E - 1) / w.block_in);
+      if (one_scale) {
+        const float s = KIND == 2 ? scale_value(srow, w.scale_kind, unsigned(c0 / w.block_in)) : 1.0f;
+        decode16<KIND>(w, row * w.row_stride + c0, c0, vec, s, wv);
+      } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e)
+          wv[e] = c0 + e < w.in ? decode<KIND>(w, row * w.row_stride + c0 + e,
+                                               scale_value(srow, w.scale_kind, unsigned((c0 + e) / w.block_in)))
+                                : 0.f;
+      }
+#pragma unroll
+      for (int e = 0; e < E; e += 4) {
+        if (x_vec && c0 + E <= w.in) {
+          const float4 q = *reinterpret_cast<const float4*>(xr + c0 + e);
+          xv[e] = q.x, xv[e + 1] = q.y, xv[e + 2] = q.z, xv[e + 3] = q.w;
+        } else {
+#pragma unroll
+          for (int f = 0; f < 4; ++f) xv[e + f] = c0 + e + f < w.in ? xr[c0 + e + f] : 0.f;
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc = fmaf(wv[e], xv[e], acc);
     }
-    const float sum = block_all(acc, SumOp());
-    if (threadIdx.x == 0) y[m * ys + h * yh + n] = sum;
+    const float sum = warp_sum(acc);
+    if (lane == 0) y[m * ys + h * yh + n] = sum;
   }
 }
 
@@ -959,36 +1144,62 @@ void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_
                              int64_t row0, int64_t head_rows_stride, int64_t rows_per_head, int64_t heads, float* y,
                              int64_t y_stride, int64_t y_head, int64_t tail) {
   if (M <= 0 || heads <= 0) return;
-  const dim3 grid(blocks_for(w.in, kThCols), unsigned(heads), unsigned(M));
-  const dim3 block(kThCols * kThGroups);
   const DeviceWeight d = device_weight(w);
+  const int64_t tile = 16 / d.elem_bytes * 32;
+  const dim3 grid(unsigned((w.in + tile - 1) / tile), unsigned(heads), unsigned(M));
+  const dim3 block(kTrWarps * 32);
+  const bool vec = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && (w.row_stride * d.elem_bytes) % 16 == 0;
   switch (weight_kind(w)) {
     case 0: launch_kernel(matmul_transposed_heads_kernel<0>, grid, block, 0, "matmul_transposed_heads_kernel", x,
-                          x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail);
+                          x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail, vec);
       break;
     case 1: launch_kernel(matmul_transposed_heads_kernel<1>, grid, block, 0, "matmul_transposed_heads_kernel", x,
-                          x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail);
+                          x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail, vec);
       break;
     default: launch_kernel(matmul_transposed_heads_kernel<2>, grid, block, 0, "matmul_transposed_heads_kernel", x,
-                           x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail);
+                           x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail, vec);
   }
 }
 
 // ---- iHC ---------------------------------------------------------------------------------------------------
 
-void hc_pre(const float* streams, const float* mixes, int64_t mix_stride, int64_t rows, int64_t C, int64_t H,
-            const float* base, float scale0, float scale1, float eps, float hc_eps, float mag, float* x,
-            float* post, const HcNorm* norm) {
+int64_t hc_pre_scratch_floats(int64_t rows, int64_t C, int64_t H, int64_t n_mix) {
+  return rows * mix_slices(C * H) * (n_mix + 1);
+}
+
+void hc_pre(const float* streams, int64_t rows, int64_t C, int64_t H, const Linear& fn, float* partials,
+            const float* base, float scale0, float scale1, float eps, float hc_eps, float mag, float* x, float* post,
+            const HcNorm* norm) {
   if (rows <= 0) return;
   if (C > kMaxStreams) throw Error("cuda::hc_pre: more than 64 hyper-connection streams");
-  const size_t row_bytes = size_t(H) * sizeof(float);
-  const bool fused = norm && row_bytes <= kHcNormSmemBytes;
-  float* out = fused ? norm->out : x;
-  const bool in_place = overlaps(streams, rows * C * H, out, rows * H);
-  launch_kernel(hc_pre_kernel, dim3(unsigned(rows), row_slices(H, in_place)), kThreads, fused ? row_bytes : 0,
-                "hc_pre_kernel", streams, mixes, mix_stride, C, H, base, scale0, scale1, eps, hc_eps, mag, x, post,
-                fused ? *norm : HcNorm{nullptr, 0.f, nullptr});
-  if (norm && !fused) rms_norm_rows(x, rows, H, H, norm->weight, norm->eps, norm->out, H);
+  const int64_t width = C * H, n_mix = fn.out;
+  if (fn.in != width || (n_mix != C && n_mix != 2 * C) || (post && n_mix != 2 * C))
+    throw Error("cuda::hc_pre: the mixer is " + std::to_string(fn.out) + " x " + std::to_string(fn.in) + ", not " +
+                std::to_string(post ? 2 * C : C) + " x " + std::to_string(width));
+  float* out = norm ? norm->out : x;
+  if (overlaps(streams, rows * width, out, rows * H))
+    throw Error("cuda::hc_pre: its output overlaps the streams it reads");
+  const unsigned g = mix_blocks(H);
+  const size_t slice_bytes = size_t((H + g - 1) / g) * sizeof(float);
+  if (slice_bytes > 48 * 1024) throw Error("cuda::hc_pre: hidden size " + std::to_string(H) + " is too wide");
+  const int64_t slices = mix_slices(width);
+  const int64_t chunks = std::clamp<int64_t>(2 * multiprocessors() / slices, 1, rows);
+  const int64_t rows_per_y = (rows + chunks - 1) / chunks;
+  const dim3 grid(unsigned(slices), unsigned((rows + rows_per_y - 1) / rows_per_y));
+  const DeviceWeight d = device_weight(fn);
+  switch (weight_kind(fn)) {
+    case 0: launch_kernel(hc_mix_partials_kernel<WeightKind::kF32>, grid, kThreads, 0, "hc_mix_partials_kernel",
+                          streams, rows, width, d, rows_per_y, partials);
+      break;
+    case 1: launch_kernel(hc_mix_partials_kernel<WeightKind::kBF16>, grid, kThreads, 0, "hc_mix_partials_kernel",
+                          streams, rows, width, d, rows_per_y, partials);
+      break;
+    default: launch_kernel(hc_mix_partials_kernel<WeightKind::kFP8>, grid, kThreads, 0, "hc_mix_partials_kernel",
+                           streams, rows, width, d, rows_per_y, partials);
+  }
+  launch_kernel_clustered(hc_pre_kernel, dim3(unsigned(rows), g), dim3(1, g, 1), kThreads, norm ? slice_bytes : 0,
+                          "hc_pre_kernel", streams, partials, slices, n_mix, fn.bias, C, H, base, scale0, scale1,
+                          eps, hc_eps, mag, x, post, norm ? *norm : HcNorm{nullptr, 0.f, nullptr});
 }
 void hc_post(float* streams, const float* post, const float* y, int64_t rows, int64_t C, int64_t H) {
   const int64_t n = rows * C * H;
@@ -1065,15 +1276,20 @@ void matmul_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, c
                   int64_t head_rows_stride, int64_t rows_per_head, int64_t heads, float* y, int64_t y_stride,
                   int64_t y_head) {
   if (M <= 0 || heads <= 0 || rows_per_head <= 0) return;
-  const dim3 grid{unsigned(rows_per_head), unsigned(heads), unsigned(std::min<int64_t>(M, 65535))};
+  const dim3 grid{unsigned((rows_per_head + kHeadWarps - 1) / kHeadWarps), unsigned(heads),
+                  unsigned(std::min<int64_t>(M, 65535))};
   const DeviceWeight d = device_weight(w);
+  const bool vec = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && (w.row_stride * d.elem_bytes) % 16 == 0;
+  const bool x_vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && x_stride % 4 == 0 && x_head % 4 == 0;
   switch (weight_kind(w)) {
-    case 0: launch_kernel(matmul_heads_kernel<0>, grid, kThreads, 0, "matmul_heads_kernel", x, M, x_stride, x_head, d,
-                          row0, head_rows_stride, y, y_stride, y_head); break;
-    case 1: launch_kernel(matmul_heads_kernel<1>, grid, kThreads, 0, "matmul_heads_kernel", x, M, x_stride, x_head, d,
-                          row0, head_rows_stride, y, y_stride, y_head); break;
-    default: launch_kernel(matmul_heads_kernel<2>, grid, kThreads, 0, "matmul_heads_kernel", x, M, x_stride, x_head, d,
-                           row0, head_rows_stride, y, y_stride, y_head);
+    case 0: launch_kernel(matmul_heads_kernel<0>, grid, kHeadWarps * 32, 0, "matmul_heads_kernel", x, M, x_stride,
+                          x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, vec, x_vec);
+      break;
+    case 1: launch_kernel(matmul_heads_kernel<1>, grid, kHeadWarps * 32, 0, "matmul_heads_kernel", x, M, x_stride,
+                          x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, vec, x_vec);
+      break;
+    default: launch_kernel(matmul_heads_kernel<2>, grid, kHeadWarps * 32, 0, "matmul_heads_kernel", x, M, x_stride,
+                           x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, vec, x_vec);
   }
 }
 

@@ -63,20 +63,24 @@ void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_
                              int64_t row0, int64_t head_rows_stride, int64_t rows_per_head, int64_t heads, float* y,
                              int64_t y_stride, int64_t y_head, int64_t tail = 0);
 
-// ---- iHC: streams [rows, C, H]; mixes [rows, mix_stride] from the mixer's matmul.
-// x[r] = Σ_j pre_j · streams[r, j] with pre_j = sigmoid(mixes[r, j] · inv_rms(streams[r]) · scale0 + base[j]) +
-// hc_eps; when post is not null also post[r, j] = mag · sigmoid(mixes[r, C + j] · inv_rms · scale1 +
-// base[C + j]) + hc_eps. base is a device array. With `norm`, norm->out[r] = rms_norm(x[r]) · norm->weight
-// instead of x (the bits of rms_norm_rows over x; x is then left unwritten, unless H is too wide for the fused
-// kernel's shared memory: x is then written and normed by a second kernel).
+// ---- iHC: streams [rows, C, H]; the mixer fn [n_mix, C · H] (n_mix = 2C with post gates, C without).
+// mixes[r] = fn · streams[r] (+ fn's bias), then x[r] = Σ_j pre_j · streams[r, j] with pre_j = sigmoid(mixes[r, j] ·
+// inv_rms(streams[r]) · scale0 + base[j]) + hc_eps; when post is not null also post[r, j] = mag ·
+// sigmoid(mixes[r, C + j] · inv_rms · scale1 + base[C + j]) + hc_eps. base is a device array. With `norm`,
+// norm->out[r] = rms_norm(x[r]) · norm->weight instead of x (x is then left unwritten).
+// Two launches: the mixer's products and the row's sum of squares in slices of the C · H row, many blocks a
+// row (partials: hc_pre_scratch_floats), then the mix and its norm by a cluster of blocks a row, each
+// summing the partials in slice order and its blocks' sums of squares in block order: a row's bits do not
+// depend on how many rows share the call.
 struct HcNorm {
   const float* weight;
   float eps;
   float* out;
 };
-void hc_pre(const float* streams, const float* mixes, int64_t mix_stride, int64_t rows, int64_t C, int64_t H,
-            const float* base, float scale0, float scale1, float eps, float hc_eps, float mag, float* x,
-            float* post, const HcNorm* norm = nullptr);
+int64_t hc_pre_scratch_floats(int64_t rows, int64_t C, int64_t H, int64_t n_mix);
+void hc_pre(const float* streams, int64_t rows, int64_t C, int64_t H, const Linear& fn, float* partials,
+            const float* base, float scale0, float scale1, float eps, float hc_eps, float mag, float* x, float* post,
+            const HcNorm* norm = nullptr);
 // streams[r, j] = post[r, j] · y[r] + streams[r, j]
 void hc_post(float* streams, const float* post, const float* y, int64_t rows, int64_t C, int64_t H);
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/error.h"
 #include "core/finite.h"
 #include "ops/cuda/cuda_test_util.h"
 #include "ops/cuda/cuda_ops.h"
@@ -205,9 +206,8 @@ TEST(CudaNn, NormsAndGatesMatchTheCpu) {
   check(want, "mul_sigmoid", 1e-6);
 }
 
-// Rows wide enough that RMSNorm and the iHC pre-mix split their output over several blocks (one per 1024
-// elements, unevenly here): each element as the CPU computes it, an in-place norm (one block a row) with the
-// same bits as the split one, and the post mixes written once.
+// Rows wide enough that RMSNorm splits its output over several blocks (one per 1024 elements, unevenly here):
+// each element as the CPU computes it, and an in-place norm (one block a row) with the same bits as the split one.
 TEST(CudaNn, WideRowsSplitOverBlocksKeepTheirValues) {
   NEXTN_SKIP_WITHOUT_CUDA();
   const int64_t rows = 3, d = 4100;
@@ -224,33 +224,6 @@ TEST(CudaNn, WideRowsSplitOverBlocksKeepTheirValues) {
   cuda::rms_norm_rows(dz.f32(), rows, d, d, dw.f32(), 1e-6f, dz.f32(), d);
   EXPECT_EQ(0, std::memcmp(to_host<float>(dz, split.size()).data(), split.data(), split.size() * 4));
 
-  const int64_t C = 4, H = 2100;
-  const auto streams = normal(size_t(rows * C * H), 23), mixes = normal(size_t(rows * 2 * C), 24),
-             base = normal(size_t(2 * C), 25);
-  const float scale0 = 0.7f, scale1 = 1.3f, eps = 1e-6f, hc_eps = 1e-3f, mag = 2.f;
-  const auto ds = to_device(streams), dm = to_device(mixes), db = to_device(base);
-  cuda::DeviceBuffer dxo(size_t(rows * H) * 4), dpost(size_t(rows * C) * 4);
-  cuda::hc_pre(ds.f32(), dm.f32(), 2 * C, rows, C, H, db.f32(), scale0, scale1, eps, hc_eps, mag, dxo.f32(),
-               dpost.f32());
-  const auto got_x = to_host<float>(dxo, size_t(rows * H)), got_post = to_host<float>(dpost, size_t(rows * C));
-  auto sigmoid = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* X = streams.data() + r * C * H;
-    double ss = 0;
-    for (int64_t k = 0; k < C * H; ++k) ss += double(X[k]) * X[k];
-    const double inv = 1.0 / std::sqrt(ss / double(C * H) + eps);
-    std::vector<double> pre(static_cast<size_t>(C));
-    for (int64_t j = 0; j < C; ++j) {
-      pre[size_t(j)] = sigmoid(mixes[size_t(r * 2 * C + j)] * inv * scale0 + base[size_t(j)]) + hc_eps;
-      const double post = mag * sigmoid(mixes[size_t(r * 2 * C + C + j)] * inv * scale1 + base[size_t(C + j)]) + hc_eps;
-      ASSERT_NEAR(got_post[size_t(r * C + j)], post, 1e-5 * (1 + std::fabs(post))) << "post row " << r << " stream " << j;
-    }
-    for (int64_t i = 0; i < H; ++i) {
-      double acc = 0;
-      for (int64_t j = 0; j < C; ++j) acc += pre[size_t(j)] * X[j * H + i];
-      ASSERT_NEAR(got_x[size_t(r * H + i)], acc, 1e-5 * (1 + std::fabs(acc))) << "hc_pre row " << r << " element " << i;
-    }
-  }
 }
 
 // The per-head absorption y[m, h, c] = Σ_r w[row0 + h · stride + r, c] · x[m, h, r] with FP8 weights whose
@@ -258,32 +231,75 @@ TEST(CudaNn, WideRowsSplitOverBlocksKeepTheirValues) {
 // value within the CPU's rounding of the dequantized sum.
 TEST(CudaNn, TransposedHeadsCrossScaleBlocksAsTheCpuDequantizes) {
   NEXTN_SKIP_WITHOUT_CUDA();
-  const int64_t heads = 3, stride = 150, rows_per_head = 140, row0 = 5, in = 200, M = 2;
+  const int64_t heads = 3, stride = 150, rows_per_head = 140, row0 = 5, M = 2;
   const int64_t out = row0 + (heads - 1) * stride + rows_per_head;
-  const cuda_test::HostWeight hw = cuda_test::make_weight(DType::F8_E4M3, DType::F32, out, in, in, false, 31);
-  const int64_t scale_cols = hw.w.scale_cols;
-  const float* scales = reinterpret_cast<const float*>(hw.scale.data());
-  const cuda::DeviceLinear dw = cuda::upload(hw.w);
-  const auto x = normal(size_t(M * heads * rows_per_head), 32);
-  const auto dx = to_device(x);
-  cuda::DeviceBuffer dy(size_t(M * heads * in) * 4);
-  cuda::matmul_transposed_heads(dx.f32(), M, heads * rows_per_head, rows_per_head, dw.w, row0, stride, rows_per_head,
-                                heads, dy.f32(), heads * in, in);
-  const auto got = to_host<float>(dy, size_t(M * heads * in));
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t h = 0; h < heads; ++h)
-      for (int64_t c = 0; c < in; ++c) {
-        double acc = 0, mag = 0;
-        for (int64_t r = 0; r < rows_per_head; ++r) {
-          const int64_t n = row0 + h * stride + r;
-          const double wv = double(fp8_e4m3_to_f32(hw.data[size_t(n * in + c)])) *
-                            scales[size_t(n / 128 * scale_cols + c / 128)];
-          const double t = wv * x[size_t((m * heads + h) * rows_per_head + r)];
-          acc += t;
-          mag += std::fabs(t);
+  uint32_t seed = 31;
+  // (200 columns: rows not 16-byte aligned, one element at a time; 512: 16-byte pieces, several column tiles
+  // for bf16 and f32)
+  for (const DType dt : {DType::F8_E4M3, DType::BF16, DType::F32})
+    for (const int64_t in : {200, 512}) {
+      const std::string what = std::string(dtype_name(dt)) + " in=" + std::to_string(in);
+      const cuda_test::HostWeight hw = cuda_test::make_weight(dt, DType::F32, out, in, in, false, seed++);
+      const cuda::DeviceLinear dw = cuda::upload(hw.w);
+      const auto x = normal(size_t(M * heads * rows_per_head), seed++);
+      const auto dx = to_device(x);
+      cuda::DeviceBuffer dy(size_t(M * heads * in) * 4);
+      cuda::matmul_transposed_heads(dx.f32(), M, heads * rows_per_head, rows_per_head, dw.w, row0, stride,
+                                    rows_per_head, heads, dy.f32(), heads * in, in);
+      const auto got = to_host<float>(dy, size_t(M * heads * in));
+      std::vector<float> deq(size_t(out * in));
+      for (int64_t n = 0; n < out; ++n) ops::dequant_row(hw.w, n, deq.data() + n * in);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t c = 0; c < in; ++c) {
+            double acc = 0, mag = 0;
+            for (int64_t r = 0; r < rows_per_head; ++r) {
+              const double t = double(deq[size_t((row0 + h * stride + r) * in + c)]) *
+                               x[size_t((m * heads + h) * rows_per_head + r)];
+              acc += t;
+              mag += std::fabs(t);
+            }
+            ASSERT_NEAR(got[size_t((m * heads + h) * in + c)], acc, 1e-5 * (1 + mag))
+                << what << " m " << m << " h " << h << " c " << c;
+          }
+    }
+}
+
+// y[m, h, n] = Σ_c x[m, h, c] · w[row0 + h · stride + n, c] (MLA's W_vb per head), a warp a row: rows a head
+// not a multiple of the block's 8 warps, rows 16-byte aligned or not, every weight kind, against the CPU's
+// dequantized rows.
+TEST(CudaNn, MatmulHeadsMatchesTheCpusDequantizedRows) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const int64_t heads = 3, stride = 40, rows_per_head = 13, row0 = 7, M = 3;
+  const int64_t out = row0 + (heads - 1) * stride + rows_per_head;
+  uint32_t seed = 61;
+  for (const DType dt : {DType::F8_E4M3, DType::BF16, DType::F32})
+    for (const int64_t in : {200, 512, 1000}) {
+      const std::string what = std::string(dtype_name(dt)) + " in=" + std::to_string(in);
+      const cuda_test::HostWeight hw = cuda_test::make_weight(dt, DType::F32, out, in, in, false, seed++);
+      const cuda::DeviceLinear dw = cuda::upload(hw.w);
+      const auto x = normal(size_t(M * heads * in), seed++);
+      const auto dx = to_device(x);
+      cuda::DeviceBuffer dy(size_t(M * heads * rows_per_head) * 4);
+      cuda::matmul_heads(dx.f32(), M, heads * in, in, dw.w, row0, stride, rows_per_head, heads, dy.f32(),
+                         heads * rows_per_head, rows_per_head);
+      const auto got = to_host<float>(dy, size_t(M * heads * rows_per_head));
+      std::vector<float> row(static_cast<size_t>(in));
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t n = 0; n < rows_per_head; ++n) {
+          ops::dequant_row(hw.w, row0 + h * stride + n, row.data());
+          for (int64_t m = 0; m < M; ++m) {
+            double acc = 0, mag = 0;
+            for (int64_t c = 0; c < in; ++c) {
+              const double t = double(row[size_t(c)]) * x[size_t((m * heads + h) * in + c)];
+              acc += t;
+              mag += std::fabs(t);
+            }
+            ASSERT_NEAR(got[size_t((m * heads + h) * rows_per_head + n)], acc, 1e-5 * (1 + mag))
+                << what << " m " << m << " h " << h << " n " << n;
+          }
         }
-        ASSERT_NEAR(got[size_t((m * heads + h) * in + c)], acc, 1e-5 * (1 + mag)) << "m " << m << " h " << h << " c " << c;
-      }
+    }
 }
 
 // A paged cache on the device for the tests below: one span, pages of 4 slots in the order 3, 0, 2, 1, and
@@ -467,29 +483,126 @@ TEST(CudaNn, OutputSinksGiveTheBitsOfTheOpsTheyFuse) {
   EXPECT_TRUE(same(mixed, mixed2, size_t(T * C * H)));
 }
 
-// hc_pre with the norm fused (the pre-mix kept in shared memory, normed there) gives the bits of hc_pre then
-// rms_norm_rows, for rows split over several blocks and one; rows too wide for the fused kernel's shared
-// memory fall back to the two kernels.
-TEST(CudaNn, HcPreWithItsNormGivesTheBitsOfTheTwoOps) {
+// The iHC pre-mix as its definition (cuda_nn.h) reads, in double: x [rows, H] and post [rows, C] (post only
+// with a 2C-column mixer).
+struct HcPreWant {
+  std::vector<double> x, post;
+};
+HcPreWant hc_pre_want(const std::vector<float>& streams, const HostWeight& fn, const std::vector<float>& base,
+                      int64_t rows, int64_t C, int64_t H, float scale0, float scale1, float eps, float hc_eps,
+                      float mag) {
+  auto sigmoid = [](double v) { return 1.0 / (1.0 + std::exp(-v)); };
+  const auto* w = reinterpret_cast<const float*>(fn.data.data());
+  HcPreWant want{std::vector<double>(size_t(rows * H)), std::vector<double>(size_t(rows * C))};
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* X = streams.data() + r * C * H;
+    double ss = 0;
+    for (int64_t k = 0; k < C * H; ++k) ss += double(X[k]) * X[k];
+    const double inv = 1.0 / std::sqrt(ss / double(C * H) + eps);
+    std::vector<double> mix(static_cast<size_t>(fn.w.out), 0.0), pre(static_cast<size_t>(C));
+    for (int64_t j = 0; j < fn.w.out; ++j)
+      for (int64_t k = 0; k < C * H; ++k) mix[size_t(j)] += double(w[j * C * H + k]) * X[k];
+    for (int64_t j = 0; j < C; ++j) {
+      pre[size_t(j)] = sigmoid(mix[size_t(j)] * inv * scale0 + base[size_t(j)]) + hc_eps;
+      if (fn.w.out == 2 * C)
+        want.post[size_t(r * C + j)] = mag * sigmoid(mix[size_t(C + j)] * inv * scale1 + base[size_t(C + j)]) + hc_eps;
+    }
+    for (int64_t i = 0; i < H; ++i)
+      for (int64_t j = 0; j < C; ++j) want.x[size_t(r * H + i)] += pre[size_t(j)] * X[j * H + i];
+  }
+  return want;
+}
+
+// hc_pre (the mixer's products and the row statistics in slices, the mix by a cluster of blocks a row) against
+// its definition, at widths of one block a row to eight with several elements a thread, 4 and 6 streams, with
+// post gates and without (hc_head's C-column mixer), x itself and x normed; and each row's bits the same when
+// it is computed alone as among three.
+TEST(CudaNn, HcPreMatchesItsDefinitionAndARowIsItsOwn) {
   NEXTN_SKIP_WITHOUT_CUDA();
-  const int64_t rows = 3, C = 4;
-  for (int64_t H : {256, 2100, 7168, 13000}) {
-    const auto streams = to_device(normal(size_t(rows * C * H), 101));
-    const auto mixes = to_device(normal(size_t(rows * 2 * C), 102));
-    const auto base = to_device(normal(size_t(2 * C), 103)), weight = to_device(normal(size_t(H), 104));
-    const float scale0 = 0.7f, scale1 = 1.3f, eps = 1e-6f, hc_eps = 1e-3f, mag = 2.f;
+  const int64_t rows = 3;
+  const float scale0 = 0.7f, scale1 = 1.3f, eps = 1e-6f, hc_eps = 1e-3f, mag = 2.f;
+  struct Case {
+    int64_t C, H;
+    bool post;
+  };
+  uint32_t seed = 101;
+  for (const Case cs : {Case{4, 256, true}, Case{4, 2100, true}, Case{4, 7168, true}, Case{4, 13000, false},
+                        Case{6, 1000, true}}) {
+    const int64_t C = cs.C, H = cs.H, n_mix = cs.post ? 2 * C : C;
+    const std::string what = "C=" + std::to_string(C) + " H=" + std::to_string(H);
+    const auto streams = normal(size_t(rows * C * H), seed++), base = normal(size_t(n_mix), seed++);
+    const auto weight = normal(size_t(H), seed++);
+    const HostWeight fn = make_weight(DType::F32, DType::F32, n_mix, C * H, C * H, false, seed++);
+    const HcPreWant want = hc_pre_want(streams, fn, base, rows, C, H, scale0, scale1, eps, hc_eps, mag);
+    const cuda::DeviceLinear dfn = cuda::upload(fn.w);
+    const auto ds = to_device(streams), db = to_device(base), dw = to_device(weight);
+    cuda::DeviceBuffer scratch(size_t(cuda::hc_pre_scratch_floats(rows, C, H, n_mix)) * 4);
     cuda::DeviceBuffer x(size_t(rows * H) * 4), xn(size_t(rows * H) * 4), post(size_t(rows * C) * 4);
-    cuda::DeviceBuffer x2(size_t(rows * H) * 4), xn2(size_t(rows * H) * 4), post2(size_t(rows * C) * 4);
-    cuda::hc_pre(streams.f32(), mixes.f32(), 2 * C, rows, C, H, base.f32(), scale0, scale1, eps, hc_eps, mag, x.f32(),
+    float* post_out = cs.post ? post.f32() : nullptr;
+    cuda::hc_pre(ds.f32(), rows, C, H, dfn.w, scratch.f32(), db.f32(), scale0, scale1, eps, hc_eps, mag, x.f32(),
+                 post_out);
+    const cuda::HcNorm norm{dw.f32(), eps, xn.f32()};
+    cuda::hc_pre(ds.f32(), rows, C, H, dfn.w, scratch.f32(), db.f32(), scale0, scale1, eps, hc_eps, mag, nullptr,
+                 post_out, &norm);
+    const auto got_x = to_host<float>(x, size_t(rows * H)), got_xn = to_host<float>(xn, size_t(rows * H));
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int64_t i = 0; i < H; ++i) ss += want.x[size_t(r * H + i)] * want.x[size_t(r * H + i)];
+      const double inv = 1.0 / std::sqrt(ss / double(H) + eps);
+      for (int64_t i = 0; i < H; ++i) {
+        const size_t e = size_t(r * H + i);
+        const double wx = want.x[e], wn = wx * inv * weight[size_t(i)];
+        ASSERT_NEAR(got_x[e], wx, 1e-5 * (1 + std::fabs(wx))) << what << " x row " << r << " element " << i;
+        ASSERT_NEAR(got_xn[e], wn, 1e-5 * (1 + std::fabs(wn))) << what << " normed row " << r << " element " << i;
+      }
+    }
+    if (cs.post) {
+      const auto got_post = to_host<float>(post, size_t(rows * C));
+      for (size_t e = 0; e < got_post.size(); ++e)
+        ASSERT_NEAR(got_post[e], want.post[e], 1e-5 * (1 + std::fabs(want.post[e]))) << what << " post " << e;
+    }
+    for (int64_t r = 0; r < rows; ++r) {  // row r alone
+      cuda::DeviceBuffer xn1(size_t(H) * 4), post1(size_t(C) * 4);
+      const cuda::HcNorm norm1{dw.f32(), eps, xn1.f32()};
+      cuda::hc_pre(ds.f32() + r * C * H, 1, C, H, dfn.w, scratch.f32(), db.f32(), scale0, scale1, eps, hc_eps, mag,
+                   nullptr, cs.post ? post1.f32() : nullptr, &norm1);
+      EXPECT_TRUE(same_bits(to_host<float>(xn1, size_t(H)).data(), got_xn.data() + r * H, size_t(H)))
+          << what << " row " << r;
+    }
+  }
+}
+
+// A mixer whose weights are not f32 (bf16), and bad mixer shapes are refused by name.
+TEST(CudaNn, HcPreTakesBf16MixersAndRefusesWrongShapes) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const int64_t rows = 2, C = 4, H = 1500;
+  const float scale0 = 0.7f, scale1 = 1.3f, eps = 1e-6f, hc_eps = 1e-3f, mag = 2.f;
+  const auto streams = normal(size_t(rows * C * H), 201), base = normal(size_t(2 * C), 202);
+  const Bf16Weight fn(2 * C, C * H, 203);
+  HostWeight f32;  // the same weights widened
+  f32.w = fn.w;
+  f32.w.dtype = DType::F32;
+  f32.data.resize(fn.bytes.size() * 4);
+  for (size_t i = 0; i < fn.bytes.size(); ++i) {
+    const float v = bf16_to_f32(fn.bytes[i]);
+    std::memcpy(&f32.data[i * 4], &v, 4);
+  }
+  const HcPreWant want = hc_pre_want(streams, f32, base, rows, C, H, scale0, scale1, eps, hc_eps, mag);
+  const cuda::DeviceLinear dfn = cuda::upload(fn.w);
+  const auto ds = to_device(streams), db = to_device(base);
+  cuda::DeviceBuffer scratch(size_t(cuda::hc_pre_scratch_floats(rows, C, H, 2 * C)) * 4);
+  cuda::DeviceBuffer x(size_t(rows * H) * 4), post(size_t(rows * C) * 4);
+  cuda::hc_pre(ds.f32(), rows, C, H, dfn.w, scratch.f32(), db.f32(), scale0, scale1, eps, hc_eps, mag, x.f32(),
+               post.f32());
+  const auto got = to_host<float>(x, size_t(rows * H));
+  for (size_t e = 0; e < got.size(); ++e)
+    ASSERT_NEAR(got[e], want.x[e], 1e-5 * (1 + std::fabs(want.x[e]))) << "element " << e;
+  try {
+    cuda::hc_pre(ds.f32(), rows, C, H + 1, dfn.w, scratch.f32(), db.f32(), scale0, scale1, eps, hc_eps, mag, x.f32(),
                  post.f32());
-    cuda::rms_norm_rows(x.f32(), rows, H, H, weight.f32(), eps, xn.f32(), H);
-    const cuda::HcNorm norm{weight.f32(), eps, xn2.f32()};
-    cuda::hc_pre(streams.f32(), mixes.f32(), 2 * C, rows, C, H, base.f32(), scale0, scale1, eps, hc_eps, mag,
-                 x2.f32(), post2.f32(), &norm);
-    const auto want = to_host<float>(xn, size_t(rows * H)), got = to_host<float>(xn2, size_t(rows * H));
-    EXPECT_EQ(std::memcmp(want.data(), got.data(), got.size() * 4), 0) << "H=" << H;
-    const auto p1 = to_host<float>(post, size_t(rows * C)), p2 = to_host<float>(post2, size_t(rows * C));
-    EXPECT_EQ(std::memcmp(p1.data(), p2.data(), p1.size() * 4), 0) << "H=" << H;
+    FAIL() << "a mixer of the wrong width was taken";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("mixer is 8 x 6000, not 8 x 6004"), std::string::npos) << e.what();
   }
 }
 

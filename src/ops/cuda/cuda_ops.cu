@@ -219,15 +219,6 @@ struct RowChunks {
   unsigned chunks;
   int64_t rows_per_chunk;
 };
-int multiprocessors() {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    check(cudaGetDevice(&device), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-    return std::max(n, 1);
-  }();
-  return sms;
-}
 
 RowChunks row_chunks(int64_t col_blocks, int64_t M, int64_t pass) {
   const int64_t target = 2 * int64_t(multiprocessors());

@@ -13,12 +13,6 @@ namespace {
 
 constexpr int kWarps = kThreads / 32;
 
-// The sum of v over the warp, the same tree for every warp.
-__device__ __forceinline__ float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 __device__ __forceinline__ float* plane_row(const RowCaches& rc, int span, int plane, int64_t slot, int64_t width) {
   return rc.planes[span][plane] + physical(rc, span, slot) * width;
 }

@@ -34,6 +34,12 @@ __device__ __forceinline__ T block_all(T v, Op op) {
   return out;
 }
 
+// The sum of v over the warp, the same tree for every warp.
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
 struct SumOp {
   template <typename T>
   __device__ __forceinline__ T operator()(T a, T b) const { return a + b; }

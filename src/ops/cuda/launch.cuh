@@ -50,6 +50,17 @@ __device__ __forceinline__ void prefetch_weight_rows(const DeviceWeight& w, int6
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) prefetch_l2(first + r * stride, w.prefetch_row_bytes, 0, 1);
 }
 
+// The device's SM count (launch shapes that fill it).
+inline int multiprocessors() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    return n > 1 ? n : 1;
+  }();
+  return sms;
+}
+
 inline bool overlapping_launches() {
   static const bool on = [] {
     const char* e = std::getenv("NEXTN_CUDA_OVERLAP");
@@ -58,20 +69,36 @@ inline bool overlapping_launches() {
   return on;
 }
 
-// kernel<<<grid, block, smem, the per-thread stream>>>(args...), allowed to overlap its predecessor.
+// kernel<<<grid, block, smem, the per-thread stream>>>(args...), allowed to overlap its predecessor; with
+// `cluster` (sm_90 thread block clusters, at most 8 blocks: the portable size), the grid's blocks are launched
+// in clusters of that shape, whose blocks run at once and may read each other's shared memory.
 template <typename... Params, typename... Args>
-void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, const char* what, Args... args) {
-  cudaLaunchAttribute overlap{};
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
+void launch_kernel_clustered(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block, size_t smem,
+                             const char* what, Args... args) {
+  cudaLaunchAttribute attrs[2]{};
+  unsigned n = 0;
+  if (overlapping_launches()) {
+    attrs[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attrs[n].id = cudaLaunchAttributeClusterDimension;
+    attrs[n].val.clusterDim.x = cluster.x;
+    attrs[n].val.clusterDim.y = cluster.y;
+    attrs[n++].val.clusterDim.z = cluster.z;
+  }
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
   config.stream = cudaStreamPerThread;
-  config.attrs = &overlap;
-  config.numAttrs = overlapping_launches() ? 1 : 0;
+  config.attrs = attrs;
+  config.numAttrs = n;
   check(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...), what);
+}
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, const char* what, Args... args) {
+  launch_kernel_clustered(kernel, grid, dim3(1, 1, 1), block, smem, what, args...);
 }
 
 }  // namespace

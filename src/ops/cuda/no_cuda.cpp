@@ -60,7 +60,8 @@ void matmul_transposed_heads(const float*, int64_t, int64_t, int64_t, const Line
                              int64_t, float*, int64_t, int64_t, int64_t) {
   unavailable();
 }
-void hc_pre(const float*, const float*, int64_t, int64_t, int64_t, int64_t, const float*, float, float, float, float,
+int64_t hc_pre_scratch_floats(int64_t, int64_t, int64_t, int64_t) { return 0; }
+void hc_pre(const float*, int64_t, int64_t, int64_t, const Linear&, float*, const float*, float, float, float, float,
             float, float*, float*, const HcNorm*) {
   unavailable();
 }
