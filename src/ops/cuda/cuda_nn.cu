@@ -283,26 +283,26 @@ __device__ __forceinline__ float decode(const DeviceWeight& w, int64_t i, float 
 template <int KIND>
 constexpr int kVecElems = KIND == 0 ? 4 : KIND == 1 ? 8 : 16;
 template <int KIND>
+__device__ __forceinline__ void convert16(uint4 q, float s, float (&v)[kVecElems<KIND>]) {
+  const unsigned u[4] = {q.x, q.y, q.z, q.w};
+  if constexpr (KIND == 2) {
+#pragma unroll
+    for (int p = 0; p < 8; ++p) {  // (pair p: elements 2p and 2p + 1, the low byte first)
+      const __half2_raw h = fp8x2_to_half2(u[p / 2] >> (16 * (p % 2)));
+      v[2 * p] = __half2float(__half(__half_raw{h.x})) * s;
+      v[2 * p + 1] = __half2float(__half(__half_raw{h.y})) * s;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVecElems<KIND>; ++e)
+      v[e] = KIND == 0 ? __uint_as_float(u[e]) : bf16_bits_to_f32((u[e / 2] >> (16 * (e % 2))) & 0xffffu);
+  }
+}
+template <int KIND>
 __device__ __forceinline__ void decode16(const DeviceWeight& w, int64_t i0, int64_t c0, bool vec, float s,
                                          float (&v)[kVecElems<KIND>]) {
   constexpr int E = kVecElems<KIND>;
-  if (vec && c0 + E <= w.in) {
-    const uint4 q = *reinterpret_cast<const uint4*>(w.data + i0 * w.elem_bytes);
-    const unsigned u[4] = {q.x, q.y, q.z, q.w};
-    if constexpr (KIND == 2) {
-#pragma unroll
-      for (int p = 0; p < 8; ++p) {  // (pair p: elements 2p and 2p + 1, the low byte first)
-        const __half2_raw h = fp8x2_to_half2(u[p / 2] >> (16 * (p % 2)));
-        v[2 * p] = __half2float(__half(__half_raw{h.x})) * s;
-        v[2 * p + 1] = __half2float(__half(__half_raw{h.y})) * s;
-      }
-    } else {
-#pragma unroll
-      for (int e = 0; e < E; ++e)
-        v[e] = KIND == 0 ? __uint_as_float(u[e]) : bf16_bits_to_f32((u[e / 2] >> (16 * (e % 2))) & 0xffffu);
-    }
-    return;
-  }
+  if (vec && c0 + E <= w.in) return convert16<KIND>(*reinterpret_cast<const uint4*>(w.data + i0 * w.elem_bytes), s, v);
 #pragma unroll
   for (int e = 0; e < E; ++e) v[e] = c0 + e < w.in ? decode<KIND>(w, i0 + e, s) : 0.f;
 }
@@ -310,7 +310,7 @@ __device__ __forceinline__ void decode16(const DeviceWeight& w, int64_t i0, int6
 // Block (column tile, h, m): lane l of warp g takes the tile's 16-byte column piece l (E columns) down rows g,
 // g + kTrWarps, ... of head h, each of its E sums in row order; then the warps' sums are added in warp order. A
 // thread a column, reading a byte a row (FP8), made this one of a decode step's slowest kernels.
-constexpr int kTrWarps = 16;
+constexpr int kTrWarps = 16, kTrBatch = 8;
 template <int KIND>
 __global__ void __launch_bounds__(kTrWarps * 32)
     matmul_transposed_heads_kernel(const float* x, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0, int64_t hrs,
@@ -333,24 +333,47 @@ __global__ void __launch_bounds__(kTrWarps * 32)
   if (blockIdx.x == 0)  // x's elements past the summed rows, passed through after y's columns
     for (int64_t i = threadIdx.x; i < tail; i += blockDim.x) y[m * ys + h * yh + w.in + i] = xr[rows + i];
   float acc[E] = {};
-  if (c0 < w.in) {
-    const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
-    const bool one_scale = KIND != 2 || c0 / w.block_in == (c0 + E - 1) / w.block_in;
-#pragma unroll 8
+  const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
+  const bool one_scale = KIND != 2 || c0 / w.block_in == (c0 + E - 1) / w.block_in;
+  if (c0 + E <= w.in && vec && one_scale && (KIND != 2 || w.block_out > kTrWarps)) {
+    // kTrBatch rows' pieces, x values and scales loaded, then used: the scale block of row first + r followed
+    // as r steps by kTrWarps (block_out > kTrWarps: one step at most), no division per row
+    int64_t sblock = KIND == 2 ? (w.scale_row0 + first + g) / w.block_out : 0;
+    int64_t soff = KIND == 2 ? (w.scale_row0 + first + g) % w.block_out : 0;
+    const unsigned scol = KIND == 2 ? unsigned(c0 / w.block_in) : 0u;
+    for (int64_t r0 = g; r0 < rows; r0 += int64_t(kTrWarps) * kTrBatch) {
+      uint4 raw[kTrBatch];
+      float xv[kTrBatch], sc[kTrBatch];
+#pragma unroll
+      for (int b = 0; b < kTrBatch; ++b) {
+        const int64_t r = r0 + int64_t(b) * kTrWarps;
+        if (r < rows) {
+          raw[b] = *reinterpret_cast<const uint4*>(w.data + ((first + r) * w.row_stride + c0) * w.elem_bytes);
+          xv[b] = xr[r];
+          sc[b] = KIND == 2 ? scale_value(w.scale + sblock * w.scale_cols * sb, w.scale_kind, scol) : 1.0f;
+          if (KIND == 2 && (soff += kTrWarps) >= w.block_out) soff -= w.block_out, ++sblock;
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < kTrBatch; ++b)
+        if (r0 + int64_t(b) * kTrWarps < rows) {
+          float wv[E];
+          convert16<KIND>(raw[b], sc[b], wv);
+#pragma unroll
+          for (int e = 0; e < E; ++e) acc[e] = fmaf(wv[e], xv[b], acc[e]);
+        }
+    }
+  } else if (c0 < w.in) {
     for (int64_t r = g; r < rows; r += kTrWarps) {
       const int64_t row = first + r;
       const unsigned char* srow = KIND == 2 ? scale_row(w, row, sb) : nullptr;
       float wv[E];
-      if (one_scale) {
-        const float s = KIND == 2 ? scale_value(srow, w.scale_kind, unsigned(c0 / w.block_in)) : 1.0f;
-        decode16<KIND>(w, row * w.row_stride + c0, c0, vec, s, wv);
-      } else {
 #pragma unroll
-        for (int e = 0; e < E; ++e)
-          wv[e] = c0 + e < w.in ? decode<KIND>(w, row * w.row_stride + c0 + e,
-                                               scale_value(srow, w.scale_kind, unsigned((c0 + e) / w.block_in)))
-                                : 0.f;
-      }
+      for (int e = 0; e < E; ++e)
+        wv[e] = c0 + e < w.in ? decode<KIND>(w, row * w.row_stride + c0 + e,
+                                             KIND == 2 ? scale_value(srow, w.scale_kind, unsigned((c0 + e) / w.block_in))
+                                                       : 1.0f)
+                              : 0.f;
       const float xv = xr[r];
 #pragma unroll
       for (int e = 0; e < E; ++e) acc[e] = fmaf(wv[e], xv, acc[e]);
@@ -454,6 +477,7 @@ unsigned mix_blocks(int64_t H) {
   return g;
 }
 constexpr int kPreElems = 4, kPreStreams = 4;  // a thread's first elements and streams loaded right after the wait
+constexpr int kStagedPartials = 2048;          // a row's partials (28 x 9 at hidden 7168) staged in shared memory
 
 // Block (r, q), cluster r (the row's blocks): slice q of row r (block_slice). Every block sums the row's
 // partials in slice order into its mixes (the same bits in each), mixes its slice of x and, with norm.out,
@@ -464,7 +488,7 @@ __global__ void __launch_bounds__(kThreads)
                   int64_t C, int64_t H, const float* base, float scale0, float scale1, float eps, float hc_eps,
                   float mag, float* x, float* post, HcNorm norm) {
   extern __shared__ float xs[];  // [the block's slice of x]
-  __shared__ float mixes[kMaxMixes + 1], pre[kMaxStreams], block_ss, row_ss;
+  __shared__ float mixes[kMaxMixes + 1], pre[kMaxStreams], block_ss, row_ss, staged_partials[kStagedPartials];
   const Slice sl = block_slice(H);
   const HeldWeights held = hold_weights(norm.out ? norm.weight : nullptr, sl);
   const bool mixer = threadIdx.x < C;
@@ -482,8 +506,18 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t i = sl.begin + threadIdx.x + int64_t(u) * kThreads;
       sv[u][j] = j < C && i < sl.end ? X[j * H + i] : 0.f;
     }
+  // The row's partials, [slices, n_mix + 1]: brought into shared memory by the whole block at once where they
+  // fit (one thread a mix, loading them in series, took a chain of ~28 latencies), then each mix added up in
+  // slice order either way.
+  const int64_t n_part = slices * (n_mix + 1);
+  const float* P = partials + r * n_part;
+  const bool staged = n_part <= kStagedPartials;
+  if (staged) {
+    for (int64_t i = threadIdx.x; i < n_part; i += kThreads) staged_partials[i] = P[i];
+    __syncthreads();
+  }
   if (threadIdx.x <= n_mix) {
-    const float* p = partials + r * slices * (n_mix + 1) + threadIdx.x;
+    const float* p = (staged ? staged_partials : P) + threadIdx.x;
     float t = p[0];
     for (int64_t q = 1; q < slices; ++q) t += p[q * (n_mix + 1)];
     mixes[threadIdx.x] = threadIdx.x < n_mix && bias ? t + mix_bias : t;
@@ -1181,7 +1215,7 @@ void hc_pre(const float* streams, int64_t rows, int64_t C, int64_t H, const Line
     throw Error("cuda::hc_pre: its output overlaps the streams it reads");
   const unsigned g = mix_blocks(H);
   const size_t slice_bytes = size_t((H + g - 1) / g) * sizeof(float);
-  if (slice_bytes > 48 * 1024) throw Error("cuda::hc_pre: hidden size " + std::to_string(H) + " is too wide");
+  if (slice_bytes > 32 * 1024) throw Error("cuda::hc_pre: hidden size " + std::to_string(H) + " is too wide");
   const int64_t slices = mix_slices(width);
   const int64_t chunks = std::clamp<int64_t>(2 * multiprocessors() / slices, 1, rows);
   const int64_t rows_per_y = (rows + chunks - 1) / chunks;
