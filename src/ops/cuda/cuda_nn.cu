@@ -307,20 +307,24 @@ __device__ __forceinline__ void decode16(const DeviceWeight& w, int64_t i0, int6
   for (int e = 0; e < E; ++e) v[e] = c0 + e < w.in ? decode<KIND>(w, i0 + e, s) : 0.f;
 }
 
-// Block (column tile, h, m): lane l of warp g takes the tile's 16-byte column piece l (E columns) down rows g,
-// g + kTrWarps, ... of head h, each of its E sums in row order; then the warps' sums are added in warp order. A
-// thread a column, reading a byte a row (FP8), made this one of a decode step's slowest kernels.
-constexpr int kTrWarps = 16, kTrBatch = 8;
-template <int KIND>
+// Block (column tile, h, row chunk z): lane l of warp g takes the tile's 16-byte column piece l (E columns) down
+// rows g, g + kTrWarps, ... of head h, for the chunk's MT rows of x at once (each weight piece read once), each of
+// its sums in row order; then the warps' sums are added in warp order. Neither E, MT nor the batching of the
+// loads changes a sum (only kTrWarps would): M = 1 and M > 1 launches give a row the same bits. A thread a column,
+// reading a byte a row (FP8), made this one of a decode step's slowest kernels.
+constexpr int kTrWarps = 16;
+template <int KIND, int MT>
 __global__ void __launch_bounds__(kTrWarps * 32)
-    matmul_transposed_heads_kernel(const float* x, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0, int64_t hrs,
-                                   int64_t rows, float* y, int64_t ys, int64_t yh, int64_t tail, bool vec) {
-  constexpr int E = kVecElems<KIND>, kTile = 32 * E;
-  __shared__ float part[kTrWarps][kTile];  // [warp][e · 32 + lane]
+    matmul_transposed_heads_kernel(const float* x, int64_t M, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0,
+                                   int64_t hrs, int64_t rows, float* y, int64_t ys, int64_t yh, int64_t tail,
+                                   bool vec) {
+  constexpr int E = kVecElems<KIND>, kTile = 32 * E, kBatch = 8 / MT;  // (kBatch rows' loads in flight)
+  __shared__ float part[kTrWarps][kTile];  // [warp][e · 32 + lane], one row of x at a time
   const int lane = threadIdx.x & 31, g = threadIdx.x >> 5;
-  const int64_t tile0 = int64_t(blockIdx.x) * kTile, c0 = tile0 + int64_t(lane) * E, h = blockIdx.y, m = blockIdx.z;
+  const int64_t tile0 = int64_t(blockIdx.x) * kTile, c0 = tile0 + int64_t(lane) * E, h = blockIdx.y;
+  const int64_t m0 = int64_t(blockIdx.z) * MT, nm = M - m0 < MT ? M - m0 : MT;
   const int64_t first = row0 + h * hrs;
-  if (m == 0) {  // the tile's lines of the head's rows (weights: before the wait)
+  if (blockIdx.z == 0) {  // the tile's lines of the head's rows (weights: before the wait)
     constexpr int kLines = kTile * (KIND == 0 ? 4 : KIND == 1 ? 2 : 1) / 128;
     for (int64_t i = threadIdx.x; i < rows * kLines; i += blockDim.x) {
       const int64_t byte = (tile0 + (i % kLines) * (128 / w.elem_bytes)) * w.elem_bytes;
@@ -329,67 +333,81 @@ __global__ void __launch_bounds__(kTrWarps * 32)
     }
   }
   begin_after_predecessor();
-  const float* xr = x + m * xs + h * xh;
+  const float* xr = x + m0 * xs + h * xh;  // row m0 + i at xr + i · xs
   if (blockIdx.x == 0)  // x's elements past the summed rows, passed through after y's columns
-    for (int64_t i = threadIdx.x; i < tail; i += blockDim.x) y[m * ys + h * yh + w.in + i] = xr[rows + i];
-  float acc[E] = {};
+    for (int64_t i = 0; i < nm; ++i)
+      for (int64_t t = threadIdx.x; t < tail; t += blockDim.x) y[(m0 + i) * ys + h * yh + w.in + t] = xr[i * xs + rows + t];
+  float acc[MT][E] = {};
+  auto add = [&](const float (&wv)[E], const float (&xv)[MT]) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[i][e] = fmaf(wv[e], xv[i], acc[i][e]);
+  };
+  auto x_at = [&](int64_t r, float (&xv)[MT]) {
+#pragma unroll
+    for (int i = 0; i < MT; ++i) xv[i] = MT == 1 || i < nm ? xr[i * xs + r] : 0.f;  // (MT = 1: nm is 1)
+  };
   const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
   const bool one_scale = KIND != 2 || c0 / w.block_in == (c0 + E - 1) / w.block_in;
   if (c0 + E <= w.in && vec && one_scale && (KIND != 2 || w.block_out > kTrWarps)) {
-    // kTrBatch rows' pieces, x values and scales loaded, then used: the scale block of row first + r followed
+    // kBatch rows' pieces, x values and scales loaded, then used: the scale block of row first + r followed
     // as r steps by kTrWarps (block_out > kTrWarps: one step at most), no division per row
     int64_t sblock = KIND == 2 ? (w.scale_row0 + first + g) / w.block_out : 0;
     int64_t soff = KIND == 2 ? (w.scale_row0 + first + g) % w.block_out : 0;
     const unsigned scol = KIND == 2 ? unsigned(c0 / w.block_in) : 0u;
-    for (int64_t r0 = g; r0 < rows; r0 += int64_t(kTrWarps) * kTrBatch) {
-      uint4 raw[kTrBatch];
-      float xv[kTrBatch], sc[kTrBatch];
+    for (int64_t r0 = g; r0 < rows; r0 += int64_t(kTrWarps) * kBatch) {
+      uint4 raw[kBatch];
+      float xv[kBatch][MT], sc[kBatch];
 #pragma unroll
-      for (int b = 0; b < kTrBatch; ++b) {
+      for (int b = 0; b < kBatch; ++b) {
         const int64_t r = r0 + int64_t(b) * kTrWarps;
         if (r < rows) {
           raw[b] = *reinterpret_cast<const uint4*>(w.data + ((first + r) * w.row_stride + c0) * w.elem_bytes);
-          xv[b] = xr[r];
+          x_at(r, xv[b]);
           sc[b] = KIND == 2 ? scale_value(w.scale + sblock * w.scale_cols * sb, w.scale_kind, scol) : 1.0f;
           if (KIND == 2 && (soff += kTrWarps) >= w.block_out) soff -= w.block_out, ++sblock;
         }
       }
 #pragma unroll
-      for (int b = 0; b < kTrBatch; ++b)
+      for (int b = 0; b < kBatch; ++b)
         if (r0 + int64_t(b) * kTrWarps < rows) {
           float wv[E];
           convert16<KIND>(raw[b], sc[b], wv);
-#pragma unroll
-          for (int e = 0; e < E; ++e) acc[e] = fmaf(wv[e], xv[b], acc[e]);
+          add(wv, xv[b]);
         }
     }
   } else if (c0 < w.in) {
     for (int64_t r = g; r < rows; r += kTrWarps) {
       const int64_t row = first + r;
       const unsigned char* srow = KIND == 2 ? scale_row(w, row, sb) : nullptr;
-      float wv[E];
+      float wv[E], xv[MT];
 #pragma unroll
       for (int e = 0; e < E; ++e)
         wv[e] = c0 + e < w.in ? decode<KIND>(w, row * w.row_stride + c0 + e,
                                              KIND == 2 ? scale_value(srow, w.scale_kind, unsigned((c0 + e) / w.block_in))
                                                        : 1.0f)
                               : 0.f;
-      const float xv = xr[r];
-#pragma unroll
-      for (int e = 0; e < E; ++e) acc[e] = fmaf(wv[e], xv, acc[e]);
+      x_at(r, xv);
+      add(wv, xv);
     }
   }
 #pragma unroll
-  for (int e = 0; e < E; ++e) part[g][e * 32 + lane] = acc[e];
-  __syncthreads();
-  for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-    const int64_t c = tile0 + i;
-    if (c >= w.in) break;
-    const int pos = (i % E) * 32 + i / E;
-    float sum = part[0][pos];
+  for (int i = 0; i < MT; ++i) {
+    if (i >= nm) break;
+    if (i > 0) __syncthreads();  // (the last row's sums read)
 #pragma unroll
-    for (int gg = 1; gg < kTrWarps; ++gg) sum += part[gg][pos];
-    y[m * ys + h * yh + c] = sum;
+    for (int e = 0; e < E; ++e) part[g][e * 32 + lane] = acc[i][e];
+    __syncthreads();
+    for (int t = threadIdx.x; t < kTile; t += blockDim.x) {
+      const int64_t c = tile0 + t;
+      if (c >= w.in) break;
+      const int pos = (t % E) * 32 + t / E;
+      float sum = part[0][pos];
+#pragma unroll
+      for (int gg = 1; gg < kTrWarps; ++gg) sum += part[gg][pos];
+      y[(m0 + i) * ys + h * yh + c] = sum;
+    }
   }
 }
 
@@ -824,11 +842,12 @@ __global__ void __launch_bounds__(kMlaThreads)
   }
 }
 
-// Block (n tile, h, z): warp i takes row n = tile · kHeadWarps + i of head h, lane l its 16-byte pieces l, l + 32,
-// ... (in order), then the warp's tree; rows z, z + gridDim.z, ... of x. A block a row, 256 threads summing
-// 512 columns through a block-wide tree, made this one of a decode step's slowest kernels (16384 blocks).
+// Block (n tile, h, row chunk z): warp i takes row n = tile · kHeadWarps + i of head h, lane l its 16-byte pieces
+// l, l + 32, ... (in order), for the chunk's MT rows of x at once (each piece read once), then the warp's tree per
+// row of x (MT does not change a sum). A block a row, 256 threads summing 512 columns through a block-wide tree,
+// made this one of a decode step's slowest kernels (16384 blocks).
 constexpr int kHeadWarps = 8;
-template <int KIND>
+template <int KIND, int MT>
 __global__ void __launch_bounds__(kHeadWarps * 32)
     matmul_heads_kernel(const float* x, int64_t M, int64_t xs, int64_t xh, DeviceWeight w, int64_t row0, int64_t hrs,
                         int64_t rows_per_head, float* y, int64_t ys, int64_t yh, bool vec, bool x_vec) {
@@ -841,22 +860,26 @@ __global__ void __launch_bounds__(kHeadWarps * 32)
   begin_after_predecessor();
   const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
   const unsigned char* srow = KIND == 2 ? scale_row(w, row, sb) : nullptr;
-  for (int64_t m = blockIdx.z; m < M; m += gridDim.z) {
-    const float* xr = x + m * xs + h * xh;
-    float acc = 0.f;
-    for (int64_t c0 = int64_t(lane) * E; c0 < w.in; c0 += 32 * E) {
-      float wv[E], xv[E];
-      const bool one_scale = KIND != 2 || (c0 / w.block_in == (c0 + E - 1) / w.block_in);
-      if (one_scale) {
-        const float s = KIND == 2 ? scale_value(srow, w.scale_kind, unsigned(c0 / w.block_in)) : 1.0f;
-        decode16<KIND>(w, row * w.row_stride + c0, c0, vec, s, wv);
-      } else {
+  const int64_t m0 = int64_t(blockIdx.z) * MT, nm = M - m0 < MT ? M - m0 : MT;
+  float acc[MT] = {};
+  for (int64_t c0 = int64_t(lane) * E; c0 < w.in; c0 += 32 * E) {
+    float wv[E];
+    const bool one_scale = KIND != 2 || (c0 / w.block_in == (c0 + E - 1) / w.block_in);
+    if (one_scale) {
+      const float s = KIND == 2 ? scale_value(srow, w.scale_kind, unsigned(c0 / w.block_in)) : 1.0f;
+      decode16<KIND>(w, row * w.row_stride + c0, c0, vec, s, wv);
+    } else {
 #pragma unroll
-        for (int e = 0; e < E; ++e)
-          wv[e] = c0 + e < w.in ? decode<KIND>(w, row * w.row_stride + c0 + e,
-                                               scale_value(srow, w.scale_kind, unsigned((c0 + e) / w.block_in)))
-                                : 0.f;
-      }
+      for (int e = 0; e < E; ++e)
+        wv[e] = c0 + e < w.in ? decode<KIND>(w, row * w.row_stride + c0 + e,
+                                             scale_value(srow, w.scale_kind, unsigned((c0 + e) / w.block_in)))
+                              : 0.f;
+    }
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      if (MT > 1 && i >= nm) break;
+      const float* xr = x + (m0 + i) * xs + h * xh;
+      float xv[E];
 #pragma unroll
       for (int e = 0; e < E; e += 4) {
         if (x_vec && c0 + E <= w.in) {
@@ -868,10 +891,14 @@ __global__ void __launch_bounds__(kHeadWarps * 32)
         }
       }
 #pragma unroll
-      for (int e = 0; e < E; ++e) acc = fmaf(wv[e], xv[e], acc);
+      for (int e = 0; e < E; ++e) acc[i] = fmaf(wv[e], xv[e], acc[i]);
     }
-    const float sum = warp_sum(acc);
-    if (lane == 0) y[m * ys + h * yh + n] = sum;
+  }
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    if (i >= nm) break;
+    const float sum = warp_sum(acc[i]);
+    if (lane == 0) y[(m0 + i) * ys + h * yh + n] = sum;
   }
 }
 
@@ -1180,18 +1207,18 @@ void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_
   if (M <= 0 || heads <= 0) return;
   const DeviceWeight d = device_weight(w);
   const int64_t tile = 16 / d.elem_bytes * 32;
-  const dim3 grid(unsigned((w.in + tile - 1) / tile), unsigned(heads), unsigned(M));
-  const dim3 block(kTrWarps * 32);
   const bool vec = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && (w.row_stride * d.elem_bytes) % 16 == 0;
+  auto go = [&](auto kernel, int64_t mt) {
+    const dim3 grid(unsigned((w.in + tile - 1) / tile), unsigned(heads), unsigned((M + mt - 1) / mt));
+    launch_kernel(kernel, grid, dim3(kTrWarps * 32), 0, "matmul_transposed_heads_kernel", x, M, x_stride, x_head, d,
+                  row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail, vec);
+  };
+  // (rows of x a block: 1 at decode, 2-4 for a verify's or a batch's rows, which then share each weight read;
+  // FP8's 16 columns a lane take 2, as 4 rows' sums spill registers)
   switch (weight_kind(w)) {
-    case 0: launch_kernel(matmul_transposed_heads_kernel<0>, grid, block, 0, "matmul_transposed_heads_kernel", x,
-                          x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail, vec);
-      break;
-    case 1: launch_kernel(matmul_transposed_heads_kernel<1>, grid, block, 0, "matmul_transposed_heads_kernel", x,
-                          x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail, vec);
-      break;
-    default: launch_kernel(matmul_transposed_heads_kernel<2>, grid, block, 0, "matmul_transposed_heads_kernel", x,
-                           x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail, vec);
+    case 0: return M == 1 ? go(matmul_transposed_heads_kernel<0, 1>, 1) : go(matmul_transposed_heads_kernel<0, 4>, 4);
+    case 1: return M == 1 ? go(matmul_transposed_heads_kernel<1, 1>, 1) : go(matmul_transposed_heads_kernel<1, 4>, 4);
+    default: return M == 1 ? go(matmul_transposed_heads_kernel<2, 1>, 1) : go(matmul_transposed_heads_kernel<2, 2>, 2);
   }
 }
 
@@ -1310,20 +1337,18 @@ void matmul_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, c
                   int64_t head_rows_stride, int64_t rows_per_head, int64_t heads, float* y, int64_t y_stride,
                   int64_t y_head) {
   if (M <= 0 || heads <= 0 || rows_per_head <= 0) return;
-  const dim3 grid{unsigned((rows_per_head + kHeadWarps - 1) / kHeadWarps), unsigned(heads),
-                  unsigned(std::min<int64_t>(M, 65535))};
   const DeviceWeight d = device_weight(w);
   const bool vec = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && (w.row_stride * d.elem_bytes) % 16 == 0;
   const bool x_vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && x_stride % 4 == 0 && x_head % 4 == 0;
-  switch (weight_kind(w)) {
-    case 0: launch_kernel(matmul_heads_kernel<0>, grid, kHeadWarps * 32, 0, "matmul_heads_kernel", x, M, x_stride,
-                          x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, vec, x_vec);
-      break;
-    case 1: launch_kernel(matmul_heads_kernel<1>, grid, kHeadWarps * 32, 0, "matmul_heads_kernel", x, M, x_stride,
-                          x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, vec, x_vec);
-      break;
-    default: launch_kernel(matmul_heads_kernel<2>, grid, kHeadWarps * 32, 0, "matmul_heads_kernel", x, M, x_stride,
-                           x_head, d, row0, head_rows_stride, rows_per_head, y, y_stride, y_head, vec, x_vec);
+  auto go = [&](auto kernel, int64_t mt) {
+    const dim3 grid(unsigned((rows_per_head + kHeadWarps - 1) / kHeadWarps), unsigned(heads), unsigned((M + mt - 1) / mt));
+    launch_kernel(kernel, grid, dim3(kHeadWarps * 32), 0, "matmul_heads_kernel", x, M, x_stride, x_head, d, row0,
+                  head_rows_stride, rows_per_head, y, y_stride, y_head, vec, x_vec);
+  };
+  switch (weight_kind(w)) {  // (rows of x a block: as matmul_transposed_heads)
+    case 0: return M == 1 ? go(matmul_heads_kernel<0, 1>, 1) : go(matmul_heads_kernel<0, 4>, 4);
+    case 1: return M == 1 ? go(matmul_heads_kernel<1, 1>, 1) : go(matmul_heads_kernel<1, 4>, 4);
+    default: return M == 1 ? go(matmul_heads_kernel<2, 1>, 1) : go(matmul_heads_kernel<2, 4>, 4);
   }
 }
 

@@ -231,7 +231,7 @@ TEST(CudaNn, WideRowsSplitOverBlocksKeepTheirValues) {
 // value within the CPU's rounding of the dequantized sum.
 TEST(CudaNn, TransposedHeadsCrossScaleBlocksAsTheCpuDequantizes) {
   NEXTN_SKIP_WITHOUT_CUDA();
-  const int64_t heads = 3, stride = 150, rows_per_head = 140, row0 = 5, M = 2;
+  const int64_t heads = 3, stride = 150, rows_per_head = 140, row0 = 5, M = 5;
   const int64_t out = row0 + (heads - 1) * stride + rows_per_head;
   uint32_t seed = 31;
   // (200 columns: rows not 16-byte aligned, one element at a time; 512: 16-byte pieces, several column tiles
@@ -247,6 +247,14 @@ TEST(CudaNn, TransposedHeadsCrossScaleBlocksAsTheCpuDequantizes) {
       cuda::matmul_transposed_heads(dx.f32(), M, heads * rows_per_head, rows_per_head, dw.w, row0, stride,
                                     rows_per_head, heads, dy.f32(), heads * in, in);
       const auto got = to_host<float>(dy, size_t(M * heads * in));
+      for (int64_t m = 0; m < M; ++m) {  // each row of x alone: its bits (a block takes 1 or 4 rows of x)
+        cuda::DeviceBuffer alone(size_t(heads * in) * 4);
+        cuda::matmul_transposed_heads(dx.f32() + m * heads * rows_per_head, 1, heads * rows_per_head, rows_per_head,
+                                      dw.w, row0, stride, rows_per_head, heads, alone.f32(), heads * in, in);
+        EXPECT_TRUE(same_bits(to_host<float>(alone, size_t(heads * in)).data(), got.data() + m * heads * in,
+                              size_t(heads * in)))
+            << what << " row " << m;
+      }
       std::vector<float> deq(size_t(out * in));
       for (int64_t n = 0; n < out; ++n) ops::dequant_row(hw.w, n, deq.data() + n * in);
       for (int64_t m = 0; m < M; ++m)
@@ -267,10 +275,10 @@ TEST(CudaNn, TransposedHeadsCrossScaleBlocksAsTheCpuDequantizes) {
 
 // y[m, h, n] = Σ_c x[m, h, c] · w[row0 + h · stride + n, c] (MLA's W_vb per head), a warp a row: rows a head
 // not a multiple of the block's 8 warps, rows 16-byte aligned or not, every weight kind, against the CPU's
-// dequantized rows.
+// dequantized rows; and each row of x alone gives the bits it gets among five.
 TEST(CudaNn, MatmulHeadsMatchesTheCpusDequantizedRows) {
   NEXTN_SKIP_WITHOUT_CUDA();
-  const int64_t heads = 3, stride = 40, rows_per_head = 13, row0 = 7, M = 3;
+  const int64_t heads = 3, stride = 40, rows_per_head = 13, row0 = 7, M = 5;
   const int64_t out = row0 + (heads - 1) * stride + rows_per_head;
   uint32_t seed = 61;
   for (const DType dt : {DType::F8_E4M3, DType::BF16, DType::F32})
@@ -284,6 +292,14 @@ TEST(CudaNn, MatmulHeadsMatchesTheCpusDequantizedRows) {
       cuda::matmul_heads(dx.f32(), M, heads * in, in, dw.w, row0, stride, rows_per_head, heads, dy.f32(),
                          heads * rows_per_head, rows_per_head);
       const auto got = to_host<float>(dy, size_t(M * heads * rows_per_head));
+      for (int64_t m = 0; m < M; ++m) {  // each row of x alone: its bits (a block takes 1 or 4 rows of x)
+        cuda::DeviceBuffer alone(size_t(heads * rows_per_head) * 4);
+        cuda::matmul_heads(dx.f32() + m * heads * in, 1, heads * in, in, dw.w, row0, stride, rows_per_head, heads,
+                           alone.f32(), heads * rows_per_head, rows_per_head);
+        EXPECT_TRUE(same_bits(to_host<float>(alone, size_t(heads * rows_per_head)).data(),
+                              got.data() + m * heads * rows_per_head, size_t(heads * rows_per_head)))
+            << what << " row " << m;
+      }
       std::vector<float> row(static_cast<size_t>(in));
       for (int64_t h = 0; h < heads; ++h)
         for (int64_t n = 0; n < rows_per_head; ++n) {
