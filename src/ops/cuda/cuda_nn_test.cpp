@@ -223,12 +223,12 @@ TEST(CudaNn, WideRowsSplitOverBlocksKeepTheirValues) {
   const auto dz = to_device(x);  // in place: one block a row
   cuda::rms_norm_rows(dz.f32(), rows, d, d, dw.f32(), 1e-6f, dz.f32(), d);
   EXPECT_EQ(0, std::memcmp(to_host<float>(dz, split.size()).data(), split.data(), split.size() * 4));
-
 }
 
 // The per-head absorption y[m, h, c] = Σ_r w[row0 + h · stride + r, c] · x[m, h, r] with FP8 weights whose
-// heads start and end inside 128-row scale blocks (each thread's rows step over them 8 at a time): every
-// value within the CPU's rounding of the dequantized sum.
+// heads start and end inside 128-row scale blocks (each warp's rows step over them 16 at a time), for every weight
+// kind: every value within the CPU's rounding of the dequantized sum, and each row of x alone gives the bits it
+// gets among five.
 TEST(CudaNn, TransposedHeadsCrossScaleBlocksAsTheCpuDequantizes) {
   NEXTN_SKIP_WITHOUT_CUDA();
   const int64_t heads = 3, stride = 150, rows_per_head = 140, row0 = 5, M = 5;
