@@ -39,6 +39,13 @@ std::string property_key(const std::string& key) { return ojson(key).dump().subs
 // The most value nodes a grammar holds (the matcher numbers them in 16 bits, and adds its own).
 constexpr size_t kMaxNodes = size_t(1) << 15;
 
+// Appends n to g's nodes, refusing past kMaxNodes (`where` names the schema or grammar in the error).
+int add_node(Grammar& g, Node n, const std::string& where) {
+  if (g.nodes.size() >= kMaxNodes) throw Error(where + ": the schema is too large (more than 32768 value nodes)");
+  g.nodes.push_back(std::move(n));
+  return int(g.nodes.size()) - 1;
+}
+
 // One document into a grammar's nodes; its references resolve within it.
 class Compiler {
  public:
@@ -51,11 +58,7 @@ class Compiler {
     throw Error(where_ + (ptr.empty() ? "" : " at " + ptr) + ": " + what);
   }
 
-  int add(Node n) {
-    if (g_->nodes.size() >= kMaxNodes) fail("", "the schema is too large (more than 32768 value nodes)");
-    g_->nodes.push_back(std::move(n));
-    return int(g_->nodes.size()) - 1;
-  }
+  int add(Node n) { return add_node(*g_, std::move(n), where_); }
 
   int64_t count(const ojson& s, const char* key, const std::string& ptr) const {
     const ojson& v = s.at(key);
@@ -330,11 +333,7 @@ int GrammarBuilder::schema(const nlohmann::ordered_json& document, const std::st
   return Compiler(document, where, g_).run();
 }
 
-int GrammarBuilder::add(Node n) {
-  if (g_.nodes.size() >= kMaxNodes) throw Error("structured output: the grammar has more than 32768 value nodes");
-  g_.nodes.push_back(std::move(n));
-  return int(g_.nodes.size()) - 1;
-}
+int GrammarBuilder::add(Node n) { return add_node(g_, std::move(n), "structured output"); }
 
 int GrammarBuilder::object(const std::vector<std::pair<std::string, int>>& properties) {
   Node n;

@@ -62,6 +62,12 @@ TEST(StructuredGrammar, RefusesWhatItWouldNotEnforceNamingTheKeywordAndWhere) {
             std::string::npos);
   // Annotations are fine.
   EXPECT_EQ(schema_error(R"({"title":"T","description":"d","type":"string","default":"x","examples":["y"]})"), "");
+  // A schema past the grammar's node limit is refused by name, before its nodes are all built.
+  std::string wide = R"({"anyOf":[)";
+  for (int i = 0; i < 40000; ++i) wide += std::string(i ? "," : "") + R"({"type":"null"})";
+  wide += "]}";
+  EXPECT_EQ(schema_error(wide.c_str()),
+            "response_format.json_schema.schema: the schema is too large (more than 32768 value nodes)");
 }
 
 // The documents of one grammar (GrammarBuilder, as tool_choice "required" joins the tools' parameters) each
