@@ -3,7 +3,7 @@
 #   bash tools/device/pack_cpu_binaries.sh && rm -f devrun/nextn_bench_* && strip devrun/nextn*
 #   tar -cf - devrun | xz --x86 --lzma2=preset=6 -T1 > devrun.tar.xz
 # then on the device machine (run's carry: ["devrun.tar.xz"]):
-#   tar -xJf devrun.tar.xz && bash tools/device/gpu_checks.sh [tests|sanitizer|bench|parity|tp|side ...]
+#   tar -xJf devrun.tar.xz && bash tools/device/gpu_checks.sh [tests|sanitizer|bench|parity|tp|side|kernels ...]
 # (no argument: the first five, in that order). Output goes to stdout and, per step, to $OUT/gpu_checks/*.log.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -71,6 +71,20 @@ for step in "${steps[@]}"; do
         > "$logs/side_$m.log" 2>&1
       grep -E '^machine|^decode|tuned|^ +(1|16) ' "$logs/side_$m.log" | cut -c1-160
       ;;
-    *) echo "unknown step $step (tests, sanitizer, bench, parity, tp, side)" ;;
+    kernels)  # where a step's time goes, kernel by kernel (Nsight Compute): a 4-row forward and 1-row decode
+      # steps of the 8-layer 7168-wide FP8 synthetic (written by bench the first time; docs/performance.md,
+      # thirty-fifth session)
+      ncu=$(ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+      if [ -z "$ncu" ]; then echo "no ncu"; continue; fi
+      syn=/tmp/gpu_check_nx8
+      $run nextn bench --device cuda --synthetic --dtype fp8 --mlp dense --hidden 7168 --layers 8 --tokens 32 \
+        --repeats 1 --cache-dir "$syn" > "$logs/kernels_bench.log" 2>&1
+      grep -E '^decode' "$logs/kernels_bench.log" | cut -c1-160
+      dir=$(ls -d "$syn"/*/ | head -1)
+      "$ncu" --csv --metrics gpu__time_duration.sum --target-processes all $run nextn generate --device cuda \
+        --model "$dir" --ids 11,12,13,14 -n 3 --no-speculate --ignore-eos > "$logs/kernels.csv" 2> "$logs/kernels.err"
+      python3 tools/device/ncu_table.py "$logs/kernels.csv"
+      ;;
+    *) echo "unknown step $step (tests, sanitizer, bench, parity, tp, side, kernels)" ;;
   esac
 done
