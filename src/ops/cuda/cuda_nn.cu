@@ -31,10 +31,7 @@ __device__ __forceinline__ float weight_elem(const DeviceWeight& w, int kind, in
   switch (kind) {
     case 0: return weight_at<WeightKind::kF32>(w, nullptr, n, k);
     case 1: return weight_at<WeightKind::kBF16>(w, nullptr, n, k);
-    default: {
-      const int scale_bytes = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
-      return weight_at<WeightKind::kFP8>(w, scale_row(w, n, scale_bytes), n, k);
-    }
+    default: return weight_at<WeightKind::kFP8>(w, scale_row(w, n, scale_bytes(w)), n, k);
   }
 }
 
@@ -277,9 +274,10 @@ __device__ __forceinline__ float decode(const DeviceWeight& w, int64_t i, float 
   if constexpr (KIND == 2) return fp8_to_f32(w.data[i]) * fp8_scale;
 }
 
-// 16 bytes of a weight row as floats: E elements from element i0 (row · row_stride + c0) of w, decoded as
-// decode<KIND> does (FP8 with scale s), one 16-byte load where `vec` (the rows' elements 16-byte aligned) and the
-// E elements lie inside the row (c0 + E <= in), else one element at a time with zeros past the row.
+// 16 bytes of a weight row as E floats: convert16 decodes a loaded piece as decode<KIND> does (FP8 with the one
+// scale s of its elements); decode_each takes E elements of row `row` from column c0 one at a time, each with its
+// own column's scale (srow: the row's scales), zeros past the row: rows not 16-byte aligned, a row's last piece,
+// pieces across two scale blocks. Both give an element the same value.
 template <int KIND>
 constexpr int kVecElems = KIND == 0 ? 4 : KIND == 1 ? 8 : 16;
 template <int KIND>
@@ -299,12 +297,14 @@ __device__ __forceinline__ void convert16(uint4 q, float s, float (&v)[kVecElems
   }
 }
 template <int KIND>
-__device__ __forceinline__ void decode16(const DeviceWeight& w, int64_t i0, int64_t c0, bool vec, float s,
-                                         float (&v)[kVecElems<KIND>]) {
-  constexpr int E = kVecElems<KIND>;
-  if (vec && c0 + E <= w.in) return convert16<KIND>(*reinterpret_cast<const uint4*>(w.data + i0 * w.elem_bytes), s, v);
+__device__ __forceinline__ void decode_each(const DeviceWeight& w, const unsigned char* srow, int64_t row, int64_t c0,
+                                            float (&v)[kVecElems<KIND>]) {
 #pragma unroll
-  for (int e = 0; e < E; ++e) v[e] = c0 + e < w.in ? decode<KIND>(w, i0 + e, s) : 0.f;
+  for (int e = 0; e < kVecElems<KIND>; ++e) {
+    const int64_t c = c0 + e;
+    const float s = KIND == 2 && c < w.in ? scale_value(srow, w.scale_kind, unsigned(c / w.block_in)) : 1.0f;
+    v[e] = c < w.in ? decode<KIND>(w, row * w.row_stride + c, s) : 0.f;
+  }
 }
 
 // Block (column tile, h, row chunk z): lane l of warp g takes the tile's 16-byte column piece l (E columns) down
@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(kTrWarps * 32)
 #pragma unroll
     for (int i = 0; i < MT; ++i) xv[i] = MT == 1 || i < nm ? xr[i * xs + r] : 0.f;  // (MT = 1: nm is 1)
   };
-  const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
+  const int sb = scale_bytes(w);
   const bool one_scale = KIND != 2 || c0 / w.block_in == (c0 + E - 1) / w.block_in;
   if (c0 + E <= w.in && vec && one_scale && (KIND != 2 || w.block_out > kTrWarps)) {
     // kBatch rows' pieces, x values and scales loaded, then used: the scale block of row first + r followed
@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(kTrWarps * 32)
         if (r < rows) {
           raw[b] = *reinterpret_cast<const uint4*>(w.data + ((first + r) * w.row_stride + c0) * w.elem_bytes);
           x_at(r, xv[b]);
-          sc[b] = KIND == 2 ? scale_value(w.scale + sblock * w.scale_cols * sb, w.scale_kind, scol) : 1.0f;
+          sc[b] = KIND == 2 ? scale_value(scale_block_row(w, sblock, sb), w.scale_kind, scol) : 1.0f;
           if (KIND == 2 && (soff += kTrWarps) >= w.block_out) soff -= w.block_out, ++sblock;
         }
       }
@@ -380,14 +380,8 @@ __global__ void __launch_bounds__(kTrWarps * 32)
   } else if (c0 < w.in) {
     for (int64_t r = g; r < rows; r += kTrWarps) {
       const int64_t row = first + r;
-      const unsigned char* srow = KIND == 2 ? scale_row(w, row, sb) : nullptr;
       float wv[E], xv[MT];
-#pragma unroll
-      for (int e = 0; e < E; ++e)
-        wv[e] = c0 + e < w.in ? decode<KIND>(w, row * w.row_stride + c0 + e,
-                                             KIND == 2 ? scale_value(srow, w.scale_kind, unsigned((c0 + e) / w.block_in))
-                                                       : 1.0f)
-                              : 0.f;
+      decode_each<KIND>(w, KIND == 2 ? scale_row(w, row, sb) : nullptr, row, c0, wv);
       x_at(r, xv);
       add(wv, xv);
     }
@@ -428,8 +422,7 @@ int64_t mix_slices(int64_t width) { return (width + kMixSlice - 1) / kMixSlice; 
 // Weights [k, k + 4) of row n of w (zeros past w.in).
 template <WeightKind K>
 __device__ __forceinline__ void weights4(const DeviceWeight& w, int64_t n, int64_t k, float (&v)[4]) {
-  const int scale_bytes = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
-  const unsigned char* srow = K == WeightKind::kFP8 ? scale_row(w, n, scale_bytes) : nullptr;
+  const unsigned char* srow = K == WeightKind::kFP8 ? scale_row(w, n, scale_bytes(w)) : nullptr;
 #pragma unroll
   for (int e = 0; e < 4; ++e) v[e] = k + e < w.in ? weight_at<K>(w, srow, n, k + e) : 0.f;
 }
@@ -858,22 +851,17 @@ __global__ void __launch_bounds__(kHeadWarps * 32)
   if (blockIdx.z == 0 && lane == 0 && w.prefetch_row_bytes > 0)  // (weights: before the wait)
     prefetch_l2(w.data + row * w.row_stride * w.elem_bytes, w.in * w.elem_bytes, 0, 1);
   begin_after_predecessor();
-  const int sb = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
-  const unsigned char* srow = KIND == 2 ? scale_row(w, row, sb) : nullptr;
+  const unsigned char* srow = KIND == 2 ? scale_row(w, row, scale_bytes(w)) : nullptr;
   const int64_t m0 = int64_t(blockIdx.z) * MT, nm = M - m0 < MT ? M - m0 : MT;
   float acc[MT] = {};
   for (int64_t c0 = int64_t(lane) * E; c0 < w.in; c0 += 32 * E) {
     float wv[E];
     const bool one_scale = KIND != 2 || (c0 / w.block_in == (c0 + E - 1) / w.block_in);
-    if (one_scale) {
+    if (vec && one_scale && c0 + E <= w.in) {
       const float s = KIND == 2 ? scale_value(srow, w.scale_kind, unsigned(c0 / w.block_in)) : 1.0f;
-      decode16<KIND>(w, row * w.row_stride + c0, c0, vec, s, wv);
+      convert16<KIND>(*reinterpret_cast<const uint4*>(w.data + (row * w.row_stride + c0) * w.elem_bytes), s, wv);
     } else {
-#pragma unroll
-      for (int e = 0; e < E; ++e)
-        wv[e] = c0 + e < w.in ? decode<KIND>(w, row * w.row_stride + c0 + e,
-                                             scale_value(srow, w.scale_kind, unsigned((c0 + e) / w.block_in)))
-                              : 0.f;
+      decode_each<KIND>(w, srow, row, c0, wv);
     }
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
@@ -1207,7 +1195,7 @@ void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_
   if (M <= 0 || heads <= 0) return;
   const DeviceWeight d = device_weight(w);
   const int64_t tile = 16 / d.elem_bytes * 32;
-  const bool vec = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && (w.row_stride * d.elem_bytes) % 16 == 0;
+  const bool vec = rows_16_byte_aligned(w, d.elem_bytes);
   auto go = [&](auto kernel, int64_t mt) {
     const dim3 grid(unsigned((w.in + tile - 1) / tile), unsigned(heads), unsigned((M + mt - 1) / mt));
     launch_kernel(kernel, grid, dim3(kTrWarps * 32), 0, "matmul_transposed_heads_kernel", x, M, x_stride, x_head, d,
@@ -1244,9 +1232,9 @@ void hc_pre(const float* streams, int64_t rows, int64_t C, int64_t H, const Line
   const size_t slice_bytes = size_t((H + g - 1) / g) * sizeof(float);
   if (slice_bytes > 32 * 1024) throw Error("cuda::hc_pre: hidden size " + std::to_string(H) + " is too wide");
   const int64_t slices = mix_slices(width);
-  const int64_t chunks = std::clamp<int64_t>(2 * multiprocessors() / slices, 1, rows);
-  const int64_t rows_per_y = (rows + chunks - 1) / chunks;
-  const dim3 grid(unsigned(slices), unsigned((rows + rows_per_y - 1) / rows_per_y));
+  const RowChunks rc = row_chunks(slices, rows, 1);
+  const int64_t rows_per_y = rc.rows_per_chunk;
+  const dim3 grid(unsigned(slices), rc.chunks);
   const DeviceWeight d = device_weight(fn);
   switch (weight_kind(fn)) {
     case 0: launch_kernel(hc_mix_partials_kernel<WeightKind::kF32>, grid, kThreads, 0, "hc_mix_partials_kernel",
@@ -1338,7 +1326,7 @@ void matmul_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, c
                   int64_t y_head) {
   if (M <= 0 || heads <= 0 || rows_per_head <= 0) return;
   const DeviceWeight d = device_weight(w);
-  const bool vec = reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && (w.row_stride * d.elem_bytes) % 16 == 0;
+  const bool vec = rows_16_byte_aligned(w, d.elem_bytes);
   const bool x_vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && x_stride % 4 == 0 && x_head % 4 == 0;
   auto go = [&](auto kernel, int64_t mt) {
     const dim3 grid(unsigned((rows_per_head + kHeadWarps - 1) / kHeadWarps), unsigned(heads), unsigned((M + mt - 1) / mt));

@@ -116,10 +116,10 @@ __device__ __forceinline__ void matmul_tile(const float* __restrict__ x, int64_t
   __shared__ float part[kWarpsPerBlock][C][R];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int cols = int(w.out - n0 < C ? w.out - n0 : C);
-  const int scale_bytes = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
+  const int sbytes = scale_bytes(w);
   const unsigned char* srow[C];
 #pragma unroll
-  for (int c = 0; c < C; ++c) srow[c] = K == WeightKind::kFP8 ? scale_row(w, n0 + (c < cols ? c : 0), scale_bytes) : nullptr;
+  for (int c = 0; c < C; ++c) srow[c] = K == WeightKind::kFP8 ? scale_row(w, n0 + (c < cols ? c : 0), sbytes) : nullptr;
   const unsigned vec_per_block = K == WeightKind::kFP8 ? unsigned(w.block_in / E) : 1u;
   const int64_t nvec = vectors ? w.in / E : 0;
   for (int64_t m0 = 0; m0 < M; m0 += R) {
@@ -184,7 +184,7 @@ __device__ __forceinline__ void matmul_tile(const float* __restrict__ x, int64_t
 }
 
 
-// Block (column block, row chunk): the chunk's rows [blockIdx.y · rows_per_y, +rows_per_y) (row_chunks below).
+// Block (column block, row chunk): the chunk's rows [blockIdx.y · rows_per_y, +rows_per_y) (row_chunks, launch.cuh).
 template <WeightKind K, int C, int R, int U>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     matmul_kernel(const float* __restrict__ x, int64_t M, int64_t xs, DeviceWeight w, float* __restrict__ y,
@@ -209,23 +209,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (M <= 0) return;
   matmul_tile<K, C, R, U>(x + r0 * xs, M < rows_per_z ? M : rows_per_z, xs, table[blockIdx.y], y + r0 * ys, ys,
                           vectors, x_vectors, int64_t(blockIdx.x) * C, OutputSink{});
-}
-
-// The rows of an M-row call split into chunks of whole passes (multiples of `pass` rows), one per grid.y, so
-// that col_blocks x chunks blocks fill the device twice over: a block runs its passes one after another, and
-// on a narrow matrix (few column blocks) 64 rows in one block took 8-16 passes in series. A row's value does
-// not depend on its chunk (each row is summed alone), so the split may follow M.
-struct RowChunks {
-  unsigned chunks;
-  int64_t rows_per_chunk;
-};
-
-RowChunks row_chunks(int64_t col_blocks, int64_t M, int64_t pass) {
-  const int64_t target = 2 * int64_t(multiprocessors());
-  const int64_t passes = (M + pass - 1) / pass;
-  const int64_t chunks = std::clamp<int64_t>((target + col_blocks - 1) / col_blocks, 1, std::min<int64_t>(passes, 65535));
-  const int64_t per = (passes + chunks - 1) / chunks * pass;
-  return {unsigned((M + per - 1) / per), per};
 }
 
 template <WeightKind K, int C, int R, int U>
@@ -407,7 +390,7 @@ __global__ void __launch_bounds__(S::kWarps * 32)
   uint4* x_staged = dynamic_smem + int64_t(WARPS) * STAGES * S::kStageUint4;
   const int64_t n0 = int64_t(blockIdx.x - targets.first_block[target]) * (kMmaTileRows * TILES);
   const int64_t chunks = w.in / S::kChunk, subchunks = w.in / kMmaChunk;
-  const int scale_bytes = w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
+  const int sbytes = scale_bytes(w);
   const unsigned subchunks_per_block = unsigned(w.block_in / kMmaChunk);
   const unsigned char* wrow[TILES][S::kRowPtrs];  // the rows this lane copies, at its bytes of a chunk
   const unsigned char* srow[TILES];
@@ -419,7 +402,7 @@ __global__ void __launch_bounds__(S::kWarps * 32)
       const int64_t r = n + (kRows ? 4 * j + (lane >> 3) : g + 8 * j);
       wrow[i][j] = w.data + (r < last ? r : last) * w.row_stride + (kRows ? 16 * (lane & 7) : 16 * t);
     }
-    srow[i] = scale_row(w, n < last ? n : last, scale_bytes);
+    srow[i] = scale_row(w, n < last ? n : last, sbytes);
   }
   const float* xrow = nullptr;  // this lane's x row in the current pass, when x is staged
   auto x_stage_at = [&](int stage, int sub) {

@@ -45,6 +45,14 @@ struct DeviceWeight {
 
 __device__ __forceinline__ float bf16_bits_to_f32(unsigned short v) { return __uint_as_float(unsigned(v) << 16); }
 
+// Bytes of one of w's FP8 block scales (scale_kind 0 f32, 1 bf16, 2 e8m0).
+__host__ __device__ __forceinline__ int scale_bytes(const DeviceWeight& w) {
+  return w.scale_kind == 0 ? 4 : w.scale_kind == 1 ? 2 : 1;
+}
+// The scales of row block b (weight rows [b · block_out - scale_row0, ...)), scale_bytes(w) each.
+__device__ __forceinline__ const unsigned char* scale_block_row(const DeviceWeight& w, int64_t b, int scale_bytes) {
+  return w.scale + b * w.scale_cols * scale_bytes;
+}
 // The scale row of weight row n (computed once per row: 64-bit divisions cost more than the loads).
 __device__ __forceinline__ const unsigned char* scale_row(const DeviceWeight& w, int64_t n, int scale_bytes) {
   return w.scale + ((w.scale_row0 + n) / w.block_out) * w.scale_cols * scale_bytes;
@@ -81,6 +89,10 @@ __device__ __forceinline__ float weight_at(const DeviceWeight& w, const unsigned
   if constexpr (K == WeightKind::kFP8) return fp8_to_f32(w.data[i]) * scale_value(srow, w.scale_kind, unsigned(k / w.block_in));
 }
 
+// Whether every row of w (elements of es bytes) starts 16-byte aligned: its data and its row stride are.
+inline bool rows_16_byte_aligned(const Linear& w, int64_t es) {
+  return reinterpret_cast<uintptr_t>(w.data) % 16 == 0 && (w.row_stride * es) % 16 == 0;
+}
 
 // How much of each row of w a kernel prefetches into L2 while its predecessor runs: all of it when the
 // whole matrix fits kL2PrefetchBudget (under half the H100/H200's 50 MB L2, so that the prefetch does not
@@ -93,8 +105,8 @@ inline int64_t prefetch_row_bytes(const Linear& w, int64_t es) {
     const char* e = std::getenv("NEXTN_CUDA_PREFETCH");
     return e && std::string(e) == "0";
   }();
-  const int64_t row = w.in * es, stride = w.row_stride * es;
-  if (off || es == 0 || w.out <= 0 || reinterpret_cast<uintptr_t>(w.data) % 16 != 0 || stride % 16 != 0) return 0;
+  const int64_t row = w.in * es;
+  if (off || es == 0 || w.out <= 0 || !rows_16_byte_aligned(w, es)) return 0;
   const int64_t per_row = w.out * row <= kL2PrefetchBudget ? row : kL2PrefetchBudget / w.out;
   return per_row & ~int64_t(15);
 }

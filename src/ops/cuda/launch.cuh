@@ -11,6 +11,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -59,6 +60,23 @@ inline int multiprocessors() {
     return n > 1 ? n : 1;
   }();
   return sms;
+}
+
+// The rows of an M-row call split into chunks of whole passes (multiples of `pass` rows), one per grid.y, so
+// that col_blocks x chunks blocks fill the device twice over: a block runs its passes one after another, and
+// on a narrow matrix (few column blocks) 64 rows in one block took 8-16 passes in series. A row's value does
+// not depend on its chunk (each row is summed alone), so the split may follow M.
+struct RowChunks {
+  unsigned chunks;
+  int64_t rows_per_chunk;
+};
+
+inline RowChunks row_chunks(int64_t col_blocks, int64_t M, int64_t pass) {
+  const int64_t target = 2 * int64_t(multiprocessors());
+  const int64_t passes = (M + pass - 1) / pass;
+  const int64_t chunks = std::clamp<int64_t>((target + col_blocks - 1) / col_blocks, 1, std::min<int64_t>(passes, 65535));
+  const int64_t per = (passes + chunks - 1) / chunks * pass;
+  return {unsigned((M + per - 1) / per), per};
 }
 
 inline bool overlapping_launches() {
