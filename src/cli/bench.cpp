@@ -789,6 +789,11 @@ int run_bench(int argc, char** argv) {
     spec.tune_k = o.concurrency_k < 0;
     if (o.concurrency_k == 0) spec.k_schedule_for_tests = [](int64_t) { return 0; };  // (what drafting's upkeep costs)
     const auto prompts = concurrent_prompts(prompt, max_concurrency, facts.vocab_size);
+    // Every decode shape of the largest batch recorded before the first pass (as serve does at start): the
+    // passes measure steady decoding, not the first sight of the row counts a draining batch meets.
+    const int k = drafting ? spec.num_speculative_tokens : 0;
+    prepare_forwards(m, int64_t(max_concurrency) * forward_rows_per_sequence(k), int64_t(prompt.size()) + n_tokens + k + 2,
+                     json);
     auto first = [&](int n) { return std::vector<std::vector<int32_t>>(prompts.begin(), prompts.begin() + n); };
     const size_t C = o.concurrency.size();
     std::vector<double> pass_bw_c, single_tps;

@@ -28,6 +28,9 @@ std::string device_option(const Args& a);
 // on it, else the CPU) before its first sequence; returns where it runs, for the logs ("cpu", "cuda: NVIDIA
 // H200 (sm_90, 139 GiB)"). Throws nextn::Error when cuda is asked for and cannot be had, saying why.
 std::string place_model(Model& model, const std::string& option);
+// Model::prepare_forwards for batches of up to `rows` rows over sequences of up to `positions` positions (after
+// configure_memory), saying on stderr what it prepared and in how long unless `quiet`.
+void prepare_forwards(Model& model, int64_t rows, int64_t positions, bool quiet);
 // DIR's model for a command: one, or with --tensor-parallel N that many ranks, ranks 1.. as processes of this
 // executable (`nextn tensor-parallel-rank`, hidden) sharing pool's threads out among them.
 std::unique_ptr<Model> load_command_model(const std::string& dir, ThreadPool& pool, int tensor_parallel);

@@ -7,6 +7,8 @@
 #include "ops/cuda/cuda_ops.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -50,6 +52,15 @@ std::string place_model(Model& model, const std::string& option) {
   const std::string how = model.collectives();  // (tensor parallel: how the ranks' GPUs exchange rows)
   if (!how.empty()) where += ", tensor-parallel collectives " + how;
   return where;
+}
+
+void prepare_forwards(Model& model, int64_t rows, int64_t positions, bool quiet) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t shapes = model.prepare_forwards(rows, positions);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (shapes > 0 && !quiet)
+    std::fprintf(stderr, "nextn: recorded %lld forward shapes (batches of up to %lld rows) in %.2f s\n",
+                 static_cast<long long>(shapes), static_cast<long long>(rows), s);
 }
 
 }  // namespace nextn::cli

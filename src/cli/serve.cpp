@@ -109,6 +109,10 @@ int run_serve(int argc, char** argv) {
   spec.num_speculative_tokens = k_given ? a.get_int("speculative-tokens", 3, 1, 8) : default_speculative_tokens(dir, true);
   spec.tune_k = !k_given;
   spec.validate();
+  // (every decode shape of a full batch recorded now, not while the first users wait)
+  const int k_max = spec.enabled ? spec.num_speculative_tokens : 0;
+  prepare_forwards(*model, int64_t(service_options.max_sequences) * forward_rows_per_sequence(k_max),
+                   model->facts().context, /*quiet=*/false);
 
   serve::Metrics metrics(served.id);
   serve::EngineService service(*model, tok.get(), metrics, service_options);

@@ -44,6 +44,10 @@ struct MemoryOptions {
   int64_t max_verify_rows = 9;  // k <= 8, the CLI's limit
 };
 
+// The most rows a decoding sequence drafting k tokens (0: plain decoding) puts in one forward of a step: its
+// k + 1-row verify, or an MTP layer's catch-up over the k + 1 positions it kept with the first draft row merged in.
+constexpr int64_t forward_rows_per_sequence(int k) { return k > 0 ? k + 2 : 1; }
+
 // One sequence's memory. Positions [0, length()) have been run through the target.
 class SequenceState {
  public:
@@ -160,6 +164,18 @@ class Model {
   // Grows the forward's buffers for batches of up to `rows` rows over sequences of up to `positions`
   // positions, so that steps that stay within them never allocate.
   virtual void reserve_batch(int64_t rows, int64_t positions) = 0;
+  // Runs, before the first request, every forward shape a batch of up to `rows` rows over sequences of up to
+  // `positions` positions will run (each padded row count of the target's forwards and of each MTP layer's
+  // in each of its kinds), so that no decode step of such a batch does one-off work: a GPU backend records
+  // their CUDA graphs now, as vLLM captures its graphs at startup. Returns the forward shapes it prepared
+  // (0: nothing to prepare, as on the CPU). The shapes of longer forwards (prompts) are still recorded as they
+  // recur.
+  // (A sequence drafting k tokens puts at most forward_rows_per_sequence(k) rows in one of its step's forwards.)
+  virtual int64_t prepare_forwards(int64_t rows, int64_t positions) {
+    (void)rows;
+    (void)positions;
+    return 0;
+  }
   // One forward over the rows of many sequences; each sequence's rows are appended to its state. A row's
   // values never depend on the other rows of the batch (bit for bit).
   // logits: per segment, rows × V (all_logits) or 1 × V, in segment order; hidden: all rows × hidden_width

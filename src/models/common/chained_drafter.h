@@ -41,6 +41,9 @@ namespace chained_draft {
 // Rounds with k = 0 leave the MTP layers' catch-up for later. Once 2 · kDeferRows positions wait, the oldest
 // are dropped and kDeferRows kept: what a resumed round catches up on is bounded, and costs one forward.
 inline constexpr int64_t kDeferRows = 16;
+// A deferred backlog reaches 2 · kDeferRows - 1 positions, then takes one more verify of up to k_max + 1 rows:
+// the most rows a session's catch-up runs in one forward (what a session reserves in the model).
+constexpr int64_t backlog_rows(int k_max) { return 2 * kDeferRows + k_max + 1; }
 
 using Clock = std::chrono::steady_clock;
 inline double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -139,10 +142,9 @@ ChainedDraftSession<Stack>::ChainedDraftSession(Stack& model, int64_t capacity, 
   g_last_.assign(layers_, std::vector<float>(H_));
   canon_.assign(layers_, 0);
   stale_.assign(layers_, 0);
-  // A deferred backlog reaches 2 · kDeferRows - 1 positions, then takes one more verify of up to k_max + 1
-  // rows: the catch-up buffers, and the model's own for a forward of that many rows, are sized for it now, so
-  // that resuming drafting after a run of k = 0 rounds allocates nothing mid-decode.
-  const int64_t backlog_max = 2 * chained_draft::kDeferRows + options.k_max + 1;
+  // The catch-up buffers, and the model's own for a forward of backlog_rows, are sized for it now, so that
+  // resuming drafting after a run of k = 0 rounds allocates nothing mid-decode.
+  const int64_t backlog_max = chained_draft::backlog_rows(options.k_max);
   grow_rows(backlog_max);
   model.reserve_batch(backlog_max, capacity);
   // (filled per round: no growth; a selection never holds more positions than the cache)

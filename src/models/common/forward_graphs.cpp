@@ -2,6 +2,9 @@
 #include "models/common/forward_graphs.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 namespace nextn {
 
@@ -12,6 +15,23 @@ int64_t padded_forward_rows(int64_t S) {
   while (pow2 * 2 <= S) pow2 *= 2;
   const int64_t step = std::max<int64_t>(8, pow2 / 4);
   return (S + step - 1) / step * step;
+}
+
+namespace {
+bool graph_log() {
+  static const bool on = [] {
+    const char* e = std::getenv("NEXTN_CUDA_GRAPH_LOG");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
+}  // namespace
+
+std::vector<int64_t> padded_row_counts(int64_t rows) {
+  std::vector<int64_t> counts;
+  rows = std::min(rows, kPadFormsUpTo);
+  for (int64_t S = 1; S <= rows; S = padded_forward_rows(S) + 1) counts.push_back(padded_forward_rows(S));
+  return counts;
 }
 
 bool ForwardGraphs::replay_or_record(const Key& key) {
@@ -32,7 +52,12 @@ bool ForwardGraphs::replay_or_record(const Key& key) {
   constexpr int kFrequent = 16;
   const bool full = graphs_.size() >= kMaxGraphs;
   one_offs_ += !full || seen == kFrequent;  // (once full, the eager runs before a recording are the steady state)
-  if (seen == (full ? kFrequent : 2)) {
+  const bool record = seen == (full ? kFrequent : 2);
+  if (graph_log() && (!full || record))
+    std::fprintf(stderr, "nextn: forward graph %s: %lld rows, forward %#llx, forced mode %d (%zu kept)\n",
+                 record ? "recorded" : "run eagerly", static_cast<long long>(std::get<0>(key_)),
+                 static_cast<unsigned long long>(std::get<1>(key_)), std::get<2>(key_), graphs_.size());
+  if (record) {
     cuda::begin_capture();
     mode_ = Mode::kRecording;
   }
@@ -65,7 +90,9 @@ void ForwardGraphs::abandon() {
   mode_ = Mode::kEager;
 }
 
-void ForwardGraphs::forget() {
+void ForwardGraphs::forget(const char* why) {
+  if (graph_log() && !graphs_.empty())
+    std::fprintf(stderr, "nextn: %zu forward graphs forgotten: %s\n", graphs_.size(), why);
   graphs_.clear();
   seen_.clear();
 }

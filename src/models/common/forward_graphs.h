@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <tuple>
+#include <vector>
 
 #include "ops/cuda/cuda_ops.h"
 
@@ -23,7 +24,11 @@ namespace nextn {
 constexpr int64_t kPadFormsUpTo = 2048;
 constexpr int64_t kMaxPaddingRows = kPadFormsUpTo / 4;  // (the most padded_forward_rows adds)
 int64_t padded_forward_rows(int64_t S);
+// The row counts forwards of 1..rows rows run as (padded_forward_rows), ascending.
+std::vector<int64_t> padded_row_counts(int64_t rows);
 
+// NEXTN_CUDA_GRAPH_LOG=1 prints each forward that does one-off work (its shape: rows, which forward, forced
+// mode) and each time the graphs are forgotten, with why, to stderr: what to look at when steps stay slow.
 class ForwardGraphs {
  public:
   using Key = std::tuple<int64_t, uintptr_t, int>;
@@ -35,11 +40,12 @@ class ForwardGraphs {
   // After a forward's last block: ends a recording and launches it, or launches the replayed graph.
   void finish();
   void abandon();  // at a forward's start: a recording left open by a forward that threw is dropped
-  void forget();   // the graphs hold addresses that changed (a grown workspace)
+  void forget(const char* why);  // the graphs hold addresses that changed (a grown workspace)
   uint64_t one_offs() const { return one_offs_; }  // forwards that ran eagerly or recorded
+  size_t recorded() const { return graphs_.size(); }
+  static constexpr size_t kMaxGraphs = 256;  // graphs kept (the least recently replayed goes first)
 
  private:
-  static constexpr size_t kMaxGraphs = 256;
   enum class Mode { kEager, kRecording, kReplaying };
   void keep(cuda::Graph graph);  // under key_, evicting the least recently replayed when full
   struct Recorded {

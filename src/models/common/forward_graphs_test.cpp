@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
+#include <vector>
 
 namespace nextn {
 namespace {
@@ -30,6 +32,20 @@ TEST(PaddedForwardRows, SmallForwardsKeepTheirSizeAndRowCountsTakeFewShapes) {
     ASSERT_LE(padded_forward_rows(S), padded_forward_rows(S + 1)) << "more rows never run as fewer";
   for (int64_t S = 1; S <= kPadFormsUpTo; ++S)
     ASSERT_EQ(padded_forward_rows(padded_forward_rows(S)), padded_forward_rows(S)) << "a padded size is its own";
+}
+
+// What prepare_forwards records: each row count a forward of 1..rows rows runs as, once, ascending.
+TEST(PaddedForwardRows, PreparedCountsAreEveryShapeUpToTheBatchOnce) {
+  for (int64_t rows : {int64_t(1), int64_t(4), int64_t(9), int64_t(192), kPadFormsUpTo, kPadFormsUpTo + 50}) {
+    const std::vector<int64_t> counts = padded_row_counts(rows);
+    std::set<int64_t> expected;
+    for (int64_t S = 1; S <= std::min(rows, kPadFormsUpTo); ++S) expected.insert(padded_forward_rows(S));
+    EXPECT_EQ(std::set<int64_t>(counts.begin(), counts.end()), expected) << rows << " rows";
+    EXPECT_EQ(counts.size(), expected.size()) << rows << " rows: each count once";
+    EXPECT_TRUE(std::is_sorted(counts.begin(), counts.end())) << rows << " rows";
+  }
+  EXPECT_EQ(padded_row_counts(192).size(), 19u) << "64 sequences at k = 1 (1, 2, 3, 4, 6, 8, 16, 24, ..., 64, 80, ... 192)";
+  EXPECT_TRUE(padded_row_counts(0).empty());
 }
 
 }  // namespace

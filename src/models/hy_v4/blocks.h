@@ -51,8 +51,9 @@ class HYV4Blocks {
  public:
   virtual ~HYV4Blocks() = default;
 
-  // Room for `rows` rows over caches of `positions` positions, so that the decode loop never allocates.
-  virtual void reserve(int64_t rows, int64_t positions) = 0;
+  // Room for `rows` rows over caches of `positions` positions in pages of `page_tokens`, so that the decode
+  // loop never allocates.
+  virtual void reserve(int64_t rows, int64_t positions, int64_t page_tokens) = 0;
   // The rows of the coming forward (the target's or an MTP layer's): its spans, in row order (first_row
   // ascending and contiguous).
   virtual void begin(const HYV4RowSpan* spans, size_t count) = 0;

@@ -41,7 +41,7 @@ struct AttentionScratch {
   int64_t floats() const { return nh * kmax; }  // scores of all heads of one query row
 };
 
-void HYV4CpuBlocks::reserve(int64_t rows, int64_t positions) {
+void HYV4CpuBlocks::reserve(int64_t rows, int64_t positions, int64_t /*page_tokens*/) {
   ensure_workspace(std::max<int64_t>(rows, 1), std::max<int64_t>(positions, 1));
   spans_.reserve(static_cast<size_t>(rows));
   row_span_.reserve(static_cast<size_t>(rows));

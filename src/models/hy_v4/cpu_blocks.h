@@ -80,7 +80,7 @@ class HYV4CpuBlocks final : public HYV4Blocks {
   // the ranks in rank order, and the logits of every rank's vocabulary gathered. Every rank calls every block.
   void set_tensor_parallel(Communicator* comm, std::vector<UnitRange> vocab);
 
-  void reserve(int64_t rows, int64_t positions) override;
+  void reserve(int64_t rows, int64_t positions, int64_t page_tokens) override;
   void begin(const HYV4RowSpan* spans, size_t count) override;
   void embed_streams(const Linear& embed) override;
   void hyper_pre(const HyperConnectionWeights& hc, const std::vector<float>& norm) override;

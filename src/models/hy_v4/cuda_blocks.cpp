@@ -79,7 +79,8 @@ cuda::MoeRouting moe_routing(const HYV4Config& c) {
 HYV4CudaBlocks::~HYV4CudaBlocks() = default;
 
 HYV4CudaBlocks::HYV4CudaBlocks(const HYV4Config& config, const HYV4Weights& w, Uploads uploads)
-    : cfg_(config), ws_(std::make_unique<Workspace>()) {
+    : cfg_(config), graph_ws_(std::make_unique<Workspace>()), long_ws_(std::make_unique<Workspace>()),
+      ws_(graph_ws_.get()) {
   std::string why;
   if (!cuda::available(&why)) throw Error("--device cuda: " + why);
   upload_weights(w, uploads == Uploads::kAll);
@@ -158,7 +159,7 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   const int64_t I_moe = c.moe_intermediate_size * std::max(1, c.n_shared_experts);
   const int64_t I2 = std::max<int64_t>(c.intermediate_size, I_moe), k = std::max(1, c.num_experts_per_tok);
   const int64_t SK = S * k;
-  forget_graphs();  // (recorded with the old buffers' addresses)
+  if (ws_ == graph_ws_.get()) graphs_.forget("the workspace grew");  // (recorded with the old buffers' addresses)
   w = Workspace();  // (frees the old buffers before the new ones are taken)
   grow_device<float>(w.streams, S * C * H);
   for (cuda::DeviceBuffer* b : {&w.x, &w.xn, &w.y, &w.hidden, &w.shared_out, &w.h_prev, &w.lm_in})
@@ -204,8 +205,21 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   host_sel_.reserve(size_t(S * K));
 }
 
-void HYV4CudaBlocks::reserve(int64_t rows, int64_t positions) {
-  ensure_workspace(std::max<int64_t>(rows, 1), std::max<int64_t>(positions, 1));
+void HYV4CudaBlocks::reserve(int64_t rows, int64_t positions, int64_t page_tokens) {
+  rows = std::max<int64_t>(rows, 1);
+  positions = std::max<int64_t>(positions, 1);
+  graph_rows_ = std::max(graph_rows_, rows);
+  ws_ = graph_ws_.get();
+  ensure_workspace(rows, positions);
+  // The per-forward uploads of `rows` rows, each a span of its own with its page table, and the padding span
+  // (begin()'s layout): a buffer that grows later forgets every graph recorded with it.
+  const int64_t pages = (positions + std::max<int64_t>(page_tokens, 1) - 1) / std::max<int64_t>(page_tokens, 1);
+  const int64_t ints = 7 * rows + 1 + (rows + 1) * pages + rows * topk_stride();
+  if (ws_->meta_i32.bytes() < size_t(ints) * sizeof(int32_t) || ws_->meta_i64.bytes() < size_t(2 * rows) * 8) {
+    grow_device<int32_t>(ws_->meta_i32, ints);
+    grow_device<int64_t>(ws_->meta_i64, 2 * rows);
+    graphs_.forget("the upload buffers grew");
+  }
 }
 
 // One upload of the rows' facts: tokens, span, slot, position, pages and forced selections (int32), and per
@@ -235,6 +249,8 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
                 std::to_string(kMaxRows) + " the GPU's attention kernels take in one launch; send a shorter prompt");
   pad_ = padded_forward_rows(S_) - S_;
   S_ += pad_;
+  // (a tensor-parallel rank keeps one workspace: its collectives' buffers grow with it and the graphs hold them)
+  ws_ = S_ > graph_rows_ && !tp_.active() ? long_ws_.get() : graph_ws_.get();
   ensure_workspace(S_, std::max(max_seq, pad_));
   const int64_t S = S_, n_real = int64_t(spans_.size()), n = n_real + (pad_ > 0), K = topk_stride();
   std::vector<int32_t>& m = meta_i32_;
@@ -301,7 +317,8 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   if (ws_->meta_i64.bytes() < size_t(2 * S) * sizeof(int64_t)) grow_device<int64_t>(ws_->meta_i64, 4 * S);
   int32_t* d32 = device_as<int32_t>(ws_->meta_i32);
   int64_t* d64 = device_as<int64_t>(ws_->meta_i64);
-  if (d32 != before[0] || d64 != before[1]) forget_graphs();  // (recorded with the old addresses)
+  if ((d32 != before[0] || d64 != before[1]) && ws_ == graph_ws_.get())
+    graphs_.forget("the upload buffers grew");  // (recorded with the old addresses)
   cuda::copy_to_device(d32, m.data(), m.size() * sizeof(int32_t));
   cuda::copy_to_device(d64, m64.data(), m64.size() * sizeof(int64_t));
   rc_.span = d32 + S;
@@ -329,6 +346,7 @@ float* HYV4CudaBlocks::act(HYV4Act a) {
 bool HYV4CudaBlocks::replay_or_record(uintptr_t which) {
   if (profile::enabled()) return false;  // (BlockTimer times each block as it runs)
   if (!tp_.capturable()) return false;  // (host-staged collectives wait for the device mid-forward)
+  if (ws_ != graph_ws_.get()) return false;  // (a long forward: eager, in buffers no graph holds)
   // (neither the spans nor the logit rows change a kernel's arguments: the spans are read from the uploads at
   // addresses set by S alone, and logits() runs after the graph)
   return graphs_.replay_or_record({S_, which, int(any_forced_) + 2 * int(all_forced_)});
@@ -581,8 +599,10 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F, HYV4Out out) {
 
 void HYV4CudaBlocks::set_tensor_parallel(cuda::DeviceCommunicator* comm, std::vector<UnitRange> vocab) {
   tp_.set(comm, std::move(vocab));
-  forget_graphs();
-  ws_ = std::make_unique<Workspace>();  // (the next forward sizes it with the gathers' buffers)
+  graphs_.forget("tensor parallel");
+  graph_ws_ = std::make_unique<Workspace>();  // (the next forward sizes it with the gathers' buffers)
+  long_ws_ = std::make_unique<Workspace>();
+  ws_ = graph_ws_.get();
 }
 
 void HYV4CudaBlocks::reduce_and_deliver(HYV4Out out) {
@@ -600,8 +620,6 @@ void HYV4CudaBlocks::finish() {
   graphs_.finish();
   read_selections();
 }
-
-void HYV4CudaBlocks::forget_graphs() { graphs_.forget(); }
 
 void HYV4CudaBlocks::read_hidden(int64_t first, int64_t rows, float* out) {
   const int64_t H = cfg_.hidden_size;

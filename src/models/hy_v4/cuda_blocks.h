@@ -31,7 +31,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   HYV4CudaBlocks(const HYV4Config& config, const HYV4Weights& w, Uploads uploads = Uploads::kAll);
   ~HYV4CudaBlocks() override;
 
-  void reserve(int64_t rows, int64_t positions) override;
+  void reserve(int64_t rows, int64_t positions, int64_t page_tokens) override;
   void begin(const HYV4RowSpan* spans, size_t count) override;
   void embed_streams(const Linear& embed) override;
   void hyper_pre(const HyperConnectionWeights& hc, const std::vector<float>& norm) override;
@@ -61,6 +61,7 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   const float* dev(const std::vector<float>& v);   // likewise for norm weights, biases, sinks
   void upload_weights(const HYV4Weights& w, bool target_layers);
   float* act(HYV4Act a);
+  // Grows ws_ for `rows` rows over caches of `positions` (the graphs' workspace: forgetting their graphs).
   void ensure_workspace(int64_t rows, int64_t positions);
   // Where a block's last kernel stores its output (blocks.h, HYV4Out): *y and the sink to store through.
   cuda::OutputSink sink_for(HYV4Out out, float** y);
@@ -73,7 +74,14 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   const HYV4Config& cfg_;
   DeviceWeights weights_;
   KVMirrors mirrors_;
-  std::unique_ptr<Workspace> ws_;
+  // The forward's device buffers: ws_ is graph_ws_ for forwards of up to graph_rows_ rows (decode, verify and
+  // draft steps, whose graphs hold its addresses: it grows only as far as reserve() or those forwards take it),
+  // or long_ws_ for longer ones (a batch's prompts), which run eagerly: a prompt longer than any step never
+  // makes the steps' graphs be forgotten (at 64 sequences their 4096-row prefill did, in every bench pass).
+  static constexpr int64_t kGraphRows = 256;  // graph_rows_ at least
+  std::unique_ptr<Workspace> graph_ws_, long_ws_;
+  Workspace* ws_ = nullptr;
+  int64_t graph_rows_ = kGraphRows;
 
   // Forwards as CUDA graphs, by shape (rows, padding included; which forward: the target's or an MTP layer's;
   // forced selections): a shape's second forward is recorded, later ones replay it (the block calls then
@@ -85,7 +93,6 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   bool replay_or_record(uintptr_t which);
   void read_selections();  // the spans' last_topk, from the device
   uint64_t one_off_forwards() const override { return graphs_.one_offs(); }
-  void forget_graphs();
   ForwardGraphs graphs_;
 
   // The current forward (begin()): its spans, rows, and the device view of its rows' caches.

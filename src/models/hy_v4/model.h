@@ -165,6 +165,7 @@ class HYV4Model : public Model {
   std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override;
   std::unique_ptr<DraftSession> new_draft_session(SequenceState& sequence, const DraftOptions& options) override;
   void reserve_batch(int64_t rows, int64_t positions) override;
+  int64_t prepare_forwards(int64_t rows, int64_t positions) override;
   void forward(const BatchSegment* segments, size_t count, float* logits, float* hidden) override;
   void prompt_draft_logits(const int32_t* tokens, int64_t T, const float* hidden, float* logits) override;
   // Bytes of the checkpoint's safetensors files this model mapped.

@@ -1197,9 +1197,12 @@ void matmul_transposed_heads(const float* x, int64_t M, int64_t x_stride, int64_
   const int64_t tile = 16 / d.elem_bytes * 32;
   const bool vec = rows_16_byte_aligned(w, d.elem_bytes);
   auto go = [&](auto kernel, int64_t mt) {
-    const dim3 grid(unsigned((w.in + tile - 1) / tile), unsigned(heads), unsigned((M + mt - 1) / mt));
-    launch_kernel(kernel, grid, dim3(kTrWarps * 32), 0, "matmul_transposed_heads_kernel", x, M, x_stride, x_head, d,
-                  row0, head_rows_stride, rows_per_head, y, y_stride, y_head, tail, vec);
+    for_row_chunks(M, mt, [&](int64_t r0, int64_t rows) {
+      const dim3 grid(unsigned((w.in + tile - 1) / tile), unsigned(heads), unsigned((rows + mt - 1) / mt));
+      launch_kernel(kernel, grid, dim3(kTrWarps * 32), 0, "matmul_transposed_heads_kernel", x + r0 * x_stride, rows,
+                    x_stride, x_head, d, row0, head_rows_stride, rows_per_head, y + r0 * y_stride, y_stride, y_head,
+                    tail, vec);
+    });
   };
   // (rows of x a block: 1 at decode, 2-4 for a verify's or a batch's rows, which then share each weight read;
   // FP8's 16 columns a lane take 2, as 4 rows' sums spill registers)
@@ -1329,9 +1332,12 @@ void matmul_heads(const float* x, int64_t M, int64_t x_stride, int64_t x_head, c
   const bool vec = rows_16_byte_aligned(w, d.elem_bytes);
   const bool x_vec = reinterpret_cast<uintptr_t>(x) % 16 == 0 && x_stride % 4 == 0 && x_head % 4 == 0;
   auto go = [&](auto kernel, int64_t mt) {
-    const dim3 grid(unsigned((rows_per_head + kHeadWarps - 1) / kHeadWarps), unsigned(heads), unsigned((M + mt - 1) / mt));
-    launch_kernel(kernel, grid, dim3(kHeadWarps * 32), 0, "matmul_heads_kernel", x, M, x_stride, x_head, d, row0,
-                  head_rows_stride, rows_per_head, y, y_stride, y_head, vec, x_vec);
+    for_row_chunks(M, mt, [&](int64_t r0, int64_t rows) {
+      const dim3 grid(unsigned((rows_per_head + kHeadWarps - 1) / kHeadWarps), unsigned(heads),
+                      unsigned((rows + mt - 1) / mt));
+      launch_kernel(kernel, grid, dim3(kHeadWarps * 32), 0, "matmul_heads_kernel", x + r0 * x_stride, rows, x_stride,
+                    x_head, d, row0, head_rows_stride, rows_per_head, y + r0 * y_stride, y_stride, y_head, vec, x_vec);
+    });
   };
   switch (weight_kind(w)) {  // (rows of x a block: as matmul_transposed_heads)
     case 0: return M == 1 ? go(matmul_heads_kernel<0, 1>, 1) : go(matmul_heads_kernel<0, 4>, 4);

@@ -318,6 +318,36 @@ TEST(CudaNn, MatmulHeadsMatchesTheCpusDequantizedRows) {
     }
 }
 
+// More rows of x than a grid dimension has blocks for (65535 blocks of 4 rows): both per-head matmuls launch the
+// rows in chunks, and the last rows get the bits they get alone.
+TEST(CudaNn, PerHeadMatmulsTakeMoreRowsThanAGridDimension) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const int64_t M = 65535 * 4 + 1000, in = 16, rows_per_head = 4;
+  const cuda_test::HostWeight hw = cuda_test::make_weight(DType::BF16, DType::F32, rows_per_head, in, in, false, 5);
+  const cuda::DeviceLinear dw = cuda::upload(hw.w);
+  const auto x = normal(size_t(M * in), 6);  // [M, in] for matmul_heads; [M, 4] rows of it for the transposed one
+  const auto dx = to_device(x);
+  cuda::DeviceBuffer dy(size_t(M * in) * 4), alone(size_t(in) * 4);
+  cuda::matmul_heads(dx.f32(), M, in, in, dw.w, 0, 0, rows_per_head, 1, dy.f32(), rows_per_head, rows_per_head);
+  auto got = to_host<float>(dy, size_t(M * rows_per_head));
+  for (const int64_t m : {int64_t(0), int64_t(65535 * 4), M - 1}) {
+    cuda::matmul_heads(dx.f32() + m * in, 1, in, in, dw.w, 0, 0, rows_per_head, 1, alone.f32(), rows_per_head,
+                       rows_per_head);
+    EXPECT_TRUE(same_bits(to_host<float>(alone, size_t(rows_per_head)).data(), got.data() + m * rows_per_head,
+                          size_t(rows_per_head)))
+        << "matmul_heads row " << m;
+  }
+  cuda::matmul_transposed_heads(dx.f32(), M, rows_per_head, rows_per_head, dw.w, 0, 0, rows_per_head, 1, dy.f32(), in,
+                                in);
+  got = to_host<float>(dy, size_t(M * in));
+  for (const int64_t m : {int64_t(0), int64_t(65535 * 4), M - 1}) {
+    cuda::matmul_transposed_heads(dx.f32() + m * rows_per_head, 1, rows_per_head, rows_per_head, dw.w, 0, 0,
+                                  rows_per_head, 1, alone.f32(), in, in);
+    EXPECT_TRUE(same_bits(to_host<float>(alone, size_t(in)).data(), got.data() + m * in, size_t(in)))
+        << "matmul_transposed_heads row " << m;
+  }
+}
+
 // A paged cache on the device for the tests below: one span, pages of 4 slots in the order 3, 0, 2, 1, and
 // two planes of 16 slots x `width` floats, zeroed; rows r at slots slot[r], positions pos[r].
 struct PagedCache {

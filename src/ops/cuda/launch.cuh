@@ -79,6 +79,14 @@ inline RowChunks row_chunks(int64_t col_blocks, int64_t M, int64_t pass) {
   return {unsigned((M + per - 1) / per), per};
 }
 
+// Calls launch(r0, rows) for consecutive chunks of M rows, each at most what a grid's y or z dimension takes
+// in blocks of `per_block` rows (65535 of them): kernels that give each block of rows a grid index take any M.
+template <class Launch>
+void for_row_chunks(int64_t M, int64_t per_block, Launch&& launch) {
+  const int64_t most = int64_t(65535) * per_block;
+  for (int64_t r0 = 0; r0 < M; r0 += most) launch(r0, std::min(M - r0, most));
+}
+
 inline bool overlapping_launches() {
   static const bool on = [] {
     const char* e = std::getenv("NEXTN_CUDA_OVERLAP");
