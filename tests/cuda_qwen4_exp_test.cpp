@@ -20,6 +20,7 @@
 #include "models/qwen4_exp/model.h"
 #include "models/registry.h"
 #include "ops/cuda/cuda_test_util.h"
+#include "prepared_forwards_check.h"
 #include "test_util.h"
 
 namespace nextn {
@@ -474,6 +475,16 @@ TEST_P(CudaQwen4Exp, RunsOnCudaAndRefusesToMoveWithSequences) {
 }
 
 // (no instantiation prefix: the tests are CudaQwen4Exp.<test>/<model>, selected by 'CudaQwen4Exp*')
+TEST_P(CudaQwen4Exp, PreparedForwardsLeaveABatchNoOneOffWorkAndChangeNoBit) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  auto on_gpu = [&] {  // (memory: set by the check)
+    auto m = load_model(GetParam(), &pool_);
+    m->use_device(Device::kCuda);
+    return m;
+  };
+  testing::check_prepared_forwards(*on_gpu(), *on_gpu());
+}
+
 INSTANTIATE_TEST_SUITE_P(, CudaQwen4Exp,
                          ::testing::Values(testing::qwen4_exp_fixture_dir("a_fp32"),
                                            testing::qwen4_exp_fixture_dir("b_fp32"),

@@ -21,6 +21,7 @@
 #include "core/sizes.h"
 #include "core/threadpool.h"
 #include "models/common/mlp_bytes.h"
+#include "models/common/prepared_forwards.h"
 #include "models/common/scan.h"
 
 #include <unistd.h>
@@ -318,20 +319,15 @@ void HYV4Model::reserve_batch(int64_t rows, int64_t positions) {
   spans_.reserve(static_cast<size_t>(rows));
 }
 
-// Each padded row count up to `rows` (largest first, within what the graph cache keeps beside the shapes of
-// prompts): the target's forward, and each MTP layer's in its three kinds (no forced selection: catch-up; the
-// rows after the first forced: a merged catch-up and draft step; all forced: draft steps), twice each (a
-// shape's first run is eager, its second recorded), over scratch caches of their own that are dropped after.
+// The shapes of a batch of up to `rows` rows (prepared_forwards.h) over scratch caches of their own, dropped
+// after: the target's over a cache of S_max positions, each MTP layer's over one of S_max + 1 (slot 0 written
+// first, for the forced rows).
 int64_t HYV4Model::prepare_forwards(int64_t rows, int64_t positions) {
   // (tensor-parallel ranks run their target forwards together: their shapes are left to recur; profiling
   // runs without graphs)
   if (device_ != Device::kCuda || shard_ || profile::enabled()) return 0;
-  std::vector<int64_t> counts = padded_row_counts(rows);
-  if (counts.empty()) return 0;
-  const int64_t layers = num_mtp_layers(), per_count = 1 + 3 * layers;
-  constexpr int64_t kRoomForPrompts = 64;
-  const int64_t fit = (int64_t(ForwardGraphs::kMaxGraphs) - kRoomForPrompts) / per_count;
-  if (int64_t(counts.size()) > fit) counts.resize(size_t(std::max<int64_t>(fit, 0)));
+  const int layers = num_mtp_layers();
+  const std::vector<int64_t> counts = prepared_row_counts(rows, 1 + 3 * layers);
   if (counts.empty()) return 0;
   const int64_t S_max = counts.back(), H = cfg_.hidden_size;
   // (as much as a draft session reserves too, whatever its k: a workspace that grows forgets the graphs)
@@ -339,33 +335,21 @@ int64_t HYV4Model::prepare_forwards(int64_t rows, int64_t positions) {
   reserve_batch(std::max(S_max, chained_draft::backlog_rows(k_most)), std::max(positions, S_max + 1));
   KVCache cache = new_cache(S_max);
   std::vector<KVCache> draft_caches;
-  for (int64_t l = 0; l < layers; ++l) draft_caches.push_back(new_draft_cache(S_max + 1));
+  for (int l = 0; l < layers; ++l) draft_caches.push_back(new_draft_cache(S_max + 1));
   const std::vector<int32_t> tokens(size_t(S_max), 1);
   const std::vector<float> h_prev(size_t(S_max * H), 0.0f);
-  const int32_t slot0 = 0;
-  for (KVCache& dc : draft_caches)  // (slot 0 written: the forced rows attend to it)
-    draft_forward(int(&dc - draft_caches.data()), tokens.data(), h_prev.data(), 1, 0, dc, nullptr, nullptr);
-  int64_t shapes = 0;
-  for (auto it = counts.rbegin(); it != counts.rend(); ++it) {
-    const int64_t S = *it;
-    for (int run = 0; run < 2; ++run) {
-      forward(tokens.data(), S, cache, nullptr, nullptr, false);
-      cache.truncate(0);
-    }
-    for (int64_t l = 0; l < layers; ++l) {
-      KVCache& dc = draft_caches[size_t(l)];
-      for (int64_t first_forced : {int64_t(-1), int64_t(1), int64_t(0)}) {
-        const TopkOverride forced{&slot0, 1, first_forced};
-        for (int run = 0; run < 2; ++run) {
-          draft_forward(int(l), tokens.data(), h_prev.data(), S, 1, dc, nullptr, nullptr,
-                        first_forced < 0 ? nullptr : &forced);
-          dc.truncate(1);
-        }
-      }
-    }
-    shapes += per_count;
-  }
-  return shapes;
+  for (int l = 0; l < layers; ++l)
+    draft_forward(l, tokens.data(), h_prev.data(), 1, 0, draft_caches[size_t(l)], nullptr, nullptr);
+  auto target = [&](int64_t S) {
+    forward(tokens.data(), S, cache, nullptr, nullptr, false);
+    cache.truncate(0);
+  };
+  auto draft = [&](int layer, int64_t S, const TopkOverride* forced) {
+    KVCache& dc = draft_caches[size_t(layer)];
+    draft_forward(layer, tokens.data(), h_prev.data(), S, 1, dc, nullptr, nullptr, forced);
+    dc.truncate(1);
+  };
+  return walk_forward_shapes(counts, layers, target, draft);
 }
 
 // ---------------------------------------------------------------------------------------------------

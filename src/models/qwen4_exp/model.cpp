@@ -15,9 +15,11 @@
 
 #include "core/error.h"
 #include "core/finite.h"
+#include "core/profile.h"
 #include "core/sizes.h"
 #include "core/threadpool.h"
 #include "models/common/mlp_bytes.h"
+#include "models/common/prepared_forwards.h"
 #include "models/common/scan.h"
 
 namespace nextn {
@@ -382,6 +384,38 @@ void Qwen4ExpModel::prompt_draft_logits(const int32_t* tokens, int64_t T, const 
   auto pool = std::make_shared<KVPool>("MTP draft KV cache", plane_widths(cfg_), page, (T + page - 1) / page);
   KVCache dc(pool, {LayerPlanes{0, 1}}, T);
   draft_forward(0, tokens + 1, hidden, T - 1, 0, dc, logits, nullptr, nullptr, nullptr);
+}
+
+// The shapes of a batch of up to `rows` rows (prepared_forwards.h): the target's over a scratch sequence of S_max
+// positions (a new one each run: its recurrent state rolls back only k + 1 rows), each MTP layer's over a scratch
+// cache of the shared draft pool (slot 0 written first, for the forced rows). A KV pool too small for them
+// leaves the shapes to be recorded as they recur.
+int64_t Qwen4ExpModel::prepare_forwards(int64_t rows, int64_t positions) {
+  if (device_ != Device::kCuda || shard_ || profile::enabled()) return 0;  // (as HYV4Model's)
+  const int layers = num_mtp_layers();
+  const std::vector<int64_t> counts = prepared_row_counts(rows, 1 + 3 * layers);
+  if (counts.empty()) return 0;
+  const int64_t S_max = counts.back();
+  if (!can_admit(S_max + 1, true)) return 0;
+  const int k_most = int(std::max<int64_t>(memory_.max_verify_rows - 1, 1));
+  reserve_batch(std::max(S_max, chained_draft::backlog_rows(k_most)), std::max(positions, S_max + 1));
+  std::vector<KVCache> draft_caches;
+  for (int l = 0; l < layers; ++l) draft_caches.push_back(new_shared_draft_cache(S_max + 1));
+  const std::vector<int32_t> tokens(size_t(S_max), 1);
+  const std::vector<float> h_prev(size_t(S_max * draft_width()), 0.0f);
+  for (int l = 0; l < layers; ++l)
+    draft_forward(l, tokens.data(), h_prev.data(), 1, 0, draft_caches[size_t(l)], nullptr, nullptr);
+  auto target = [&](int64_t S) {
+    const std::unique_ptr<SequenceState> seq = new_sequence(S_max);
+    const BatchSegment segment{seq.get(), tokens.data(), S, false, nullptr};
+    forward(&segment, 1, nullptr, nullptr);
+  };
+  auto draft = [&](int layer, int64_t S, const TopkOverride* forced) {
+    KVCache& dc = draft_caches[size_t(layer)];
+    draft_forward(layer, tokens.data(), h_prev.data(), S, 1, dc, nullptr, nullptr, forced);
+    dc.truncate(1);
+  };
+  return walk_forward_shapes(counts, layers, target, draft);
 }
 
 void Qwen4ExpModel::reserve_batch(int64_t rows, int64_t positions) {

@@ -182,6 +182,7 @@ class Qwen4ExpModel : public Model {
   Device device() const override { return device_; }
   uint64_t one_off_forwards() const override;
   void reserve_batch(int64_t rows, int64_t positions) override;
+  int64_t prepare_forwards(int64_t rows, int64_t positions) override;
   void forward(const BatchSegment* segments, size_t count, float* logits, float* hidden) override;
   // This model as rank comm.rank() of a tensor-parallel group (sharding.h): its target forwards compute over
   // its shard (its recurrent state and KV heads only) and meet the other ranks in comm's collectives; MTP
