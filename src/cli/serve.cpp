@@ -1,5 +1,6 @@
 // `nextn serve`: loads the model, starts the engine thread and the HTTP server (src/serve), serves until
 // SIGINT / SIGTERM, then drains. docs/server.md describes the API.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -109,10 +110,13 @@ int run_serve(int argc, char** argv) {
   spec.num_speculative_tokens = k_given ? a.get_int("speculative-tokens", 3, 1, 8) : default_speculative_tokens(dir, true);
   spec.tune_k = !k_given;
   spec.validate();
-  // (every decode shape of a full batch recorded now, not while the first users wait)
+  // Every decode shape of a full batch recorded now, not while the first users wait, for sequences of up to
+  // 32k positions (the attention's scratch grows with rows x positions: a longer request grows it later, and
+  // the shapes are then recorded again as they recur).
   const int k_max = spec.enabled ? spec.num_speculative_tokens : 0;
+  constexpr int64_t kPreparedPositions = 32768;
   prepare_forwards(*model, int64_t(service_options.max_sequences) * forward_rows_per_sequence(k_max),
-                   model->facts().context, /*quiet=*/false);
+                   std::min<int64_t>(model->facts().context, kPreparedPositions), /*quiet=*/false);
 
   serve::Metrics metrics(served.id);
   serve::EngineService service(*model, tok.get(), metrics, service_options);
