@@ -644,8 +644,8 @@ bool fp8_mma_takes(const DeviceWeight& w) {
 
 // The shape of a weight's tensor-core launches (MmaShape), which sets the order of its sums (which warp takes
 // which k): chosen by the weight's shape alone, so that a weight's outputs have the same bits in every launch.
-// A matrix too narrow to give every SM two 2-tile blocks (the attention's projections, the MLP's down
-// projection) runs one block of 32 warps a tile (1024 threads; 1 tile a block, as 2 need more registers than
+// A matrix too narrow to give half the SMs a 2-tile block (the attention's narrower projections, a small
+// model's MLP down projection) runs one block of 32 warps a tile (1024 threads; 1 tile a block, as 2 need more registers than
 // that leaves) over 64-k chunks, a wide one 8 warps a block (2 blocks an SM at 128 registers a thread). At M = 1
 // on the H200: 2048 x 5632 read 0.24 / 0.29 / 0.32 of the copy bandwidth with 8 / 16 / 32 warps, 2048 x 2048
 // 0.18 / 0.21 / 0.21; 11264 x 2048 0.42 with 8 and 0.37 with 16 (docs/performance.md, twenty-fourth session).
@@ -661,7 +661,15 @@ int mma_tiles(MmaKind k) { return k == MmaKind::kNarrow64 || k == MmaKind::kNarr
 MmaKind mma_kind(const DeviceWeight& w) {
   static const bool only64 = env_is("NEXTN_CUDA_FP8_CHUNK", "64");
   const bool lines = !only64 && w.in % 128 == 0 && w.block_in % 128 == 0;
-  if (w.out < 2 * kMmaTileRows * int64_t(multiprocessors()))
+  // (until the thirty-sixth session the bound was a 2-tile block for every SM, 4224 rows on 132 SMs; half of that
+  // decodes 2% faster at hidden 7168, whose output gate and q_a projections, 3584 and 2688 rows, then run 8-warp
+  // blocks: in the grouped narrow launch they read 0.33 of the copy bandwidth. NEXTN_CUDA_FP8_NARROW_ROWS sets
+  // another bound, for measuring.)
+  static const int64_t narrow_below = [] {
+    const char* e = std::getenv("NEXTN_CUDA_FP8_NARROW_ROWS");
+    return e && *e ? int64_t(std::atoll(e)) : kMmaTileRows * int64_t(multiprocessors());
+  }();
+  if (w.out < narrow_below)
     return lines && w.in >= 8192 ? MmaKind::kNarrow128 : MmaKind::kNarrow64;
   return lines ? MmaKind::kWide128 : MmaKind::kWide64;
 }
