@@ -203,6 +203,18 @@ int run_requests(const std::string& path, const RequestDefaults& defaults, const
       std::cout << out.dump() << std::endl;
     }
   };
+  {  // every decode shape of the batch these requests make, recorded before the first step (on a GPU, as serve)
+    int64_t sequences = 0, per_sequence = 1, positions = 1;
+    for (const Job& j : jobs) {
+      if (!j.error.empty()) continue;
+      const SpecOptions& s = j.request.spec;
+      const int k = s.enabled ? s.num_speculative_tokens : 0;
+      ++sequences;
+      per_sequence = std::max(per_sequence, forward_rows_per_sequence(k));
+      positions = std::max(positions, int64_t(j.request.prompt.size()) + j.request.params.max_tokens + k + 2);
+    }
+    prepare_forwards(*model, std::min<int64_t>(sequences, max_sequences) * per_sequence, positions, /*quiet=*/false);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   int64_t generated = 0;
   print_ready();
