@@ -84,6 +84,37 @@ class PaddingPlanes {
   std::vector<std::unique_ptr<DevicePlanes>> sets_;
 };
 
+// A CUDA backend's two sets of forward buffers (both families' cuda_blocks): the steps' (decode, verify and draft
+// forwards of up to graph_rows() rows, whose CUDA graphs hold their addresses: they grow only as far as reserve()
+// or those forwards take them) and one for longer forwards (a batch's prompts), which run eagerly: a prompt
+// longer than any step never makes the steps' graphs be forgotten (at 64 sequences their 4096-row prefill did,
+// in every bench pass). A tensor-parallel rank keeps to the steps' set: its collectives' buffers grow with it
+// and the graphs hold them. W: the family's workspace (complete where the members are used).
+template <class W>
+class GraphWorkspaces {
+ public:
+  // The set a forward of S rows (padding included) runs in.
+  W* for_forward(int64_t S, bool tensor_parallel) {
+    return S > graph_rows_ && !tensor_parallel ? long_.get() : graph_.get();
+  }
+  // The steps' set, which then holds forwards of up to `rows` rows (a reservation).
+  W* for_steps(int64_t rows) {
+    graph_rows_ = std::max(graph_rows_, rows);
+    return graph_.get();
+  }
+  bool graphs_hold(const W* w) const { return w == graph_.get(); }
+  W* reset() {  // (both sets empty; the steps')
+    graph_ = std::make_unique<W>();
+    long_ = std::make_unique<W>();
+    return graph_.get();
+  }
+
+ private:
+  static constexpr int64_t kMinGraphRows = 256;
+  std::unique_ptr<W> graph_ = std::make_unique<W>(), long_ = std::make_unique<W>();
+  int64_t graph_rows_ = kMinGraphRows;
+};
+
 // A forward's output rows read back to the host. A read of all of them goes straight to its destination; reads
 // of parts (an MTP forward's, one per sequence) come from one copy of the rows, made at the first: each copy
 // waits for the device, and one a sequence cost more than the forward at 64 sequences.

@@ -42,7 +42,6 @@ class ForwardGraphs {
   void abandon();  // at a forward's start: a recording left open by a forward that threw is dropped
   void forget(const char* why);  // the graphs hold addresses that changed (a grown workspace)
   uint64_t one_offs() const { return one_offs_; }  // forwards that ran eagerly or recorded
-  size_t recorded() const { return graphs_.size(); }
   static constexpr size_t kMaxGraphs = 256;  // graphs kept (the least recently replayed goes first)
 
  private:

@@ -6,8 +6,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "models/common/chained_drafter.h"
 #include "models/common/draft_round.h"
 #include "models/common/forward_graphs.h"
+#include "models/model.h"
 
 namespace nextn {
 
@@ -21,11 +23,18 @@ inline std::vector<int64_t> prepared_row_counts(int64_t rows, int64_t forwards_p
   return counts;
 }
 
+// The rows a family reserves before walking counts up to S_max: those, and what a draft session reserves too
+// whatever its k (MemoryOptions::max_verify_rows bounds it): a workspace that grows later forgets the graphs.
+inline int64_t prepared_reservation_rows(int64_t S_max, const MemoryOptions& memory) {
+  const int k_most = int(std::max<int64_t>(memory.max_verify_rows - 1, 1));
+  return std::max(S_max, chained_draft::backlog_rows(k_most));
+}
+
 // For each count, largest first, twice (a shape's first run is eager, its second recorded): target(S), then for
 // each MTP layer draft(layer, S, forced) in its three kinds: no forced selection (a catch-up), rows after the
 // first forced (a catch-up with the first draft step merged in), all forced (draft steps). The forced rows
-// attend to slot 0 of the layer's scratch cache, which draft_prologue(layer) must have written first. Returns
-// the shapes walked.
+// attend to slot 0 of the layer's scratch cache, which the family must have written first. Returns the shapes
+// walked.
 template <class Target, class Draft>
 int64_t walk_forward_shapes(const std::vector<int64_t>& counts, int mtp_layers, Target&& target, Draft&& draft) {
   const int32_t slot0 = 0;

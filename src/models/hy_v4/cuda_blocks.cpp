@@ -79,8 +79,7 @@ cuda::MoeRouting moe_routing(const HYV4Config& c) {
 HYV4CudaBlocks::~HYV4CudaBlocks() = default;
 
 HYV4CudaBlocks::HYV4CudaBlocks(const HYV4Config& config, const HYV4Weights& w, Uploads uploads)
-    : cfg_(config), graph_ws_(std::make_unique<Workspace>()), long_ws_(std::make_unique<Workspace>()),
-      ws_(graph_ws_.get()) {
+    : cfg_(config), ws_(workspaces_.for_steps(0)) {
   std::string why;
   if (!cuda::available(&why)) throw Error("--device cuda: " + why);
   upload_weights(w, uploads == Uploads::kAll);
@@ -159,7 +158,7 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   const int64_t I_moe = c.moe_intermediate_size * std::max(1, c.n_shared_experts);
   const int64_t I2 = std::max<int64_t>(c.intermediate_size, I_moe), k = std::max(1, c.num_experts_per_tok);
   const int64_t SK = S * k;
-  if (ws_ == graph_ws_.get()) graphs_.forget("the workspace grew");  // (recorded with the old buffers' addresses)
+  if (workspaces_.graphs_hold(ws_)) graphs_.forget("the workspace grew");  // (recorded with the old addresses)
   w = Workspace();  // (frees the old buffers before the new ones are taken)
   grow_device<float>(w.streams, S * C * H);
   for (cuda::DeviceBuffer* b : {&w.x, &w.xn, &w.y, &w.hidden, &w.shared_out, &w.h_prev, &w.lm_in})
@@ -208,8 +207,7 @@ void HYV4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
 void HYV4CudaBlocks::reserve(int64_t rows, int64_t positions, int64_t page_tokens) {
   rows = std::max<int64_t>(rows, 1);
   positions = std::max<int64_t>(positions, 1);
-  graph_rows_ = std::max(graph_rows_, rows);
-  ws_ = graph_ws_.get();
+  ws_ = workspaces_.for_steps(rows);
   ensure_workspace(rows, positions);
   // The per-forward uploads of `rows` rows, each a span of its own with its page table, and the padding span
   // (begin()'s layout): a buffer that grows later forgets every graph recorded with it.
@@ -249,8 +247,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
                 std::to_string(kMaxRows) + " the GPU's attention kernels take in one launch; send a shorter prompt");
   pad_ = padded_forward_rows(S_) - S_;
   S_ += pad_;
-  // (a tensor-parallel rank keeps one workspace: its collectives' buffers grow with it and the graphs hold them)
-  ws_ = S_ > graph_rows_ && !tp_.active() ? long_ws_.get() : graph_ws_.get();
+  ws_ = workspaces_.for_forward(S_, tp_.active());
   ensure_workspace(S_, std::max(max_seq, pad_));
   const int64_t S = S_, n_real = int64_t(spans_.size()), n = n_real + (pad_ > 0), K = topk_stride();
   std::vector<int32_t>& m = meta_i32_;
@@ -317,7 +314,7 @@ void HYV4CudaBlocks::begin(const HYV4RowSpan* spans, size_t count) {
   if (ws_->meta_i64.bytes() < size_t(2 * S) * sizeof(int64_t)) grow_device<int64_t>(ws_->meta_i64, 4 * S);
   int32_t* d32 = device_as<int32_t>(ws_->meta_i32);
   int64_t* d64 = device_as<int64_t>(ws_->meta_i64);
-  if ((d32 != before[0] || d64 != before[1]) && ws_ == graph_ws_.get())
+  if ((d32 != before[0] || d64 != before[1]) && workspaces_.graphs_hold(ws_))
     graphs_.forget("the upload buffers grew");  // (recorded with the old addresses)
   cuda::copy_to_device(d32, m.data(), m.size() * sizeof(int32_t));
   cuda::copy_to_device(d64, m64.data(), m64.size() * sizeof(int64_t));
@@ -346,7 +343,7 @@ float* HYV4CudaBlocks::act(HYV4Act a) {
 bool HYV4CudaBlocks::replay_or_record(uintptr_t which) {
   if (profile::enabled()) return false;  // (BlockTimer times each block as it runs)
   if (!tp_.capturable()) return false;  // (host-staged collectives wait for the device mid-forward)
-  if (ws_ != graph_ws_.get()) return false;  // (a long forward: eager, in buffers no graph holds)
+  if (!workspaces_.graphs_hold(ws_)) return false;  // (a long forward: eager, in buffers no graph holds)
   // (neither the spans nor the logit rows change a kernel's arguments: the spans are read from the uploads at
   // addresses set by S alone, and logits() runs after the graph)
   return graphs_.replay_or_record({S_, which, int(any_forced_) + 2 * int(all_forced_)});
@@ -600,9 +597,7 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F, HYV4Out out) {
 void HYV4CudaBlocks::set_tensor_parallel(cuda::DeviceCommunicator* comm, std::vector<UnitRange> vocab) {
   tp_.set(comm, std::move(vocab));
   graphs_.forget("tensor parallel");
-  graph_ws_ = std::make_unique<Workspace>();  // (the next forward sizes it with the gathers' buffers)
-  long_ws_ = std::make_unique<Workspace>();
-  ws_ = graph_ws_.get();
+  ws_ = workspaces_.reset();  // (the next forward sizes it with the gathers' buffers)
 }
 
 void HYV4CudaBlocks::reduce_and_deliver(HYV4Out out) {

@@ -74,14 +74,8 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   const HYV4Config& cfg_;
   DeviceWeights weights_;
   KVMirrors mirrors_;
-  // The forward's device buffers: ws_ is graph_ws_ for forwards of up to graph_rows_ rows (decode, verify and
-  // draft steps, whose graphs hold its addresses: it grows only as far as reserve() or those forwards take it),
-  // or long_ws_ for longer ones (a batch's prompts), which run eagerly: a prompt longer than any step never
-  // makes the steps' graphs be forgotten (at 64 sequences their 4096-row prefill did, in every bench pass).
-  static constexpr int64_t kGraphRows = 256;  // graph_rows_ at least
-  std::unique_ptr<Workspace> graph_ws_, long_ws_;
-  Workspace* ws_ = nullptr;
-  int64_t graph_rows_ = kGraphRows;
+  GraphWorkspaces<Workspace> workspaces_;  // the steps' buffers and longer forwards' (device_memory.h)
+  Workspace* ws_ = nullptr;                // the current forward's
 
   // Forwards as CUDA graphs, by shape (rows, padding included; which forward: the target's or an MTP layer's;
   // forced selections): a shape's second forward is recorded, later ones replay it (the block calls then

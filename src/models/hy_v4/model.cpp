@@ -330,9 +330,7 @@ int64_t HYV4Model::prepare_forwards(int64_t rows, int64_t positions) {
   const std::vector<int64_t> counts = prepared_row_counts(rows, 1 + 3 * layers);
   if (counts.empty()) return 0;
   const int64_t S_max = counts.back(), H = cfg_.hidden_size;
-  // (as much as a draft session reserves too, whatever its k: a workspace that grows forgets the graphs)
-  const int k_most = int(std::max<int64_t>(memory_.max_verify_rows - 1, 1));
-  reserve_batch(std::max(S_max, chained_draft::backlog_rows(k_most)), std::max(positions, S_max + 1));
+  reserve_batch(prepared_reservation_rows(S_max, memory_), std::max(positions, S_max + 1));
   KVCache cache = new_cache(S_max);
   std::vector<KVCache> draft_caches;
   for (int l = 0; l < layers; ++l) draft_caches.push_back(new_draft_cache(S_max + 1));

@@ -32,8 +32,7 @@ Qwen4CudaBlocks::~Qwen4CudaBlocks() = default;
 
 Qwen4CudaBlocks::Qwen4CudaBlocks(const Qwen4ExpConfig& config, const Qwen4StateLayout& layout,
                                  const Qwen4ExpWeights& w, Uploads uploads)
-    : cfg_(config), layout_(layout), graph_ws_(std::make_unique<Workspace>()),
-      long_ws_(std::make_unique<Workspace>()), ws_(graph_ws_.get()), states_(std::make_shared<StateSlots>()) {
+    : cfg_(config), layout_(layout), ws_(workspaces_.for_steps(0)), states_(std::make_shared<StateSlots>()) {
   std::string why;
   if (!cuda::available(&why)) throw Error("--device cuda: " + why);
   forced_stride_ = qsa_selection_cap(config);
@@ -152,7 +151,7 @@ void Qwen4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   const int64_t H = c.hidden_size, C = c.hc_count, CH = c.hc_width(), SK = S * std::max(1, c.num_experts_per_tok);
   const int64_t qdim = int64_t(c.num_attention_heads) * 2 * c.head_dim, kvd = int64_t(c.num_key_value_heads) * c.head_dim;
   const int64_t ratio = std::max<int64_t>(c.indexer_compress_ratio, 1);
-  if (ws_ == graph_ws_.get()) graphs_.forget("the workspace grew");  // (recorded with the old buffers' addresses)
+  if (workspaces_.graphs_hold(ws_)) graphs_.forget("the workspace grew");  // (recorded with the old addresses)
   w = Workspace();
   for (cuda::DeviceBuffer* b : {&w.X, &w.Xn, &w.wgt, &w.lm_streams, &w.key, &w.gated, &w.normed, &w.h_prev})
     grow_device<float>(*b, S * CH);
@@ -198,8 +197,7 @@ void Qwen4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
 }
 
 void Qwen4CudaBlocks::reserve(int64_t rows, int64_t positions) {
-  graph_rows_ = std::max(graph_rows_, rows);
-  ws_ = graph_ws_.get();
+  ws_ = workspaces_.for_steps(rows);
   ensure_workspace(std::max<int64_t>(rows, 1), std::max<int64_t>(positions, 1));
 }
 
@@ -252,7 +250,7 @@ void Qwen4CudaBlocks::begin(const Qwen4RowSpan* spans, size_t count) {
                 " the GPU's kernels take in one launch; send a shorter prompt");
   pad_ = padded_forward_rows(S_) - S_;
   S_ += pad_;
-  ws_ = S_ > graph_rows_ && !tp_.active() ? long_ws_.get() : graph_ws_.get();  // (a rank: one workspace)
+  ws_ = workspaces_.for_forward(S_, tp_.active());
   ensure_workspace(S_, std::max(max_pos, pad_));
   upload_rows();
 }
@@ -361,7 +359,7 @@ void Qwen4CudaBlocks::upload_rows() {
   if (w.meta_i64.bytes() < m64.size() * sizeof(int64_t)) grow_device<int64_t>(w.meta_i64, 2 * int64_t(m64.size()));
   int32_t* d32 = device_as<int32_t>(w.meta_i32);
   int64_t* d64 = device_as<int64_t>(w.meta_i64);
-  if ((d32 != before[0] || d64 != before[1]) && ws_ == graph_ws_.get())
+  if ((d32 != before[0] || d64 != before[1]) && workspaces_.graphs_hold(ws_))
     graphs_.forget("the upload buffers grew");  // (recorded with the old addresses)
   cuda::copy_to_device(d32, m.data(), m.size() * sizeof(int32_t));
   cuda::copy_to_device(d64, m64.data(), m64.size() * sizeof(int64_t));
@@ -395,7 +393,7 @@ void Qwen4CudaBlocks::upload_rows() {
 // spans' count is not part of the shape (the recurrent kernels take S span entries, the unused ones empty).
 bool Qwen4CudaBlocks::replay_or_record(uintptr_t which) {
   if (!tp_.capturable()) return false;  // (host-staged collectives wait for the device mid-forward)
-  if (ws_ != graph_ws_.get()) return false;  // (a long forward: eager, in buffers no graph holds)
+  if (!workspaces_.graphs_hold(ws_)) return false;  // (a long forward: eager, in buffers no graph holds)
   return graphs_.replay_or_record({S_, which, int(any_forced_) + 2 * int(all_forced_)});
 }
 
@@ -674,9 +672,7 @@ void Qwen4CudaBlocks::logits_of(const GatedResidualWeights& mixer, const Linear&
 void Qwen4CudaBlocks::set_tensor_parallel(cuda::DeviceCommunicator* comm, std::vector<UnitRange> vocab) {
   tp_.set(comm, std::move(vocab));
   graphs_.forget("tensor parallel");
-  graph_ws_ = std::make_unique<Workspace>();  // (the next forward sizes it with the gathers' buffers)
-  long_ws_ = std::make_unique<Workspace>();
-  ws_ = graph_ws_.get();
+  ws_ = workspaces_.reset();  // (the next forward sizes it with the gathers' buffers)
 }
 
 }  // namespace nextn

@@ -89,13 +89,8 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   std::unordered_map<const MoeWeights*, ExpertTables> experts_;
   std::vector<const PleWeights*> ple_layers_;  // per layer: its PLE weights (null: none)
   KVMirrors mirrors_;
-  // The forward's device buffers: graph_ws_ for forwards of up to graph_rows_ rows (steps, whose graphs hold its
-  // addresses), long_ws_ for longer ones (prompts), which run eagerly and leave the steps' graphs in place (as
-  // HYV4CudaBlocks).
-  static constexpr int64_t kGraphRows = 256;  // graph_rows_ at least
-  std::unique_ptr<Workspace> graph_ws_, long_ws_;
-  Workspace* ws_ = nullptr;
-  int64_t graph_rows_ = kGraphRows;
+  GraphWorkspaces<Workspace> workspaces_;  // the steps' buffers and longer forwards' (device_memory.h)
+  Workspace* ws_ = nullptr;                // the current forward's
   std::shared_ptr<StateSlots> states_;
   ForwardGraphs graphs_;  // forwards by shape (forward_graphs.h); eager for a shape's first run
   DeviceRank tp_;  // tensor parallel (set_tensor_parallel; inactive: one rank)

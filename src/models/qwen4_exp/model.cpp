@@ -397,8 +397,7 @@ int64_t Qwen4ExpModel::prepare_forwards(int64_t rows, int64_t positions) {
   if (counts.empty()) return 0;
   const int64_t S_max = counts.back();
   if (!can_admit(S_max + 1, true)) return 0;
-  const int k_most = int(std::max<int64_t>(memory_.max_verify_rows - 1, 1));
-  reserve_batch(std::max(S_max, chained_draft::backlog_rows(k_most)), std::max(positions, S_max + 1));
+  reserve_batch(prepared_reservation_rows(S_max, memory_), std::max(positions, S_max + 1));
   std::vector<KVCache> draft_caches;
   for (int l = 0; l < layers; ++l) draft_caches.push_back(new_shared_draft_cache(S_max + 1));
   const std::vector<int32_t> tokens(size_t(S_max), 1);
