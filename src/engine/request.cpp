@@ -1,10 +1,40 @@
 #include "engine/request.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <iterator>
 
 #include "core/error.h"
 
 namespace nextn {
+
+// The alternatives are picked in one pass, each token compared with the n-th best so far (no [V] index and
+// sort: half a megabyte and 0.2 ms a token at a 129k vocabulary).
+TokenLogprob token_logprob(const float* logits, int64_t V, int32_t token, int top_n) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
+  double z = 0;
+  for (int64_t i = 0; i < V; ++i) z += std::exp(double(logits[i]) - mx);
+  const float lz = static_cast<float>(std::log(z)) + mx;
+  TokenLogprob lp{token, logits[token] - lz, {}};
+  const size_t n = size_t(std::clamp<int64_t>(top_n, 0, V));
+  if (n == 0) return lp;
+  std::vector<std::pair<int32_t, float>>& top = lp.top;  // (id, logit) in order, then logprobs
+  top.reserve(n);
+  float worst = -INFINITY;  // the n-th best logit once n are in
+  for (int64_t i = 0; i < V; ++i) {
+    const float l = logits[i];
+    if (top.size() == n && !(l > worst)) continue;  // (ties go to the lower id, already in)
+    if (top.size() == n) top.pop_back();
+    auto at = top.end();
+    while (at != top.begin() && !(std::prev(at)->second >= l)) --at;
+    top.insert(at, {int32_t(i), l});
+    if (top.size() == n) worst = top.back().second;
+  }
+  for (auto& [id, v] : top) v -= lz;
+  return lp;
+}
 
 void SpecOptions::validate() const {
   if (num_speculative_tokens < 1 || num_speculative_tokens > 8)

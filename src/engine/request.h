@@ -105,6 +105,9 @@ struct TokenLogprob {
   float logprob;
   std::vector<std::pair<int32_t, float>> top;
 };
+// log-softmax of a row of raw logits [V]: token's logprob and the top_n alternatives' (descending logit, ties
+// by ascending id).
+TokenLogprob token_logprob(const float* logits, int64_t V, int32_t token, int top_n);
 
 struct GenerationResult {
   std::vector<int32_t> ids;  // generated tokens only

@@ -3,6 +3,7 @@
 //   top-k -> top-p -> min-p -> probabilities.
 // temperature == 0 means greedy: the argmax of the penalized logits.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -67,11 +68,15 @@ class Sampler {
   // probs = softmax(logits / temperature); a temperature so small that logits / T overflows gives the
   // limit T -> 0 (all weight on the argmax, shared by tied maxima) instead of nan.
   void softmax_at_temperature(const float* logits, float* probs) const;
+  void truncate_top_k_top_p(float* probs);  // zeroes what top-k and top-p leave out
+
 
   int64_t vocab_;
   SamplingParams params_;
   std::mt19937_64 rng_;
   std::vector<int32_t> order_;  // scratch [V]
+  std::array<int64_t, 256> exponent_count_{};  // scratch: tokens per probability exponent
+  std::array<float, 256> exponent_mass_{};
 };
 
 }  // namespace nextn

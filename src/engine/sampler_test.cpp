@@ -1,11 +1,13 @@
 // The logits pipeline against hand-computed cases.
 #include "engine/sampler.h"
+#include "engine/request.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "core/error.h"
@@ -164,6 +166,146 @@ TEST(Sampler, NormalTemperatureDistributionIsUnchangedBitForBit) {
     for (int64_t i = 0; i < V; ++i) z2 += want[i];
     for (int64_t i = 0; i < V; ++i) want[i] = static_cast<float>(want[i] / z2);
     for (int64_t i = 0; i < V; ++i) ASSERT_EQ(std::memcmp(&got[i], &want[i], 4), 0) << "T " << t << " id " << i;
+  }
+}
+
+// The definition of the top-k / top-p cut that distribution() must keep bit for bit: the whole vocabulary sorted
+// by descending probability (ties by ascending id), as the sampler did before it sorted only the head.
+void reference_cut(const SamplingParams& p, float* probs, int64_t V) {
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) order[size_t(i)] = int32_t(i);
+  std::sort(order.begin(), order.end(),
+            [probs](int32_t a, int32_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
+  int64_t keep = V;
+  if (p.top_k > 0) keep = std::min<int64_t>(keep, p.top_k);
+  if (p.top_p < 1.0f) {
+    double cum = 0;
+    int64_t n = 0;
+    for (; n < keep; ++n) {
+      cum += probs[order[size_t(n)]];
+      if (cum >= p.top_p) {
+        ++n;
+        break;
+      }
+    }
+    keep = std::min(keep, std::max<int64_t>(n, 1));
+  }
+  for (int64_t i = keep; i < V; ++i) probs[order[size_t(i)]] = 0.0f;
+}
+
+// Logits of one of six kinds for the cut's test: broad, few distinct values (ties), flat (every token tied),
+// peaked, masked tokens (-inf, as an output format leaves them) and so spread that probabilities underflow.
+std::vector<float> test_logits(int64_t V, int pattern, std::mt19937& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> logits(static_cast<size_t>(V));
+  for (int64_t i = 0; i < V; ++i) {
+    const float g = normal(rng);
+    switch (pattern) {
+      case 0: logits[size_t(i)] = 3.0f * g; break;
+      case 1: logits[size_t(i)] = std::round(2.0f * g); break;
+      case 2: logits[size_t(i)] = 0.5f; break;
+      case 3: logits[size_t(i)] = (i % 97 == 3 ? 25.0f : 0.0f) + g; break;
+      case 4: logits[size_t(i)] = i % 3 == 0 && i > 0 ? -INFINITY : 2.0f * g; break;
+      default: logits[size_t(i)] = 60.0f * g; break;
+    }
+  }
+  return logits;
+}
+
+// distribution(logits) against the definition: the softmax, the full-sort cut, min-p, the renormalization.
+void expect_cut_as_defined(const std::vector<float>& logits, const SamplingParams& p) {
+  const int64_t V = int64_t(logits.size());
+  Sampler s(V, p);
+  std::vector<float> got(static_cast<size_t>(V)), want(static_cast<size_t>(V));
+  s.distribution(logits.data(), got.data());
+  const float inv_t = 1.0f / p.temperature;
+  float mx = -INFINITY;
+  for (float l : logits) mx = std::max(mx, l * inv_t);
+  double z = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    volatile float scaled = logits[size_t(i)] * inv_t;  // (no fused multiply-add, as the library rounds it)
+    want[size_t(i)] = std::exp(scaled - mx);
+    z += want[size_t(i)];
+  }
+  for (float& q : want) q = static_cast<float>(q / z);
+  reference_cut(p, want.data(), V);
+  if (p.min_p > 0.0f) {
+    const float floor = p.min_p * *std::max_element(want.begin(), want.end());
+    for (float& q : want)
+      if (q < floor) q = 0.0f;
+  }
+  double sum = 0;
+  for (float q : want) sum += q;
+  for (float& q : want) q = static_cast<float>(q / sum);
+  for (int64_t i = 0; i < V; ++i)
+    ASSERT_EQ(std::memcmp(&got[size_t(i)], &want[size_t(i)], 4), 0)
+        << "V " << V << " T " << p.temperature << " top_k " << p.top_k << " top_p " << p.top_p << " min_p "
+        << p.min_p << " id " << i << ": " << got[size_t(i)] << " vs " << want[size_t(i)];
+}
+
+// The cut sorts only the head of the order (sampler.cpp): it must keep what sorting every token keeps, bit
+// for bit, over small vocabularies with every setting, and over a real checkpoint's with the common ones.
+TEST(Sampler, TopKTopPCutMatchesTheFullSortBitForBit) {
+  std::mt19937 rng(7);
+  int cases = 0;
+  for (int64_t V : {1, 2, 5, 257, 4096, 32000, 129280}) {
+    const bool large = V > 4096;
+    for (int pattern = 0; pattern < 6; ++pattern) {
+      const std::vector<float> logits = test_logits(V, pattern, rng);
+      for (float t : {0.05f, 0.8f, 1.0f, 3.0f}) {
+        if (large && t != 0.8f) continue;
+        for (int top_k : {0, 1, 2, 50, int(V) - 1, int(V) + 5}) {
+          if (large && top_k != 0 && top_k != 50) continue;
+          for (float top_p : {1.0f, 0.9f, 0.5f, 0.999f, 1e-6f, 0.99999994f}) {
+            if ((top_k <= 0 || top_k >= V) && top_p >= 1.0f) continue;  // (nothing cut)
+            if (large && top_p != 1.0f && top_p != 0.9f && top_p != 0.99999994f) continue;
+            for (float min_p : {0.0f, 0.05f}) {
+              if (large && min_p > 0.0f) continue;
+              SamplingParams p;
+              p.temperature = t;
+              p.top_k = std::max(top_k, 0);
+              p.top_p = top_p;
+              p.min_p = min_p;
+              expect_cut_as_defined(logits, p);
+              if (HasFatalFailure()) return;
+              ++cases;
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(cases, 1000);
+}
+
+// A token's logprob and its top alternatives as defined: log-softmax in double, the alternatives by a sort of
+// every token (descending logit, ties by ascending id), over rows with ties, -inf tokens and a flat one.
+TEST(TokenLogprob, TopAlternativesAreTheFullSortsHead) {
+  std::mt19937 rng(11);
+  for (int64_t V : {1, 3, 257, 32000}) {
+    for (int pattern = 0; pattern < 6; ++pattern) {
+      const std::vector<float> logits = test_logits(V, pattern, rng);
+      for (int top_n : {0, 1, 2, 5, 20}) {
+        const int32_t token = int32_t(V / 2);
+        const TokenLogprob got = token_logprob(logits.data(), V, token, top_n);
+        float mx = -INFINITY;
+        for (float l : logits) mx = std::max(mx, l);
+        double z = 0;
+        for (float l : logits) z += std::exp(double(l) - mx);
+        const float lz = float(std::log(z)) + mx;
+        EXPECT_EQ(got.token, token);
+        EXPECT_EQ(got.logprob, logits[size_t(token)] - lz);
+        std::vector<int32_t> order(static_cast<size_t>(V));
+        for (int64_t i = 0; i < V; ++i) order[size_t(i)] = int32_t(i);
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+        const size_t n = std::min<size_t>(size_t(top_n), size_t(V));
+        ASSERT_EQ(got.top.size(), n) << "V " << V << " pattern " << pattern;
+        for (size_t i = 0; i < n; ++i) {
+          EXPECT_EQ(got.top[i].first, order[i]) << "V " << V << " pattern " << pattern << " top_n " << top_n << " #" << i;
+          EXPECT_EQ(got.top[i].second, logits[size_t(order[i])] - lz);
+        }
+      }
+    }
   }
 }
 

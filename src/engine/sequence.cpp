@@ -14,25 +14,6 @@ double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::ste
   return std::chrono::duration<double>(b - a).count();
 }
 
-// log-softmax of raw logits: the chosen token's logprob and the top-n alternatives.
-TokenLogprob make_logprob(const float* logits, int64_t V, int32_t token, int top_n) {
-  float mx = -INFINITY;
-  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
-  double z = 0;
-  for (int64_t i = 0; i < V; ++i) z += std::exp(double(logits[i]) - mx);
-  const float lz = static_cast<float>(std::log(z)) + mx;
-  TokenLogprob lp{token, logits[token] - lz, {}};
-  if (top_n > 0) {
-    std::vector<int32_t> idx(V);
-    for (int64_t i = 0; i < V; ++i) idx[i] = static_cast<int32_t>(i);
-    const int64_t n = std::min<int64_t>(top_n, V);
-    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(),
-                      [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-    for (int64_t i = 0; i < n; ++i) lp.top.emplace_back(idx[i], logits[idx[i]] - lz);
-  }
-  return lp;
-}
-
 }  // namespace
 
 Sequence::Sequence(Model& model, Request request)
@@ -141,7 +122,7 @@ void Sequence::emit(int32_t t, const float* raw_logits) {
     if (!constraint_->advance(t)) throw Error("internal: structured output refused an emitted token");
     complete = constraint_->finished();
   }
-  if (params.logprobs >= 0) res_.logprobs.push_back(make_logprob(raw_logits, V_, t, params.logprobs));
+  if (params.logprobs >= 0) res_.logprobs.push_back(token_logprob(raw_logits, V_, t, params.logprobs));
   if (request_.on_token && !request_.on_token(t, params.logprobs >= 0 ? &res_.logprobs.back() : nullptr)) {
     stop_ = true;
     res_.finish_reason = "stop";
