@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "ops/ops.h"
 
 namespace nextn {
 
@@ -76,22 +77,21 @@ int32_t Sampler::argmax(const float* x, int64_t n) {
 
 void Sampler::softmax_at_temperature(const float* logits, float* probs) const {
   const int64_t V = vocab_;
-  // softmax(logits / T) in double for the normalizer, stored as float
+  // softmax(logits / T) in double for the normalizer, stored as float; exp and the sum vectorized (ops): the
+  // library's exp one token at a time took 0.5 ms of a row at a 129k vocabulary.
   const float inv_t = 1.0f / params_.temperature;
-  float mx = -INFINITY;
-  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, logits[i] * inv_t);
+  const float lmax = ops::max_value(logits, V);
+  const float mx = lmax * inv_t;  // (rounding is monotone: the largest scaled logit is the largest logit scaled)
+  double z = 0;
   if (!std::isfinite(mx)) {
     // logits / T overflowed (a tiny T): the scaled maximum is +-inf and the formula below would give nan
     // everywhere. Shifting by the largest logit before scaling cannot overflow: (l - max) / T is <= 0,
     // so the argmax keeps weight exp(0) = 1 and every other token exp(-large) = 0, the limit T -> 0.
-    float lmax = -INFINITY;
-    for (int64_t i = 0; i < V; ++i) lmax = std::max(lmax, logits[i]);
     for (int64_t i = 0; i < V; ++i) probs[i] = logits[i] == lmax ? 1.0f : std::exp((logits[i] - lmax) * inv_t);
+    for (int64_t i = 0; i < V; ++i) z += probs[i];
   } else {
-    for (int64_t i = 0; i < V; ++i) probs[i] = std::exp(logits[i] * inv_t - mx);
+    z = ops::exp_scaled_sum(logits, V, inv_t, mx, probs);
   }
-  double z = 0;
-  for (int64_t i = 0; i < V; ++i) z += probs[i];
   for (int64_t i = 0; i < V; ++i) probs[i] = static_cast<float>(probs[i] / z);
 }
 

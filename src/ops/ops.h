@@ -99,6 +99,10 @@ void indexer_scores(const float* q, const float* w, int64_t heads, int64_t dim, 
 // In place: x[j] <- exp(scale·x[j] - m) / (exp(sink - m) + Σ_i exp(scale·x[i] - m)), m the largest of sink
 // and scale·x (an attention sink: a logit in the normalization with no value).
 void softmax_with_sink(float* x, int64_t n, float scale, float sink);
+// out[j] = exp(scale·x[j] - shift) for j < n (Highway's exp, as softmax_with_sink's); returns Σ_j out[j], added
+// in double. The sampler's softmax over a vocabulary.
+double exp_scaled_sum(const float* x, int64_t n, float scale, float shift, float* out);
+float max_value(const float* x, int64_t n);  // the largest of x[0..n) (-inf for n = 0); x holds no NaN
 // out[i] = Σ_j p[j] · row(j)[i] for i < dim, j ascending; row(j) = rows + (idx ? idx[j] : j) * stride.
 // Reads p[n], idx[n] and the first dim floats of each row(j); writes out[dim].
 void weighted_row_sum(const float* p, const float* rows, int64_t n, int64_t dim, int64_t stride, float* out,

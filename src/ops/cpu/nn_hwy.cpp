@@ -125,6 +125,50 @@ void SoftmaxWithSink(float* x, int64_t n, float scale, float sink) {
   for (int64_t j = nf; j < n; ++j) x[j] *= hn::GetLane(inv);
 }
 
+// out[j] = exp(scale · x[j] - shift) for j < n; returns Σ_j out[j] (each vector's lanes added in double).
+double ExpScaledSum(const float* x, int64_t n, float scale, float shift, float* out) {
+  const DF d;
+  const VF vs = hn::Set(d, scale), vm = hn::Set(d, shift);
+#if HWY_TARGET == HWY_SCALAR
+  double total = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    out[j] = hn::GetLane(hn::Exp(d, hn::Sub(hn::Mul(hn::Set(d, x[j]), vs), vm)));
+    total += out[j];
+  }
+  return total;
+#else
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), nf = n - n % N;
+  const hn::Repartition<double, DF> dd;
+  const hn::Half<DF> dh;
+  auto acc = hn::Zero(dd);
+  auto add = [&](VF e) {
+    acc = hn::Add(acc, hn::Add(hn::PromoteTo(dd, hn::LowerHalf(dh, e)), hn::PromoteTo(dd, hn::UpperHalf(dh, e))));
+  };
+  for (int64_t j = 0; j < nf; j += N) {
+    const VF e = hn::Exp(d, hn::Sub(hn::Mul(hn::LoadU(d, x + j), vs), vm));
+    hn::StoreU(e, d, out + j);
+    add(e);
+  }
+  if (nf < n) {  // padding lanes are -inf: exp gives 0
+    const VF e = hn::Exp(d, hn::Sub(hn::Mul(LoadTail(d, x + nf, n - nf, -std::numeric_limits<float>::infinity()), vs), vm));
+    StoreTail(d, e, n - nf, out + nf);
+    add(e);
+  }
+  return hn::GetLane(hn::SumOfLanes(dd, acc));
+#endif
+}
+
+// The largest of x[0..n) (-inf for n = 0).
+float MaxValue(const float* x, int64_t n) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), nf = n - n % N;
+  const float lowest = -std::numeric_limits<float>::infinity();
+  VF m = hn::Set(d, lowest);
+  for (int64_t j = 0; j < nf; j += N) m = hn::Max(m, hn::LoadU(d, x + j));
+  if (nf < n) m = hn::Max(m, LoadTail(d, x + nf, n - nf, lowest));
+  return hn::GetLane(hn::MaxOfLanes(d, m));
+}
+
 // out[h · out_stride + j] = q_h · row(j) over dim, row(j) = rows + (idx ? idx[j] : j) · row_stride, for h < heads,
 // j < n: tiles of 4 heads x 4 rows (16 accumulators), lane l summing k ≡ l (mod Lanes) in ascending k, the
 // dim tail as one zero-padded vector, the lanes by ReduceMany — the chain ops::matmul uses, so the values
@@ -367,6 +411,8 @@ namespace nextn::nn_kernels {
 
 HWY_EXPORT(IndexerScores);
 HWY_EXPORT(SoftmaxWithSink);
+HWY_EXPORT(ExpScaledSum);
+HWY_EXPORT(MaxValue);
 HWY_EXPORT(WeightedRowSum);
 HWY_EXPORT(GatheredDots);
 HWY_EXPORT(Swiglu);
@@ -389,6 +435,14 @@ void indexer_scores(const float* q, const float* w, int64_t heads, int64_t dim, 
 void softmax_with_sink(float* x, int64_t n, float scale, float sink) {
   using namespace nn_kernels;
   HWY_DYNAMIC_DISPATCH(SoftmaxWithSink)(x, n, scale, sink);
+}
+double exp_scaled_sum(const float* x, int64_t n, float scale, float shift, float* out) {
+  using namespace nn_kernels;
+  return n > 0 ? HWY_DYNAMIC_DISPATCH(ExpScaledSum)(x, n, scale, shift, out) : 0.0;
+}
+float max_value(const float* x, int64_t n) {
+  using namespace nn_kernels;
+  return n > 0 ? HWY_DYNAMIC_DISPATCH(MaxValue)(x, n) : -std::numeric_limits<float>::infinity();
 }
 void weighted_row_sum(const float* p, const float* rows, int64_t n, int64_t dim, int64_t stride, float* out,
                       const int32_t* idx) {

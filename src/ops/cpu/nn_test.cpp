@@ -87,6 +87,37 @@ TEST(NnKernels, SoftmaxWithSinkMatchesReferenceOnEveryTarget) {
   }
 }
 
+// The sampler's softmax pieces: exp(scale · x - shift) within 1e-6 of the exact exp of the float argument,
+// masked (-inf) entries giving 0, the sum of what was written (in double), the maximum exact;
+// lengths around the vector widths.
+TEST(NnKernels, ExpScaledSumAndMaxValueMatchReferenceOnEveryTarget) {
+  for (int64_t n : {int64_t(1), int64_t(7), int64_t(16), int64_t(37), int64_t(4099)}) {
+    std::vector<float> x = randn(size_t(n), 11 + uint32_t(n), 5.0f);
+    if (n > 3) x[2] = -INFINITY;
+    const float scale = 1.25f, mx = *std::max_element(x.begin(), x.end()), shift = mx * scale;
+    for (int64_t target : kernel_targets()) {
+      ForceTarget force(target);
+      const std::string what = name(target) + " n " + std::to_string(n);
+      EXPECT_EQ(ops::max_value(x.data(), n), mx) << what;
+      std::vector<float> got(size_t(n), -1.0f);
+      const double sum = ops::exp_scaled_sum(x.data(), n, scale, shift, got.data());
+      double added = 0;
+      for (int64_t j = 0; j < n; ++j) {
+        volatile float scaled = x[j] * scale;  // (the argument as the kernel rounds it: no fused multiply-add)
+        const float arg = scaled - shift;
+        const double want = std::exp(double(arg));
+        ASSERT_NEAR(got[j], want, 1e-6 * want + 1e-38) << what << " at " << j;
+        added += got[j];
+      }
+      EXPECT_NEAR(sum, added, 1e-12 * added) << what;
+      if (n > 3) {
+        EXPECT_EQ(got[2], 0.0f) << what;
+      }
+    }
+  }
+  EXPECT_EQ(ops::max_value(nullptr, 0), -INFINITY);
+}
+
 TEST(NnKernels, WeightedRowSumMatchesReferenceOnEveryTarget) {
   for (int64_t dim : {int64_t(64), int64_t(512), int64_t(19)}) {
     const int64_t n = 45, stride = dim + 16;
