@@ -138,8 +138,11 @@ void Sampler::truncate_top_k_top_p(float* probs) {
     int64_t n_cand = 0;
     for (int64_t i = 0; i < V; ++i)
       if (magnitude_bits(probs[i]) >= floor_bits) order_[size_t(n_cand++)] = int32_t(i);
-    std::sort(order_.begin(), order_.begin() + n_cand,
-              [probs](int32_t a, int32_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
+    // (past the first `limit` nothing is kept: those are only partitioned off, not sorted)
+    const auto first = [probs](int32_t a, int32_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); };
+    const int64_t sorted = std::min(limit, n_cand);
+    if (sorted < n_cand) std::nth_element(order_.begin(), order_.begin() + sorted, order_.begin() + n_cand, first);
+    if (p.top_p < 1.0f) std::sort(order_.begin(), order_.begin() + sorted, first);
     const bool all_with_mass = lowest == 0;
     int64_t keep = -1;  // decided inside the candidates: how many of them are kept
     if (p.top_p < 1.0f) {
@@ -176,14 +179,11 @@ void Sampler::distribution(const float* logits, float* probs) {
 
   if ((p.top_k > 0 && p.top_k < V) || p.top_p < 1.0f) truncate_top_k_top_p(probs);
   if (p.min_p > 0.0f) {
-    float pmax = 0.0f;
-    for (int64_t i = 0; i < V; ++i) pmax = std::max(pmax, probs[i]);
-    const float floor = p.min_p * pmax;
+    const float floor = p.min_p * ops::max_value(probs, V);
     for (int64_t i = 0; i < V; ++i)
       if (probs[i] < floor) probs[i] = 0.0f;
   }
-  double s = 0;
-  for (int64_t i = 0; i < V; ++i) s += probs[i];
+  const double s = ops::sum_as_double(probs, V);
   for (int64_t i = 0; i < V; ++i) probs[i] = static_cast<float>(probs[i] / s);
 }
 

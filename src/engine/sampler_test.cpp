@@ -158,8 +158,7 @@ TEST(Sampler, NormalTemperatureDistributionIsTheSoftmaxBitForBit) {
       const float mx = *std::max_element(logits.begin(), logits.end()) * inv_t;
       const double z = ops::exp_scaled_sum(logits.data(), V, inv_t, mx, want.data());
       for (int64_t i = 0; i < V; ++i) want[i] = static_cast<float>(want[i] / z);
-      double z2 = 0;  // the final renormalization (no filter is set, so it divides by the sum)
-      for (int64_t i = 0; i < V; ++i) z2 += want[i];
+      const double z2 = ops::sum_as_double(want.data(), V);  // the final renormalization (no filter: by the sum)
       for (int64_t i = 0; i < V; ++i) want[i] = static_cast<float>(want[i] / z2);
       // (each exponent's argument rounded in float, as the kernel and the library's expf before it had it)
       auto arg = [&](int64_t i) {
@@ -236,8 +235,7 @@ void expect_cut_as_defined(const std::vector<float>& logits, const SamplingParam
     for (float& q : want)
       if (q < floor) q = 0.0f;
   }
-  double sum = 0;
-  for (float q : want) sum += q;
+  const double sum = ops::sum_as_double(want.data(), V);
   for (float& q : want) q = static_cast<float>(q / sum);
   for (int64_t i = 0; i < V; ++i)
     ASSERT_EQ(std::memcmp(&got[size_t(i)], &want[size_t(i)], 4), 0)

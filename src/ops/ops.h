@@ -103,6 +103,7 @@ void softmax_with_sink(float* x, int64_t n, float scale, float sink);
 // in double. The sampler's softmax over a vocabulary.
 double exp_scaled_sum(const float* x, int64_t n, float scale, float shift, float* out);
 float max_value(const float* x, int64_t n);  // the largest of x[0..n) (-inf for n = 0); x holds no NaN
+double sum_as_double(const float* x, int64_t n);  // Σ x[0..n), added in double (the order is the kernel's)
 // out[i] = Σ_j p[j] · row(j)[i] for i < dim, j ascending; row(j) = rows + (idx ? idx[j] : j) * stride.
 // Reads p[n], idx[n] and the first dim floats of each row(j); writes out[dim].
 void weighted_row_sum(const float* p, const float* rows, int64_t n, int64_t dim, int64_t stride, float* out,

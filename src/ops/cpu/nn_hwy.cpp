@@ -125,6 +125,15 @@ void SoftmaxWithSink(float* x, int64_t n, float scale, float sink) {
   for (int64_t j = nf; j < n; ++j) x[j] *= hn::GetLane(inv);
 }
 
+#if HWY_TARGET != HWY_SCALAR
+// acc += the lanes of v, promoted to double (two vectors' worth of double lanes added first).
+template <class DD>
+HWY_INLINE void AddAsDouble(DD dd, VF v, hn::Vec<DD>& acc) {
+  const hn::Half<DF> dh;
+  acc = hn::Add(acc, hn::Add(hn::PromoteTo(dd, hn::LowerHalf(dh, v)), hn::PromoteTo(dd, hn::UpperHalf(dh, v))));
+}
+#endif
+
 // out[j] = exp(scale · x[j] - shift) for j < n; returns Σ_j out[j] (each vector's lanes added in double).
 double ExpScaledSum(const float* x, int64_t n, float scale, float shift, float* out) {
   const DF d;
@@ -139,21 +148,34 @@ double ExpScaledSum(const float* x, int64_t n, float scale, float shift, float* 
 #else
   const int64_t N = static_cast<int64_t>(hn::Lanes(d)), nf = n - n % N;
   const hn::Repartition<double, DF> dd;
-  const hn::Half<DF> dh;
   auto acc = hn::Zero(dd);
-  auto add = [&](VF e) {
-    acc = hn::Add(acc, hn::Add(hn::PromoteTo(dd, hn::LowerHalf(dh, e)), hn::PromoteTo(dd, hn::UpperHalf(dh, e))));
-  };
   for (int64_t j = 0; j < nf; j += N) {
     const VF e = hn::Exp(d, hn::Sub(hn::Mul(hn::LoadU(d, x + j), vs), vm));
     hn::StoreU(e, d, out + j);
-    add(e);
+    AddAsDouble(dd, e, acc);
   }
   if (nf < n) {  // padding lanes are -inf: exp gives 0
     const VF e = hn::Exp(d, hn::Sub(hn::Mul(LoadTail(d, x + nf, n - nf, -std::numeric_limits<float>::infinity()), vs), vm));
     StoreTail(d, e, n - nf, out + nf);
-    add(e);
+    AddAsDouble(dd, e, acc);
   }
+  return hn::GetLane(hn::SumOfLanes(dd, acc));
+#endif
+}
+
+// Σ_j x[j] in double (each vector's lanes promoted and added).
+double SumAsDouble(const float* x, int64_t n) {
+#if HWY_TARGET == HWY_SCALAR
+  double total = 0;
+  for (int64_t j = 0; j < n; ++j) total += x[j];
+  return total;
+#else
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d)), nf = n - n % N;
+  const hn::Repartition<double, DF> dd;
+  auto acc = hn::Zero(dd);
+  for (int64_t j = 0; j < nf; j += N) AddAsDouble(dd, hn::LoadU(d, x + j), acc);
+  if (nf < n) AddAsDouble(dd, LoadTail(d, x + nf, n - nf, 0.0f), acc);
   return hn::GetLane(hn::SumOfLanes(dd, acc));
 #endif
 }
@@ -413,6 +435,7 @@ HWY_EXPORT(IndexerScores);
 HWY_EXPORT(SoftmaxWithSink);
 HWY_EXPORT(ExpScaledSum);
 HWY_EXPORT(MaxValue);
+HWY_EXPORT(SumAsDouble);
 HWY_EXPORT(WeightedRowSum);
 HWY_EXPORT(GatheredDots);
 HWY_EXPORT(Swiglu);
@@ -439,6 +462,10 @@ void softmax_with_sink(float* x, int64_t n, float scale, float sink) {
 double exp_scaled_sum(const float* x, int64_t n, float scale, float shift, float* out) {
   using namespace nn_kernels;
   return n > 0 ? HWY_DYNAMIC_DISPATCH(ExpScaledSum)(x, n, scale, shift, out) : 0.0;
+}
+double sum_as_double(const float* x, int64_t n) {
+  using namespace nn_kernels;
+  return n > 0 ? HWY_DYNAMIC_DISPATCH(SumAsDouble)(x, n) : 0.0;
 }
 float max_value(const float* x, int64_t n) {
   using namespace nn_kernels;

@@ -110,12 +110,14 @@ TEST(NnKernels, ExpScaledSumAndMaxValueMatchReferenceOnEveryTarget) {
         added += got[j];
       }
       EXPECT_NEAR(sum, added, 1e-12 * added) << what;
+      EXPECT_NEAR(ops::sum_as_double(got.data(), n), added, 1e-12 * added) << what;
       if (n > 3) {
         EXPECT_EQ(got[2], 0.0f) << what;
       }
     }
   }
   EXPECT_EQ(ops::max_value(nullptr, 0), -INFINITY);
+  EXPECT_EQ(ops::sum_as_double(nullptr, 0), 0.0);
 }
 
 TEST(NnKernels, WeightedRowSumMatchesReferenceOnEveryTarget) {
