@@ -90,7 +90,7 @@ TEST_P(SpecExactness, TunedKEqualsPlainGreedy) {
     for (int64_t r : got.stats.rounds_at_k) total += r;
     EXPECT_GT(got.stats.rounds_at_k[1], total / 2);
   }
-  // Sampling keeps k fixed: no tuning.
+  // Sampling with a seed to reproduce keeps k fixed: no tuning. Without one, k is tuned as for greedy.
   SamplingParams sp;
   sp.max_tokens = 8;
   sp.temperature = 1.0f;
@@ -98,7 +98,18 @@ TEST_P(SpecExactness, TunedKEqualsPlainGreedy) {
   SpecOptions so;
   so.tune_k = true;
   EXPECT_TRUE(Generator(*model_).generate(prompts[0], sp, so).stats.rounds_at_k.empty());
+  SamplingParams unseeded = sp;
+  unseeded.reproducible = false;
+  unseeded.max_tokens = N;
+  so.round_seconds_for_tests = [](int k, int emitted) { return (k == 1 ? 0.5 : 1.0) * emitted; };
+  const auto tuned = Generator(*model_).generate(prompts[0], unseeded, so);
+  ASSERT_EQ(tuned.stats.rounds_at_k.size(), 4u);
+  int64_t total = 0;
+  for (int64_t r : tuned.stats.rounds_at_k) total += r;
+  EXPECT_GT(tuned.stats.rounds_at_k[1], total / 2);
+  EXPECT_EQ(tuned.ids.size(), size_t(N));
   SpecOptions both = so;
+  both.round_seconds_for_tests = nullptr;
   both.adaptive = true;
   EXPECT_THROW(Generator(*model_).generate(prompts[0], sp, both), Error);
 }

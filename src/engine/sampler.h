@@ -17,6 +17,10 @@ struct SamplingParams {
   float top_p = 1.0f;        // 1: off
   float min_p = 0.0f;        // 0: off
   uint64_t seed = 0;
+  // Whether the seed must give the same output on every run (it was asked for): a sampled request's k then
+  // stays fixed, since the draws a round consumes depend on it. Without (an API request with no seed), k is
+  // tuned by measured speed as for greedy requests; the output is distributed as the target's either way.
+  bool reproducible = true;
   float repetition_penalty = 1.0f;  // HF/vLLM: logit>0 -> /p, else *p, for tokens seen in prompt or output
   float presence_penalty = 0.0f;    // OpenAI: -= presence·[count>0], output tokens only
   float frequency_penalty = 0.0f;   // OpenAI: -= frequency·count, output tokens only

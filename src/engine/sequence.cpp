@@ -29,7 +29,7 @@ Sequence::Sequence(Model& model, Request request)
     if (t < 0 || t >= V_) throw Error("generate: prompt token " + std::to_string(t) + " outside the vocabulary");
   speculate_ = spec.enabled && model.facts().num_mtp_layers > 0;
   k_max_ = speculate_ ? spec.num_speculative_tokens : 0;
-  tuned_ = speculate_ && spec.tune_k && params.greedy();
+  tuned_ = speculate_ && spec.tune_k && (params.greedy() || !params.reproducible);
   if (request_.format.constrained()) {
     const OutputFormat& f = request_.format;
     if (!f.vocab || f.vocab->size() != V_)

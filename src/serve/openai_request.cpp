@@ -115,9 +115,10 @@ void parse_common(const json& body, const ServedModel& m, ApiRequest& r, const n
   r.n = int(integer(body, "n", 1, 1, m.max_n));
   if (field(body, "seed")) {
     p.seed = uint64_t(integer(body, "seed", 0, INT64_MIN, INT64_MAX));
-  } else {
+  } else {  // (no output to reproduce: a sampled request's k may follow measured speed, SamplingParams)
     std::random_device rd;
     p.seed = (uint64_t(rd()) << 32) ^ rd();
+    p.reproducible = false;
   }
   p.stop = stop_strings(body);
   if (!p.stop.empty() && !m.tokenizer) throw bad_field("stop", "'stop' needs a tokenizer; this model has none");

@@ -71,6 +71,7 @@ TEST_F(OpenAIRequest, CompletionFieldsSetTheEngineParameters) {
   EXPECT_EQ(r.params.top_k, 0) << "-1 is off, as in vLLM";
   EXPECT_FLOAT_EQ(r.params.top_p, 0.9f);
   EXPECT_EQ(r.params.seed, 7u);
+  EXPECT_TRUE(r.params.reproducible) << "a seed asked for: k stays fixed";
   EXPECT_EQ(r.params.stop, std::vector<std::string>{"\n"});
   EXPECT_EQ(r.params.stop_token_ids, std::vector<int32_t>{2}) << "the eos ends generation unless ignore_eos";
   EXPECT_EQ(r.n, 2);
@@ -85,6 +86,7 @@ TEST_F(OpenAIRequest, MaxTokensDefaultsToWhatTheContextLeaves) {
   const ApiRequest r = parse_completion_request({{"prompt", json::array({5, 6, 7, 8})}}, model_);
   EXPECT_EQ(r.params.max_tokens, 60);
   EXPECT_FLOAT_EQ(r.params.temperature, 1.0f) << "OpenAI's default temperature";
+  EXPECT_FALSE(r.params.reproducible) << "no seed: a sampled request's k may be tuned";
 }
 
 TEST_F(OpenAIRequest, NumSpeculativeTokensSetsKOrTurnsSpeculationOff) {
