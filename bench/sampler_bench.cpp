@@ -15,22 +15,24 @@
 namespace nextn {
 namespace {
 
-std::vector<float> gaussian_logits(int64_t V) {
+// sd 3: a peaked row (a few hundred tokens hold top_p 0.9); sd 0.3: a nearly flat one, as a random model's
+// (the nucleus is most of the vocabulary).
+std::vector<float> gaussian_logits(int64_t V, float sd = 3.0f) {
   std::mt19937 rng(1);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::normal_distribution<float> normal(0.0f, sd);
   std::vector<float> logits(static_cast<size_t>(V));
   for (float& l : logits) l = normal(rng);
   return logits;
 }
 
-// range(1): 0 temperature alone, 1 top_p 0.9, 2 top_k 50, 3 top_p 0.95 with min_p 0.05
+// range(1): 0 temperature alone, 1 top_p 0.9, 2 top_k 50, 3 top_p 0.95 with min_p 0.05, 4 top_p 0.9 of a flat row
 void BM_SamplerDistribution(benchmark::State& state) {
   const int64_t V = state.range(0);
-  const std::vector<float> logits = gaussian_logits(V);
+  const int64_t mode = state.range(1);
+  const std::vector<float> logits = gaussian_logits(V, mode == 4 ? 0.3f : 3.0f);
   SamplingParams p;
   p.temperature = 0.8f;
-  const int64_t mode = state.range(1);
-  if (mode == 1) p.top_p = 0.9f;
+  if (mode == 1 || mode == 4) p.top_p = 0.9f;
   if (mode == 2) p.top_k = 50;
   if (mode == 3) p.top_p = 0.95f, p.min_p = 0.05f;
   Sampler s(V, p);
@@ -39,10 +41,11 @@ void BM_SamplerDistribution(benchmark::State& state) {
     s.distribution(logits.data(), probs.data());
     benchmark::DoNotOptimize(s.sample(probs.data()));
   }
-  state.SetLabel(mode == 0 ? "temperature" : mode == 1 ? "top_p 0.9" : mode == 2 ? "top_k 50" : "top_p+min_p");
+  const char* labels[] = {"temperature", "top_p 0.9", "top_k 50", "top_p+min_p", "top_p 0.9, flat row"};
+  state.SetLabel(labels[mode]);
 }
 BENCHMARK(BM_SamplerDistribution)
-    ->ArgsProduct({{2048, 32000, 129280}, {0, 1, 2, 3}})
+    ->ArgsProduct({{2048, 32000, 129280}, {0, 1, 2, 3, 4}})
     ->ArgNames({"V", "mode"})
     ->Unit(benchmark::kMicrosecond);
 

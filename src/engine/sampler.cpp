@@ -1,8 +1,11 @@
 #include "engine/sampler.h"
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 #include "ops/ops.h"
@@ -47,7 +50,7 @@ void TokenHistory::pop(int32_t t) {
 }
 
 Sampler::Sampler(int64_t vocab, const SamplingParams& params)
-    : vocab_(vocab), params_(params), rng_(params.seed), order_(vocab) {
+    : vocab_(vocab), params_(params), rng_(params.seed), order_(vocab), order_scratch_(vocab) {
   params_.validate();
 }
 
@@ -101,6 +104,35 @@ uint32_t magnitude_bits(float v) {
   std::memcpy(&bits, &v, sizeof bits);
   return bits & 0x7fffffffu;
 }
+
+// Token `id` (< 2^id_bits) of probability p as a key whose ascending order is the cut's: descending p, ties
+// by ascending id.
+uint64_t order_key(float p, int32_t id, int id_bits) {
+  return uint64_t(~magnitude_bits(p) & 0x7fffffffu) << id_bits | uint32_t(id);
+}
+
+// Ascending sort of keys[0, n) by bytes, least significant first (scratch: n more), skipping the bytes every
+// key shares: a nucleus of tens of thousands of tokens (a flat row under top-p) sorts in a few passes.
+void radix_sort(uint64_t* keys, uint64_t* scratch, int64_t n) {
+  if (n < 256) {
+    std::sort(keys, keys + n);
+    return;
+  }
+  uint64_t differ = 0;  // the bits in which some key differs from the first
+  for (int64_t i = 1; i < n; ++i) differ |= keys[i] ^ keys[0];
+  uint64_t *from = keys, *to = scratch;
+  std::array<uint32_t, 256> count;
+  for (int shift = 0; shift < 64 && (differ >> shift) != 0; shift += 8) {
+    if (((differ >> shift) & 255) == 0) continue;  // (a byte every key shares: the order stays)
+    count.fill(0);
+    for (int64_t i = 0; i < n; ++i) ++count[(from[i] >> shift) & 255];
+    uint32_t at = 0;
+    for (uint32_t& c : count) at += std::exchange(c, at);
+    for (int64_t i = 0; i < n; ++i) to[count[(from[i] >> shift) & 255]++] = from[i];
+    std::swap(from, to);
+  }
+  if (from != keys) std::copy(from, from + n, keys);
+}
 }  // namespace
 
 // The top-k / top-p cut as defined over the whole vocabulary sorted by descending probability (ties by
@@ -115,6 +147,8 @@ void Sampler::truncate_top_k_top_p(float* probs) {
   const int64_t V = vocab_;
   const SamplingParams& p = params_;
   const int64_t limit = p.top_k > 0 ? std::min<int64_t>(p.top_k, V) : V;  // (the prefix rule's bound)
+  const int id_bits = std::max(1, int(std::bit_width(uint64_t(V - 1))));
+  const uint64_t id_mask = (uint64_t(1) << id_bits) - 1;
   // Per binary exponent of probability (the float's exponent field; 0: subnormals): tokens and their mass.
   std::fill(exponent_count_.begin(), exponent_count_.end(), 0);
   std::fill(exponent_mass_.begin(), exponent_mass_.end(), 0.0f);
@@ -136,19 +170,18 @@ void Sampler::truncate_top_k_top_p(float* probs) {
     const uint32_t floor_bits = lowest > 0 ? uint32_t(lowest) << 23 : 1u;  // (exponent 0: the smallest subnormal)
     int64_t n_cand = 0;
     for (int64_t i = 0; i < V; ++i)
-      if (magnitude_bits(probs[i]) >= floor_bits) order_[size_t(n_cand++)] = int32_t(i);
+      if (magnitude_bits(probs[i]) >= floor_bits) order_[size_t(n_cand++)] = order_key(probs[i], int32_t(i), id_bits);
     // (past the first `limit` nothing is kept: those are only partitioned off, not sorted)
-    const auto first = [probs](int32_t a, int32_t b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); };
     const int64_t sorted = std::min(limit, n_cand);
-    if (sorted < n_cand) std::nth_element(order_.begin(), order_.begin() + sorted, order_.begin() + n_cand, first);
-    if (p.top_p < 1.0f) std::sort(order_.begin(), order_.begin() + sorted, first);
+    if (sorted < n_cand) std::nth_element(order_.begin(), order_.begin() + sorted, order_.begin() + n_cand);
+    if (p.top_p < 1.0f) radix_sort(order_.data(), order_scratch_.data(), sorted);
     const bool all_with_mass = lowest == 0;
     int64_t keep = -1;  // decided inside the candidates: how many of them are kept
     if (p.top_p < 1.0f) {
       double cum = 0;
       int64_t n = 0;
       for (; n < std::min(limit, n_cand); ++n) {
-        cum += probs[order_[size_t(n)]];
+        cum += probs[order_[size_t(n)] & id_mask];
         if (cum >= p.top_p) {
           keep = n + 1;
           break;
@@ -159,7 +192,7 @@ void Sampler::truncate_top_k_top_p(float* probs) {
       keep = std::min(limit, n_cand);
     }
     if (keep < 0) continue;
-    for (int64_t i = keep; i < n_cand; ++i) probs[order_[size_t(i)]] = 0.0f;
+    for (int64_t i = keep; i < n_cand; ++i) probs[order_[size_t(i)] & id_mask] = 0.0f;
     for (int64_t i = 0; i < V; ++i)
       if (magnitude_bits(probs[i]) < floor_bits) probs[i] = 0.0f;
     return;

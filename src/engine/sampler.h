@@ -78,7 +78,8 @@ class Sampler {
   int64_t vocab_;
   SamplingParams params_;
   std::mt19937_64 rng_;
-  std::vector<int32_t> order_;  // scratch [V]
+  // scratch [V] each: candidates as order keys (~probability bits << 32 | id: ascending = the cut's order)
+  std::vector<uint64_t> order_, order_scratch_;
   std::array<int64_t, 256> exponent_count_{};  // scratch: tokens per probability exponent
   std::array<float, 256> exponent_mass_{};
 };
