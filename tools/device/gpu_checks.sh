@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks the CUDA backends still owe (P11), in one device call. Here, first:
 #   bash tools/device/pack_cpu_binaries.sh && rm -f devrun/nextn_bench_* && strip devrun/nextn*
-#   tar -cf - devrun | xz --x86 --lzma2=preset=6 -T1 > devrun.tar.xz
+#   tar -cf - devrun | xz --x86 --lzma2=preset=9e -T2 > devrun.tar.xz
+# (9e: ~9 MB where preset 3 gave 14; the device refuses a tree over 64 MiB and the tracked files are ~53 MB)
 # then on the device machine (run's carry: ["devrun.tar.xz"]):
 #   tar -xJf devrun.tar.xz && bash tools/device/gpu_checks.sh [tests|sanitizer|bench|parity|tp|side|kernels ...]
 # (no argument: the first five, in that order). Output goes to stdout and, per step, to $OUT/gpu_checks/*.log.
