@@ -6,14 +6,14 @@
 #include <iterator>
 
 #include "core/error.h"
+#include "ops/ops.h"
 
 namespace nextn {
 
 // The alternatives are picked in one pass, each token compared with the n-th best so far (no [V] index and
 // sort: half a megabyte and 0.2 ms a token at a 129k vocabulary).
 TokenLogprob token_logprob(const float* logits, int64_t V, int32_t token, int top_n) {
-  float mx = -INFINITY;
-  for (int64_t i = 0; i < V; ++i) mx = std::max(mx, logits[i]);
+  const float mx = ops::max_value(logits, V);
   double z = 0;
   for (int64_t i = 0; i < V; ++i) z += std::exp(double(logits[i]) - mx);
   const float lz = static_cast<float>(std::log(z)) + mx;

@@ -180,7 +180,7 @@ void Sampler::truncate_top_k_top_p(float* probs) {
     if (p.top_p < 1.0f) {
       double cum = 0;
       int64_t n = 0;
-      for (; n < std::min(limit, n_cand); ++n) {
+      for (; n < sorted; ++n) {
         cum += probs[order_[size_t(n)] & id_mask];
         if (cum >= p.top_p) {
           keep = n + 1;
@@ -189,7 +189,7 @@ void Sampler::truncate_top_k_top_p(float* probs) {
       }
       if (keep < 0 && (n == limit || all_with_mass)) keep = n;  // (the rule ran to its bound, or only zeros follow)
     } else if (limit <= n_cand || all_with_mass) {
-      keep = std::min(limit, n_cand);
+      keep = sorted;
     }
     if (keep < 0) continue;
     for (int64_t i = keep; i < n_cand; ++i) probs[order_[size_t(i)] & id_mask] = 0.0f;
