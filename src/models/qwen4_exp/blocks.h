@@ -62,7 +62,7 @@ class Qwen4ExpBlocks {
   virtual ~Qwen4ExpBlocks() = default;
 
   // Room for `rows` rows over caches of `positions` positions, so that the decode loop never allocates.
-  virtual void reserve(int64_t rows, int64_t positions) = 0;
+  virtual void reserve(int64_t rows, int64_t positions, int64_t page_tokens) = 0;
   virtual void begin(const Qwen4RowSpan* spans, size_t count) = 0;  // first_row ascending and contiguous
 
   virtual void embed_streams(const Linear& embed) = 0;  // X [S, C·H] = C copies of embed(tokens)

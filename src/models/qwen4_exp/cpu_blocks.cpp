@@ -65,7 +65,7 @@ void grow(V& v, int64_t n) {
 
 }  // namespace
 
-void Qwen4CpuBlocks::reserve(int64_t rows, int64_t positions) {
+void Qwen4CpuBlocks::reserve(int64_t rows, int64_t positions, int64_t /*page_tokens*/) {
   ensure_rows(std::max<int64_t>(rows, 1));
   ensure_thread_scratch(std::max<int64_t>(positions, 1));
   spans_.reserve(static_cast<size_t>(rows));

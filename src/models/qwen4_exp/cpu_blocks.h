@@ -26,7 +26,7 @@ class Qwen4CpuBlocks final : public Qwen4ExpBlocks {
   // order, the logits gathered from every rank's vocabulary part. Every rank calls every block.
   void set_tensor_parallel(Communicator* comm, std::vector<UnitRange> vocab) { tp_.set(comm, std::move(vocab)); }
 
-  void reserve(int64_t rows, int64_t positions) override;
+  void reserve(int64_t rows, int64_t positions, int64_t page_tokens) override;
   void begin(const Qwen4RowSpan* spans, size_t count) override;
   void embed_streams(const Linear& embed) override;
   void ple_add(const PleWeights& p, int layer) override;

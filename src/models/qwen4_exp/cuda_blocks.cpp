@@ -196,9 +196,23 @@ void Qwen4CudaBlocks::ensure_workspace(int64_t S, int64_t P) {
   stream_rows_.reserve(S * CH);
 }
 
-void Qwen4CudaBlocks::reserve(int64_t rows, int64_t positions) {
+void Qwen4CudaBlocks::reserve(int64_t rows, int64_t positions, int64_t page_tokens) {
+  rows = std::max<int64_t>(rows, 1);
+  positions = std::max<int64_t>(positions, 1);
   ws_ = workspaces_.for_steps(rows);
-  ensure_workspace(std::max<int64_t>(rows, 1), std::max<int64_t>(positions, 1));
+  ensure_workspace(rows, positions);
+  // The per-forward uploads of `rows` rows (upload_rows's layout), each a span of its own with its page table,
+  // and the padding span's: a buffer that grows later forgets every graph recorded with it.
+  const int64_t pt = std::max<int64_t>(page_tokens, 1), pages = (positions + pt - 1) / pt;
+  int64_t ple_layers = 0;
+  for (const PleWeights* p : ple_layers_) ple_layers += p != nullptr;
+  const int64_t ints = (14 + ple_layers * cfg_.ngram_heads() + forced_stride_) * rows + (rows + 1) * (pages + 1);
+  Workspace& w = *ws_;
+  if (w.meta_i32.bytes() < size_t(ints) * sizeof(int32_t) || w.meta_i64.bytes() < size_t(3 * rows) * sizeof(int64_t)) {
+    grow_device<int32_t>(w.meta_i32, ints);
+    grow_device<int64_t>(w.meta_i64, 3 * rows);
+    if (workspaces_.graphs_hold(ws_)) graphs_.forget("the upload buffers grew");
+  }
 }
 
 // A sequence's state slots on the device, zeroed (the state of length 0) at its first forward; its buffer comes

@@ -33,7 +33,7 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
                   Uploads uploads = Uploads::kAll);
   ~Qwen4CudaBlocks() override;
 
-  void reserve(int64_t rows, int64_t positions) override;
+  void reserve(int64_t rows, int64_t positions, int64_t page_tokens) override;
   void begin(const Qwen4RowSpan* spans, size_t count) override;
   void embed_streams(const Linear& embed) override;
   void ple_add(const PleWeights& p, int layer) override;

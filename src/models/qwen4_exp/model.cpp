@@ -418,8 +418,8 @@ int64_t Qwen4ExpModel::prepare_forwards(int64_t rows, int64_t positions) {
 }
 
 void Qwen4ExpModel::reserve_batch(int64_t rows, int64_t positions) {
-  blocks_->reserve(rows, positions);
-  if (shard_) target_blocks().reserve(rows, positions);
+  blocks_->reserve(rows, positions, memory_.page_tokens);
+  if (shard_) target_blocks().reserve(rows, positions, memory_.page_tokens);
   spans_.reserve(static_cast<size_t>(rows));
 }
 
