@@ -204,9 +204,7 @@ void Qwen4CudaBlocks::reserve(int64_t rows, int64_t positions, int64_t page_toke
   // The per-forward uploads of `rows` rows (upload_rows's layout), each a span of its own with its page table,
   // and the padding span's: a buffer that grows later forgets every graph recorded with it.
   const int64_t pt = std::max<int64_t>(page_tokens, 1), pages = (positions + pt - 1) / pt;
-  int64_t ple_layers = 0;
-  for (const PleWeights* p : ple_layers_) ple_layers += p != nullptr;
-  const int64_t ints = (14 + ple_layers * cfg_.ngram_heads() + forced_stride_) * rows + (rows + 1) * (pages + 1);
+  const int64_t ints = fixed_upload_ints(rows, true) + (rows + 1) * (pages + 1);
   Workspace& w = *ws_;
   if (w.meta_i32.bytes() < size_t(ints) * sizeof(int32_t) || w.meta_i64.bytes() < size_t(3 * rows) * sizeof(int64_t)) {
     grow_device<int32_t>(w.meta_i32, ints);
@@ -269,6 +267,14 @@ void Qwen4CudaBlocks::begin(const Qwen4RowSpan* spans, size_t count) {
   upload_rows();
 }
 
+// The int32 part of upload_rows's layout before the page tables, for S rows: 14 [S] fields, the PLE layers'
+// [S, ngram heads] table rows, and the forced selections [S, forced_stride_] when any row is forced.
+int64_t Qwen4CudaBlocks::fixed_upload_ints(int64_t S, bool forced) const {
+  int64_t ple_layers = 0;
+  for (const PleWeights* p : ple_layers_) ple_layers += p != nullptr;
+  return (14 + ple_layers * cfg_.ngram_heads() + (forced ? forced_stride_ : 0)) * S;
+}
+
 // One upload of the rows' facts, at offsets set by the rows S alone (a recorded forward reads them there):
 // int32 [S] each: tokens, span, slot, position, logit rows, QSA blocks a row sees, the position of the block it
 // completes, forced count, forced-from, (unused), then [S] (at most a span a row) each: page size, first row,
@@ -280,9 +286,7 @@ void Qwen4CudaBlocks::upload_rows() {
   const Qwen4ExpConfig& c = cfg_;
   const int64_t S = S_, n = int64_t(spans_.size()), ratio = std::max<int64_t>(c.indexer_compress_ratio, 1);
   const int heads = c.ngram_heads();
-  int64_t ple_layers = 0;
-  for (const PleWeights* p : ple_layers_) ple_layers += p != nullptr;
-  const int64_t forced_at = 14 * S + ple_layers * S * heads, fixed = forced_at + (any_forced_ ? S * forced_stride_ : 0);
+  const int64_t forced_at = fixed_upload_ints(S, false), fixed = fixed_upload_ints(S, any_forced_);
   std::vector<int32_t>& m = meta_i32_;
   m.assign(size_t(fixed), 0);
   int32_t *tokens = m.data(), *span = tokens + S, *slot = span + S, *pos = slot + S, *logit_rows = pos + S;

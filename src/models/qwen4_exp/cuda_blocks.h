@@ -69,6 +69,7 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   void ensure_workspace(int64_t rows, int64_t positions);
   void attach_state(Qwen4ExpSequence& seq);
   void upload_rows();
+  int64_t fixed_upload_ints(int64_t S, bool forced) const;
   bool replay_or_record(uintptr_t which);
   // X [rows, C·H] -> x [rows, H] (and the injection gates [rows, C] when inj is not null), as cpu_blocks.cpp.
   void mix(const GatedResidualWeights& g, const float* X, int64_t rows, float* x, float* inj);
