@@ -469,16 +469,31 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4O
   const bool run_indexer = !all_forced_ && a.has_indexer;
   const float* xn = w.xn.f32();
 
-  // The projections of xn in one launch where the kernels allow (the indexer's key and head weights too).
-  ops::MatmulOut xn_outs[5] = {{&dev(a.gate_proj), w.gate.f32()},     // [S, nh*v]
-                               {&dev(a.q_a_proj), w.q_resid.f32()},   // [S, q_lora]
-                               {&dev(a.kv_a_proj), w.kv_a.f32()}};    // [S, kvl + rope]
-  int64_t n_xn = 3;
+  // Two paths from xn meet at the indexer's scores: the keys' (kv_a, the indexer's key and head weights, and
+  // the cache writes) runs as a branch beside the queries' (the output gate and q_a, q_a's norm, q_b and the
+  // indexer's query weights, RoPE, and W_kb's absorption), so that their small and narrow kernels overlap
+  // (not while profiling: BlockTimer waits for the device between sections).
+  const bool branch = cuda::branches_on() && !profile::enabled();
+  if (branch) cuda::branch_begin();
+  ops::MatmulOut key_outs[3] = {{&dev(a.kv_a_proj), w.kv_a.f32()}};  // [S, kvl + rope]
   if (run_indexer) {
-    xn_outs[n_xn++] = {&dev(a.indexer.wk), w.ik.f32()};            // [S, ihd]
-    xn_outs[n_xn++] = {&dev(a.indexer.weights_proj), w.iw.f32()};  // [S, nih]
+    key_outs[1] = {&dev(a.indexer.wk), w.ik.f32()};            // [S, ihd]
+    key_outs[2] = {&dev(a.indexer.weights_proj), w.iw.f32()};  // [S, nih]
   }
-  cuda::matmul_many(xn, S, xn_outs, n_xn);
+  cuda::matmul_many(xn, S, key_outs, run_indexer ? 3 : 1);
+  // The cached key [kr]: kv_a_layernorm(latent) | rotated rope part, written at each row's slot.
+  cuda::write_key_rows(w.kv_a.f32(), S, kr, kr, {dev(a.kv_a_norm), nullptr, eps, kvl}, kvl, rope, inv_freq, af, rc_,
+                       key_plane);
+  if (run_indexer) {  // (the indexer rotates the *last* rope dims of its heads; its key is layer-normed first)
+    const int64_t ihd = c.index_head_dim;
+    cuda::write_key_rows(w.ik.f32(), S, ihd, ihd, {dev(a.indexer.k_norm_w), dev(a.indexer.k_norm_b), eps, ihd},
+                         ihd - rope, rope, inv_freq, af, rc_, index_plane);
+  }
+  if (branch) cuda::branch_end();
+
+  ops::MatmulOut query_outs[2] = {{&dev(a.gate_proj), w.gate.f32()},    // [S, nh*v]
+                                  {&dev(a.q_a_proj), w.q_resid.f32()}};  // [S, q_lora]
+  cuda::matmul_many(xn, S, query_outs, 2);
   cuda::rms_norm_rows(w.q_resid.f32(), S, c.q_lora_rank, c.q_lora_rank, dev(a.q_a_norm), eps, w.q_resid.f32(),
                       c.q_lora_rank);
   // q_b and the indexer's query weights read the same normalized rows: one launch where the kernels allow.
@@ -486,21 +501,23 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4O
   if (run_indexer) q_outs[1] = {&dev(a.indexer.wq_b), w.iq.f32()};  // [S, nih*ihd]
   cuda::matmul_many(w.q_resid.f32(), S, q_outs, run_indexer ? 2 : 1);
   cuda::rope_rows(w.q.f32(), S, nh, nh * qkd, qkd, nope, rope, pos, inv_freq, af);
-  // The cached key [kr]: kv_a_layernorm(latent) | rotated rope part, written at each row's slot.
-  cuda::write_key_rows(w.kv_a.f32(), S, kr, kr, {dev(a.kv_a_norm), nullptr, eps, kvl}, kvl, rope, inv_freq, af, rc_,
-                       key_plane);
+  if (run_indexer) {
+    const int64_t nih = c.index_n_heads, ihd = c.index_head_dim;
+    cuda::rope_rows(w.iq.f32(), S, nih, nih * ihd, ihd, ihd - rope, rope, pos, inv_freq, af);
+  }
+  // Absorbed: q_cat [S, nh, kr] = [W_kb[h]ᵀ q_nope, q_rope]; o_lat [S, nh, kvl] over the selected keys;
+  // out [S, nh, v] = o_lat · W_vb[h]ᵀ, times the sigmoid gate.
+  const Linear& kvb = dev(a.kv_b_proj);
+  float* qcat = w.qcat.f32();
+  cuda::matmul_transposed_heads(w.q.f32(), S, nh * qkd, qkd, kvb, 0, nope + vd, nope, nh, qcat, nh * kr, kr, rope);
+  if (branch) cuda::branch_join();
 
   const int64_t K = topk_stride();
   int32_t* topk = device_as<int32_t>(w.topk);  // [S, K] slots, ascending (kept for the layers that share it)
   int32_t* count = device_as<int32_t>(w.topk_count);
   timer.next(kIndexer);
   if (run_indexer) {
-    const IndexerWeights& ix = a.indexer;
     const int64_t nih = c.index_n_heads, ihd = c.index_head_dim;
-    // The indexer rotates the *last* rope dims of its heads; its key is layer-normed first.
-    cuda::rope_rows(w.iq.f32(), S, nih, nih * ihd, ihd, ihd - rope, rope, pos, inv_freq, af);
-    cuda::write_key_rows(w.ik.f32(), S, ihd, ihd, {dev(ix.k_norm_w), dev(ix.k_norm_b), eps, ihd}, ihd - rope, rope,
-                         inv_freq, af, rc_, index_plane);
     // (the head weights scaled by 1/sqrt(heads) and 1/sqrt(dim) as the scores' kernel reads them)
     cuda::indexer_scores(w.iq.f32(), w.iw.f32(), S, nih, ihd, rc_, index_plane, w.positions, w.scores.f32(),
                          w.positions, 1.0f / std::sqrt(float(nih)), 1.0f / std::sqrt(float(ihd)));
@@ -509,12 +526,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4O
   if (any_forced_)
     cuda::override_selection(topk, count, S, K, device_as<int32_t>(w.forced), device_as<int32_t>(w.meta_i32) + 4 * S);
 
-  // Absorbed: q_cat [S, nh, kr] = [W_kb[h]ᵀ q_nope, q_rope]; o_lat [S, nh, kvl] over the selected keys;
-  // out [S, nh, v] = o_lat · W_vb[h]ᵀ, times the sigmoid gate.
   timer.next(kSparseMla);
-  const Linear& kvb = dev(a.kv_b_proj);
-  float* qcat = w.qcat.f32();
-  cuda::matmul_transposed_heads(w.q.f32(), S, nh * qkd, qkd, kvb, 0, nope + vd, nope, nh, qcat, nh * kr, kr, rope);
   cuda::sparse_mla(qcat, S, nh, kvl, rope, topk, K, count, rc_, key_plane, float(c.attn_scale), dev(a.sinks),
                    w.mla_part.f32(), w.olat.f32());
   cuda::matmul_heads(w.olat.f32(), S, nh * kvl, kvl, kvb, nope, nope + vd, vd, nh, w.vout.f32(), nh * vd, vd);
@@ -568,6 +580,13 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F, HYV4Out out) {
   // per matrix, and each token adding its experts' outputs in ascending expert order (as the CPU backend).
   const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, I = c.moe_intermediate_size, SK = S * k;
   const ExpertTables& t = experts_.at(&F);
+  // The shared expert runs as a branch beside the routing and the routed experts; they meet at the combine.
+  const bool branch = F.has_shared && cuda::branches_on() && !profile::enabled();
+  if (F.has_shared) {
+    if (branch) cuda::branch_begin();
+    swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), w.shared_out.f32());
+    if (branch) cuda::branch_end();
+  }
   cuda::matmul(x, S, dev(F.router), w.router.f32());  // [S, E]
   const cuda::MoeRouting r = moe_routing(c);
   int32_t* ids = device_as<int32_t>(w.moe_i32);  // [S, k] | token_of [S·k] | row_of [S, k] | first [E + 1]
@@ -584,8 +603,7 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F, HYV4Out out) {
     cuda::swiglu(w.expert_a.f32(), w.expert_b.f32(), SK * I, float(c.swiglu_limit), w.expert_a.f32());
     cuda::grouped_matmul(w.expert_a.f32(), t.down, held, SK, w.expert_out.f32());  // [S·k, H]
   }
-  if (F.has_shared)
-    swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), w.shared_out.f32());
+  if (branch) cuda::branch_join();
   cuda::moe_combine(w.expert_out.f32(), row_of, w.moe_f32.f32(), S, k, H, F.has_shared ? w.shared_out.f32() : nullptr,
                     y, sink);
   if (tp_.active()) reduce_and_deliver(out);

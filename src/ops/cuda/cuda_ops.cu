@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -343,10 +345,10 @@ struct MmaTargets {
 // 128-byte lines), the lanes then read their pieces from a swizzled layout (piece p of row r at p ^ 4 (r & 1):
 // conflict-free for the MMA order's reads), with a __syncwarp between copies and reads. The sums depend only
 // on K (which warp takes which k), not on the copy pattern or the stages.
-template <int TILES, int WARPS, int K>
+template <int TILES, int WARPS, int K, int STAGES = K == 64 ? 4 : 2>
 struct MmaShape {
   static constexpr int kTiles = TILES, kWarps = WARPS, kChunk = K, kSub = K / kMmaChunk;
-  static constexpr int kStages = K == 64 ? 4 : 2;
+  static constexpr int kStages = STAGES;
   static constexpr bool kRowPieces = K == 128;
   static constexpr int kStageUint4 = TILES * kMmaTileRows * K / 16;  // a warp's staged weights per stage
   static constexpr int kRowPtrs = kRowPieces ? 4 : 2;                 // weight rows a lane copies from a tile
@@ -656,8 +658,25 @@ bool fp8_mma_takes(const DeviceWeight& w) {
 // (docs/performance.md, thirty-fourth session). Narrow matrices read them too where rows are 8192 or more wide
 // (each of the 32 warps then has 2+ chunks): 4096 x 14336 and 2048 x 16384 +9% / +10% at M = 1, 2-8% at M = 2-4;
 // narrower rows keep 64-k chunks. NEXTN_CUDA_FP8_CHUNK=64 gives every weight 64-k chunks (for measuring).
-enum class MmaKind { kNarrow64, kNarrow128, kWide64, kWide128 };
-int mma_tiles(MmaKind k) { return k == MmaKind::kNarrow64 || k == MmaKind::kNarrow128 ? 1 : 2; }
+// A weight's launch shape: tiles a block, warps a block, k a chunk, stages. Only the warps and the chunk set
+// the order of its sums; the tiles and the stages change no bit.
+struct MmaKind {
+  int tiles, warps, chunk, stages;
+  bool operator==(const MmaKind& o) const {
+    return tiles == o.tiles && warps == o.warps && chunk == o.chunk && stages == o.stages;
+  }
+  bool operator!=(const MmaKind& o) const { return !(*this == o); }
+};
+
+// (experiment switch) NEXTN_CUDA_FP8_MEDIUM="tiles,warps,chunk,stages": the shape of the wide weights of fewer
+// than NEXTN_CUDA_FP8_MEDIUM_BYTES (default 64 MiB) bytes; NEXTN_CUDA_FP8_NARROW likewise for the narrow ones.
+std::optional<MmaKind> env_kind(const char* name) {
+  const char* e = std::getenv(name);
+  MmaKind k{};
+  if (!e || std::sscanf(e, "%d,%d,%d,%d", &k.tiles, &k.warps, &k.chunk, &k.stages) != 4) return std::nullopt;
+  return k;
+}
+
 MmaKind mma_kind(const DeviceWeight& w) {
   static const bool only64 = env_is("NEXTN_CUDA_FP8_CHUNK", "64");
   const bool lines = !only64 && w.in % 128 == 0 && w.block_in % 128 == 0;
@@ -669,9 +688,18 @@ MmaKind mma_kind(const DeviceWeight& w) {
     const char* e = std::getenv("NEXTN_CUDA_FP8_NARROW_ROWS");
     return e && *e ? int64_t(std::atoll(e)) : kMmaTileRows * int64_t(multiprocessors());
   }();
-  if (w.out < narrow_below)
-    return lines && w.in >= 8192 ? MmaKind::kNarrow128 : MmaKind::kNarrow64;
-  return lines ? MmaKind::kWide128 : MmaKind::kWide64;
+  static const std::optional<MmaKind> medium = env_kind("NEXTN_CUDA_FP8_MEDIUM");
+  static const std::optional<MmaKind> narrow = env_kind("NEXTN_CUDA_FP8_NARROW");
+  static const int64_t medium_below = [] {
+    const char* e = std::getenv("NEXTN_CUDA_FP8_MEDIUM_BYTES");
+    return e && *e ? int64_t(std::atoll(e)) : int64_t(64) << 20;
+  }();
+  if (w.out < narrow_below) {
+    if (narrow && (narrow->chunk == 64 || lines)) return *narrow;
+    return lines && w.in >= 8192 ? MmaKind{1, 32, 128, 2} : MmaKind{1, 32, 64, 4};
+  }
+  if (medium && w.out * w.in < medium_below && (medium->chunk == 64 || lines)) return *medium;
+  return lines ? MmaKind{2, 8, 128, 2} : MmaKind{2, 8, 64, 4};
 }
 
 // One launch for up to kMaxMmaTargets weights of x's width (each taking the tensor-core path) and one MmaKind
@@ -685,7 +713,7 @@ void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight* c
   MmaTargets targets{};
   targets.n = n;
   const MmaKind kind = mma_kind(*w[0]);
-  const int64_t rows_per_block = mma_tiles(kind) * kMmaTileRows;
+  const int64_t rows_per_block = kind.tiles * kMmaTileRows;
   unsigned blocks = 0;
   for (int i = 0; i < n; ++i) {
     targets.w[i] = *w[i];
@@ -696,12 +724,19 @@ void launch_fp8_mma(const float* x, int64_t M, int64_t xs, const DeviceWeight* c
   }
   targets.first_block[n] = blocks;
   auto go = [&](auto shape) { launch_fp8_mma_tiles<decltype(shape)>(targets, x, M, xs, x_vectors, sink); };
-  switch (kind) {
-    case MmaKind::kNarrow64: go(MmaShape<1, 32, 64>{}); break;
-    case MmaKind::kNarrow128: go(MmaShape<1, 32, 128>{}); break;
-    case MmaKind::kWide64: go(MmaShape<2, 8, 64>{}); break;
-    case MmaKind::kWide128: go(MmaShape<2, 8, 128>{}); break;
-  }
+  const auto is = [&](int t, int wp, int c, int st) { return kind == MmaKind{t, wp, c, st}; };
+  if (is(1, 32, 64, 4)) go(MmaShape<1, 32, 64>{});
+  else if (is(1, 32, 128, 2)) go(MmaShape<1, 32, 128>{});
+  else if (is(2, 8, 64, 4)) go(MmaShape<2, 8, 64>{});
+  else if (is(2, 8, 128, 2)) go(MmaShape<2, 8, 128>{});
+  else if (is(1, 8, 128, 2)) go(MmaShape<1, 8, 128, 2>{});
+  else if (is(1, 8, 128, 3)) go(MmaShape<1, 8, 128, 3>{});
+  else if (is(1, 8, 128, 4)) go(MmaShape<1, 8, 128, 4>{});
+  else if (is(2, 8, 128, 3)) go(MmaShape<2, 8, 128, 3>{});
+  else if (is(1, 16, 128, 2)) go(MmaShape<1, 16, 128, 2>{});
+  else if (is(1, 16, 64, 4)) go(MmaShape<1, 16, 64, 4>{});
+  else if (is(1, 8, 64, 4)) go(MmaShape<1, 8, 64, 4>{});
+  else throw Error("cuda: no FP8 kernel of the shape NEXTN_CUDA_FP8_MEDIUM / NARROW ask for");
 }
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------------
@@ -975,7 +1010,63 @@ void Graph::launch() const {
   check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cudaStreamPerThread), "graph launch");
 }
 
+namespace {
+
+// The thread's side stream and the events that fork it from and join it to the thread's stream (created on
+// first use and kept for the thread's life: CUDA may be torn down before thread-local destructors run).
+struct BranchState {
+  cudaStream_t side = nullptr;
+  cudaEvent_t forked = nullptr, done = nullptr;
+  bool in_side = false;
+};
+BranchState& branch_state() {
+  thread_local BranchState s;
+  return s;
+}
+
+}  // namespace
+
+void* launch_stream() {
+  const BranchState& b = branch_state();
+  return b.in_side ? b.side : cudaStreamPerThread;
+}
+
+bool branches_on() {
+  static const bool on = env_is("NEXTN_CUDA_BRANCHES", "1");
+  return on;
+}
+
+void branch_begin() {
+  if (!branches_on()) return;
+  BranchState& b = branch_state();
+  if (b.in_side) throw Error("cuda::branch_begin: a branch is already open");
+  if (!b.side) {
+    check(cudaStreamCreate(&b.side), "cudaStreamCreate");
+    check(cudaEventCreateWithFlags(&b.forked, cudaEventDisableTiming), "cudaEventCreate");
+    check(cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming), "cudaEventCreate");
+  }
+  check(cudaEventRecord(b.forked, cudaStreamPerThread), "cudaEventRecord");
+  check(cudaStreamWaitEvent(b.side, b.forked, 0), "cudaStreamWaitEvent");
+  b.in_side = true;
+}
+
+void branch_end() {
+  if (!branches_on()) return;
+  BranchState& b = branch_state();
+  if (!b.in_side) throw Error("cuda::branch_end: no branch is open");
+  b.in_side = false;
+  check(cudaEventRecord(b.done, b.side), "cudaEventRecord");
+}
+
+void branch_join() {
+  if (!branches_on()) return;
+  BranchState& b = branch_state();
+  if (b.in_side) throw Error("cuda::branch_join: the branch was not ended");
+  if (b.side) check(cudaStreamWaitEvent(cudaStreamPerThread, b.done, 0), "cudaStreamWaitEvent");
+}
+
 void begin_capture() {
+  branch_state().in_side = false;
   check(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal), "begin capture");
 }
 
@@ -992,6 +1083,7 @@ Graph end_capture() {
 }
 
 void abandon_capture() {
+  branch_state().in_side = false;
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(cudaStreamPerThread, &status) != cudaSuccess || status == cudaStreamCaptureStatusNone) return;
   cudaGraph_t g = nullptr;

@@ -118,6 +118,16 @@ void begin_capture();
 Graph end_capture();
 void abandon_capture();  // ends a recording left open (a forward that threw), discarding it
 
+// A branch: the kernels a thread queues between branch_begin() and branch_end() go to a second stream, where
+// they follow everything queued before branch_begin() and run beside what the thread queues after
+// branch_end(); after branch_join() the thread's kernels follow the branch's too. (A graph records the two
+// streams as two branches of its dependency graph.) On where NEXTN_CUDA_BRANCHES=1; off, every call does
+// nothing and the kernels run in the order queued.
+bool branches_on();
+void branch_begin();
+void branch_end();
+void branch_join();
+
 // Seconds per call of fn(), averaged over `iters` calls after one warm-up, timed with device events.
 double time_device(int iters, void (*fn)(void*), void* arg);
 // Device-to-device copy bandwidth in GB/s ((read + write bytes) / time) over a `bytes` buffer: the most a

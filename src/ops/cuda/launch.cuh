@@ -19,6 +19,9 @@
 #include "ops/cuda/device_weight.cuh"
 
 namespace nextn::cuda {
+
+void* launch_stream();  // the stream the thread's kernels go to now (cuda_ops.cu: branch_begin / branch_end)
+
 namespace {
 
 // Waits until the kernel before this one has finished and its writes are visible, then lets the next
@@ -117,7 +120,7 @@ void launch_kernel_clustered(void (*kernel)(Params...), dim3 grid, dim3 cluster,
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = smem;
-  config.stream = cudaStreamPerThread;
+  config.stream = static_cast<cudaStream_t>(launch_stream());
   config.attrs = attrs;
   config.numAttrs = n;
   check(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...), what);

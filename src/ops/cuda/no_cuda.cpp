@@ -39,6 +39,10 @@ void Graph::launch() const { unavailable(); }
 void begin_capture() { unavailable(); }
 Graph end_capture() { unavailable(); }
 void abandon_capture() {}
+bool branches_on() { return false; }
+void branch_begin() {}
+void branch_end() {}
+void branch_join() {}
 double time_device(int, void (*)(void*), void*) { unavailable(); }
 double copy_bandwidth_gbps(size_t, int) { unavailable(); }
 
