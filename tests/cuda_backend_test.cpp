@@ -220,6 +220,25 @@ TEST_P(CudaHYV4, SequencesDecodedTogetherMatchEachAloneUpToSixtyFour) {
   }
 }
 
+// Kernel branches (cuda::branch_begin: the key path beside the query path, the shared expert beside the routed
+// ones) change when kernels run, never a value: a prefill and decode steps (graph replays) with them give the
+// bits of the same forwards without.
+TEST_P(CudaHYV4, KernelBranchesChangeNoBit) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const std::string dir = GetParam();
+  const cuda_test::BranchesRestored restore;
+  ForwardRun runs[2];
+  for (int on = 0; on < 2; ++on) {
+    cuda::set_branches(on == 1);
+    HYV4Model m(dir, &pool_);
+    m.use_device(Device::kCuda);
+    runs[on] = prefill_and_decode(m, prompt_for(m, dir), random_prompt(6, m.config().vocab_size, 7));
+  }
+  EXPECT_TRUE(cuda_test::same_bits(runs[0].logits, runs[1].logits)) << "prefill logits";
+  EXPECT_TRUE(cuda_test::same_bits(runs[0].hidden, runs[1].hidden)) << "prefill hidden states";
+  EXPECT_TRUE(cuda_test::same_bits(runs[0].decode, runs[1].decode)) << "decode logits";
+}
+
 TEST_P(CudaHYV4, PreparedForwardsLeaveABatchNoOneOffWorkAndChangeNoBit) {
   NEXTN_SKIP_WITHOUT_CUDA();
   testing::check_prepared_forwards(*load_on_gpu(GetParam(), &pool_), *load_on_gpu(GetParam(), &pool_));

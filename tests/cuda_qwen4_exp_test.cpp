@@ -234,6 +234,26 @@ TEST_P(CudaQwen4Exp, DecodeStepsEqualAFullRecomputeBitForBit) {
   }
 }
 
+// Kernel branches (cuda::branch_begin: the selection beside the queries' and keys' norms, the shared expert
+// beside the routed ones) change when kernels run, never a value: a prefill and decode steps with them give the
+// bits of the same forwards without.
+TEST_P(CudaQwen4Exp, KernelBranchesChangeNoBit) {
+  NEXTN_SKIP_WITHOUT_CUDA();
+  const std::string dir = GetParam();
+  const cuda_test::BranchesRestored restore;
+  ForwardRun runs[2];
+  for (int on = 0; on < 2; ++on) {
+    cuda::set_branches(on == 1);
+    Qwen4ExpModel m(dir, &pool_);
+    m.use_device(Device::kCuda);
+    runs[on] = prefill_and_decode(m, prompt_for(m, dir), random_prompt(6, m.config().vocab_size, 7));
+  }
+  EXPECT_TRUE(cuda_test::same_bits(runs[0].logits, runs[1].logits)) << "prefill logits";
+  EXPECT_TRUE(cuda_test::same_bits(runs[0].hidden, runs[1].hidden)) << "prefill streams";
+  EXPECT_TRUE(cuda_test::same_bits(runs[0].decode, runs[1].decode)) << "decode logits";
+  EXPECT_TRUE(cuda_test::same_bits(runs[0].decode_hidden, runs[1].decode_hidden)) << "decode streams";
+}
+
 // Forwards of 9..16 rows all run as 16 (padding rows after the real ones, forward_graphs.h): one shape, so one
 // eager run and one recording, then replays; and the padding changes no real row: a prompt's first n rows are
 // the bits of the same rows in the unpadded 16-row forward.

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -1018,10 +1019,16 @@ struct BranchState {
   cudaStream_t side = nullptr;
   cudaEvent_t forked = nullptr, done = nullptr;
   bool in_side = false;
+  int joins_owed = 0;  // (a branch ended and not yet joined)
 };
 BranchState& branch_state() {
   thread_local BranchState s;
   return s;
+}
+
+void close_branch() {
+  branch_state().in_side = false;
+  branch_state().joins_owed = 0;
 }
 
 }  // namespace
@@ -1031,15 +1038,17 @@ void* launch_stream() {
   return b.in_side ? b.side : cudaStreamPerThread;
 }
 
-bool branches_on() {
-  static const bool on = env_is("NEXTN_CUDA_BRANCHES", "1");
+std::atomic<bool>& branches_switch() {
+  static std::atomic<bool> on{env_is("NEXTN_CUDA_BRANCHES", "1")};
   return on;
 }
+bool branches_on() { return branches_switch().load(std::memory_order_relaxed); }
+void set_branches(bool on) { branches_switch().store(on, std::memory_order_relaxed); }
 
 void branch_begin() {
   if (!branches_on()) return;
   BranchState& b = branch_state();
-  if (b.in_side) throw Error("cuda::branch_begin: a branch is already open");
+  if (b.in_side) close_branch();  // (one left open by a forward that threw: this forward starts afresh)
   if (!b.side) {
     check(cudaStreamCreate(&b.side), "cudaStreamCreate");
     check(cudaEventCreateWithFlags(&b.forked, cudaEventDisableTiming), "cudaEventCreate");
@@ -1051,22 +1060,23 @@ void branch_begin() {
 }
 
 void branch_end() {
-  if (!branches_on()) return;
   BranchState& b = branch_state();
-  if (!b.in_side) throw Error("cuda::branch_end: no branch is open");
+  if (!b.in_side) return;  // (branches off when it began)
   b.in_side = false;
+  b.joins_owed = 1;
   check(cudaEventRecord(b.done, b.side), "cudaEventRecord");
 }
 
 void branch_join() {
-  if (!branches_on()) return;
   BranchState& b = branch_state();
   if (b.in_side) throw Error("cuda::branch_join: the branch was not ended");
-  if (b.side) check(cudaStreamWaitEvent(cudaStreamPerThread, b.done, 0), "cudaStreamWaitEvent");
+  if (b.joins_owed == 0) return;
+  b.joins_owed = 0;
+  check(cudaStreamWaitEvent(cudaStreamPerThread, b.done, 0), "cudaStreamWaitEvent");
 }
 
 void begin_capture() {
-  branch_state().in_side = false;
+  close_branch();  // (one left open by a forward that threw)
   check(cudaStreamBeginCapture(cudaStreamPerThread, cudaStreamCaptureModeThreadLocal), "begin capture");
 }
 
@@ -1083,7 +1093,7 @@ Graph end_capture() {
 }
 
 void abandon_capture() {
-  branch_state().in_side = false;
+  close_branch();  // (one left open by a forward that threw)
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(cudaStreamPerThread, &status) != cudaSuccess || status == cudaStreamCaptureStatusNone) return;
   cudaGraph_t g = nullptr;

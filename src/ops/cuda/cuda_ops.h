@@ -124,6 +124,7 @@ void abandon_capture();  // ends a recording left open (a forward that threw), d
 // streams as two branches of its dependency graph.) On where NEXTN_CUDA_BRANCHES=1; off, every call does
 // nothing and the kernels run in the order queued.
 bool branches_on();
+void set_branches(bool on);  // (for tests: the same bits either way)
 void branch_begin();
 void branch_end();
 void branch_join();

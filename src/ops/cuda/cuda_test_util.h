@@ -47,6 +47,15 @@ std::vector<T> to_host(const cuda::DeviceBuffer& b, size_t n) {
 }
 
 inline bool same_bits(const float* a, const float* b, size_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && same_bits(a.data(), b.data(), a.size());
+}
+
+// Puts cuda::branches_on() back as it was when the test ends (tests that switch it).
+struct BranchesRestored {
+  const bool was = cuda::branches_on();
+  ~BranchesRestored() { cuda::set_branches(was); }
+};
 
 // |got - want| <= tol · (1 + |want|) for every element (relative for large values, absolute near zero). NaN fails.
 inline ::testing::AssertionResult near_all(const float* got, const float* want, size_t n, double tol) {

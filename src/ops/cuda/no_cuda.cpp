@@ -40,6 +40,7 @@ void begin_capture() { unavailable(); }
 Graph end_capture() { unavailable(); }
 void abandon_capture() {}
 bool branches_on() { return false; }
+void set_branches(bool) {}
 void branch_begin() {}
 void branch_end() {}
 void branch_join() {}
