@@ -4,7 +4,8 @@
 #   tar -cf - devrun | xz --x86 --lzma2=preset=9e -T2 > devrun.tar.xz
 # (9e: ~9 MB where preset 3 gave 14; the device refuses a tree over 64 MiB and the tracked files are ~53 MB)
 # then on the device machine (run's carry: ["devrun.tar.xz"]):
-#   tar -xJf devrun.tar.xz && bash tools/device/gpu_checks.sh [tests|sanitizer|bench|parity|tp|side|kernels ...]
+#   tar -xJf devrun.tar.xz && bash tools/device/gpu_checks.sh [STEP ...]
+# (STEP: tests, sanitizer, bench, parity, tp, side, kernels, branches, shapes)
 # (no argument: the first five, in that order). Output goes to stdout and, per step, to $OUT/gpu_checks/*.log.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -86,6 +87,41 @@ for step in "${steps[@]}"; do
         --model "$dir" --ids 11,12,13,14 -n 3 --no-speculate --ignore-eos > "$logs/kernels.csv" 2> "$logs/kernels.err"
       python3 tools/device/ncu_table.py "$logs/kernels.csv"
       ;;
-    *) echo "unknown step $step (tests, sanitizer, bench, parity, tp, side, kernels)" ;;
+    branches)  # kernel branches on a second stream (NEXTN_CUDA_BRANCHES=1) against none, interleaved: the GPU tests
+      # with them on, then the 8-layer 7168-wide FP8 synthetic and both bundled models at 1-64 sequences
+      NEXTN_CUDA_BRANCHES=1 $run nextn_tests \
+        --gtest_filter='*Cuda*:EngineBatching.*:CrossSequence.*:HYV4*:Generate*:KTuner*:EngineTuner.*' \
+        > "$logs/branch_tests.log" 2>&1
+      grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \]' "$logs/branch_tests.log" | head -20
+      for pass in 1 2; do
+        for on in 0 1; do
+          echo "8-layer synthetic, NEXTN_CUDA_BRANCHES=$on"
+          NEXTN_CUDA_BRANCHES=$on $run nextn bench --device cuda --synthetic --dtype fp8 --mlp dense --hidden 7168 \
+            --layers 8 --tokens 64 --repeats 1 --cache-dir /tmp/gpu_check_nx8 \
+            --oracle-acceptance 0.84,0.73,0.58,0.73 2>&1 | grep -E '^decode|verify cost|k=3' | cut -c1-160
+        done
+      done
+      for m in nextn-hy4-tiny nextn-qwen4exp-tiny; do
+        for on in 0 1; do
+          echo "$m, NEXTN_CUDA_BRANCHES=$on"
+          NEXTN_CUDA_BRANCHES=$on $run nextn bench --device cuda --model "$models/$m" --tokens 96 \
+            --concurrency 1,8,32,64 --repeats 1 2>&1 | grep -E '^decode|^ +(1|8|32|64) ' | cut -c1-160
+        done
+      done
+      ;;
+    shapes)  # the FP8 kernel's launch shapes on the attention's medium and narrow matrices (experiment switches)
+      b() { $run nextn_bench_cuda --gib 0.5 --dtype fp8 --rows 1,4 --out "$1" --in "$2" 2>&1 | grep -iE 'e4m3|fp8'; }
+      for sh in "7168 3584" "6272 7168" "5376 2688"; do
+        for v in default 1,8,128,2 1,8,128,4 1,16,128,2; do
+          echo "$sh medium=$v"
+          if [ $v = default ]; then b $sh; else NEXTN_CUDA_FP8_MEDIUM=$v b $sh; fi
+        done
+      done
+      for v in default 1,16,64,4 1,8,64,4 1,32,128,2; do
+        echo "928 7168 narrow=$v"
+        if [ $v = default ]; then b 928 7168; else NEXTN_CUDA_FP8_NARROW=$v b 928 7168; fi
+      done
+      ;;
+    *) echo "unknown step $step (tests, sanitizer, bench, parity, tp, side, kernels, branches, shapes)" ;;
   esac
 done
