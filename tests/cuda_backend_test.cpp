@@ -225,18 +225,12 @@ TEST_P(CudaHYV4, SequencesDecodedTogetherMatchEachAloneUpToSixtyFour) {
 // bits of the same forwards without.
 TEST_P(CudaHYV4, KernelBranchesChangeNoBit) {
   NEXTN_SKIP_WITHOUT_CUDA();
-  const std::string dir = GetParam();
-  const cuda_test::BranchesRestored restore;
-  ForwardRun runs[2];
-  for (int on = 0; on < 2; ++on) {
-    cuda::set_branches(on == 1);
-    HYV4Model m(dir, &pool_);
+  cuda_test::expect_branches_change_no_bit([&] {  // prefill logits and hidden states, decode logits
+    HYV4Model m(GetParam(), &pool_);
     m.use_device(Device::kCuda);
-    runs[on] = prefill_and_decode(m, prompt_for(m, dir), random_prompt(6, m.config().vocab_size, 7));
-  }
-  EXPECT_TRUE(cuda_test::same_bits(runs[0].logits, runs[1].logits)) << "prefill logits";
-  EXPECT_TRUE(cuda_test::same_bits(runs[0].hidden, runs[1].hidden)) << "prefill hidden states";
-  EXPECT_TRUE(cuda_test::same_bits(runs[0].decode, runs[1].decode)) << "decode logits";
+    const ForwardRun r = prefill_and_decode(m, prompt_for(m, GetParam()), random_prompt(6, m.config().vocab_size, 7));
+    return std::vector<std::vector<float>>{r.logits, r.hidden, r.decode};
+  });
 }
 
 TEST_P(CudaHYV4, PreparedForwardsLeaveABatchNoOneOffWorkAndChangeNoBit) {

@@ -239,19 +239,12 @@ TEST_P(CudaQwen4Exp, DecodeStepsEqualAFullRecomputeBitForBit) {
 // bits of the same forwards without.
 TEST_P(CudaQwen4Exp, KernelBranchesChangeNoBit) {
   NEXTN_SKIP_WITHOUT_CUDA();
-  const std::string dir = GetParam();
-  const cuda_test::BranchesRestored restore;
-  ForwardRun runs[2];
-  for (int on = 0; on < 2; ++on) {
-    cuda::set_branches(on == 1);
-    Qwen4ExpModel m(dir, &pool_);
+  cuda_test::expect_branches_change_no_bit([&] {  // prefill and decode logits and streams
+    Qwen4ExpModel m(GetParam(), &pool_);
     m.use_device(Device::kCuda);
-    runs[on] = prefill_and_decode(m, prompt_for(m, dir), random_prompt(6, m.config().vocab_size, 7));
-  }
-  EXPECT_TRUE(cuda_test::same_bits(runs[0].logits, runs[1].logits)) << "prefill logits";
-  EXPECT_TRUE(cuda_test::same_bits(runs[0].hidden, runs[1].hidden)) << "prefill streams";
-  EXPECT_TRUE(cuda_test::same_bits(runs[0].decode, runs[1].decode)) << "decode logits";
-  EXPECT_TRUE(cuda_test::same_bits(runs[0].decode_hidden, runs[1].decode_hidden)) << "decode streams";
+    const ForwardRun r = prefill_and_decode(m, prompt_for(m, GetParam()), random_prompt(6, m.config().vocab_size, 7));
+    return std::vector<std::vector<float>>{r.logits, r.hidden, r.decode, r.decode_hidden};
+  });
 }
 
 // Forwards of 9..16 rows all run as 16 (padding rows after the real ones, forward_graphs.h): one shape, so one

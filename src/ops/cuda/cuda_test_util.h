@@ -57,6 +57,20 @@ struct BranchesRestored {
   ~BranchesRestored() { cuda::set_branches(was); }
 };
 
+// Kernel branches change when kernels run, never a value: `forwards()` (a fresh model's forwards, returning
+// their outputs) gives the same bits with branches off and on.
+template <class Forwards>
+void expect_branches_change_no_bit(Forwards forwards) {
+  const BranchesRestored restore;
+  std::vector<std::vector<float>> out[2];
+  for (int on = 0; on < 2; ++on) {
+    cuda::set_branches(on == 1);
+    out[on] = forwards();
+  }
+  ASSERT_EQ(out[0].size(), out[1].size());
+  for (size_t i = 0; i < out[0].size(); ++i) EXPECT_TRUE(same_bits(out[0][i], out[1][i])) << "output " << i;
+}
+
 // |got - want| <= tol · (1 + |want|) for every element (relative for large values, absolute near zero). NaN fails.
 inline ::testing::AssertionResult near_all(const float* got, const float* want, size_t n, double tol) {
   for (size_t i = 0; i < n; ++i) {
