@@ -471,10 +471,9 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4O
 
   // Two paths from xn meet at the indexer's scores: the keys' (kv_a, the indexer's key and head weights, and
   // the cache writes) runs as a branch beside the queries' (the output gate and q_a, q_a's norm, q_b and the
-  // indexer's query weights, RoPE, and W_kb's absorption), so that their small and narrow kernels overlap
-  // (not while profiling: BlockTimer waits for the device between sections).
-  const bool branch = cuda::branches_on() && !profile::enabled();
-  if (branch) cuda::branch_begin();
+  // indexer's query weights, RoPE, and W_kb's absorption), so that their small and narrow kernels overlap.
+  // (BlockTimer's sections begin and end outside the branch.)
+  cuda::branch_begin();
   ops::MatmulOut key_outs[3] = {{&dev(a.kv_a_proj), w.kv_a.f32()}};  // [S, kvl + rope]
   if (run_indexer) {
     key_outs[1] = {&dev(a.indexer.wk), w.ik.f32()};            // [S, ihd]
@@ -489,7 +488,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4O
     cuda::write_key_rows(w.ik.f32(), S, ihd, ihd, {dev(a.indexer.k_norm_w), dev(a.indexer.k_norm_b), eps, ihd},
                          ihd - rope, rope, inv_freq, af, rc_, index_plane);
   }
-  if (branch) cuda::branch_end();
+  cuda::branch_end();
 
   ops::MatmulOut query_outs[2] = {{&dev(a.gate_proj), w.gate.f32()},    // [S, nh*v]
                                   {&dev(a.q_a_proj), w.q_resid.f32()}};  // [S, q_lora]
@@ -510,7 +509,7 @@ void HYV4CudaBlocks::attention(const DecoderLayerWeights& L, size_t layer, HYV4O
   const Linear& kvb = dev(a.kv_b_proj);
   float* qcat = w.qcat.f32();
   cuda::matmul_transposed_heads(w.q.f32(), S, nh * qkd, qkd, kvb, 0, nope + vd, nope, nh, qcat, nh * kr, kr, rope);
-  if (branch) cuda::branch_join();
+  cuda::branch_join();
 
   const int64_t K = topk_stride();
   int32_t* topk = device_as<int32_t>(w.topk);  // [S, K] slots, ascending (kept for the layers that share it)
@@ -581,11 +580,10 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F, HYV4Out out) {
   const int64_t E = c.n_routed_experts, k = c.num_experts_per_tok, I = c.moe_intermediate_size, SK = S * k;
   const ExpertTables& t = experts_.at(&F);
   // The shared expert runs as a branch beside the routing and the routed experts; they meet at the combine.
-  const bool branch = F.has_shared && cuda::branches_on() && !profile::enabled();
   if (F.has_shared) {
-    if (branch) cuda::branch_begin();
+    cuda::branch_begin();
     swiglu_mlp(F.gate_proj, F.up_proj, F.down_proj, 0.0f, x, S, w.ffn_a.f32(), w.ffn_b.f32(), w.shared_out.f32());
-    if (branch) cuda::branch_end();
+    cuda::branch_end();
   }
   cuda::matmul(x, S, dev(F.router), w.router.f32());  // [S, E]
   const cuda::MoeRouting r = moe_routing(c);
@@ -603,7 +601,7 @@ size_t HYV4CudaBlocks::ffn(const FfnWeights& F, HYV4Out out) {
     cuda::swiglu(w.expert_a.f32(), w.expert_b.f32(), SK * I, float(c.swiglu_limit), w.expert_a.f32());
     cuda::grouped_matmul(w.expert_a.f32(), t.down, held, SK, w.expert_out.f32());  // [S·k, H]
   }
-  if (branch) cuda::branch_join();
+  cuda::branch_join();
   cuda::moe_combine(w.expert_out.f32(), row_of, w.moe_f32.f32(), S, k, H, F.has_shared ? w.shared_out.f32() : nullptr,
                     y, sink);
   if (tp_.active()) reduce_and_deliver(out);

@@ -543,8 +543,7 @@ void Qwen4CudaBlocks::qsa_rows(const QsaWeights& a, size_t cache_layer) {
   cuda::matmul_many(w.x.f32(), S, outs, 4);  // q [S, nh, 2hd], kv [S, k | v], iq [S, ih + 1, ihd]
   // The selection (the indexer's queries and keys, the pooled block keys, their scores and top-k) runs as a
   // branch beside the queries' and keys' norms, RoPE and cache writes; they meet at the attention.
-  const bool branch = cuda::branches_on();
-  if (branch) cuda::branch_begin();
+  cuda::branch_begin();
   cuda::rms_norm_groups(iq, S, ih, ihd, idim, ihd, dev(a.index_q_norm), 0, eps, iq);
   cuda::rope_rows(iq, S, ih, idim, ihd, 0, rope, rc_.position, inv_freq, af);
   cuda::write_cache_rows(iq + ih * ihd, S, ihd, idim, rc_, planes.index_plane, 2 * ihd);  // the raw index key
@@ -560,13 +559,13 @@ void Qwen4CudaBlocks::qsa_rows(const QsaWeights& a, size_t cache_layer) {
   int32_t *sel = device_as<int32_t>(w.sel), *count = device_as<int32_t>(w.sel_count);
   cuda::expand_selection(rc_, S, ratio, blocks, bcount, btk, forced_, forced_count_, forced_from_, forced_stride_, sel,
                          count, sel_cap);
-  if (branch) cuda::branch_end();
+  cuda::branch_end();
   cuda::rms_norm_groups(q, S, nh, hd, nh * 2 * hd, 2 * hd, dev(a.q_norm), 0, eps, q);
   cuda::rms_norm_groups(kv, S, nkv, hd, 2 * kvd, hd, dev(a.k_norm), 0, eps, kv);
   cuda::rope_rows(q, S, nh, nh * 2 * hd, 2 * hd, 0, rope, rc_.position, inv_freq, af);
   cuda::rope_rows(kv, S, nkv, 2 * kvd, hd, 0, rope, rc_.position, inv_freq, af);
   cuda::write_cache_rows(kv, S, 2 * kvd, 2 * kvd, rc_, planes.key_plane);
-  if (branch) cuda::branch_join();
+  cuda::branch_join();
   cuda::sparse_gqa_attention(q, S, nh, nkv, hd, rc_, planes.key_plane, sel, count, sel_cap, float(c.attn_scale),
                              w.core.f32());  // [S, nh, hd]
   cuda::matmul(w.core.f32(), S, dev(a.o_proj), w.y.f32());
@@ -586,10 +585,9 @@ size_t Qwen4CudaBlocks::moe(const MoeWeights& m) {
   const float* x = w.x.f32();
   const ExpertTables& t = experts_.at(&m);
   // The shared expert runs as a branch beside the routing and the routed experts; they meet at the combine.
-  const bool branch = m.shared_gate.out > 0 && cuda::branches_on();
   const float* shared = nullptr;
   if (m.shared_gate.out > 0) {  // sigmoid(shared_expert_gate(x)) · shared_expert(x)
-    if (branch) cuda::branch_begin();
+    cuda::branch_begin();
     const ops::MatmulOut outs[] = {{&dev(m.shared_gate), w.sa.f32()}, {&dev(m.shared_up), w.sb.f32()},
                                    {&dev(m.shared_expert_gate), w.sg.f32()}};
     cuda::matmul_many(x, S, outs, 3);
@@ -597,7 +595,7 @@ size_t Qwen4CudaBlocks::moe(const MoeWeights& m) {
     cuda::matmul(w.sa.f32(), S, dev(m.shared_down), w.sh.f32());  // [S, H]
     cuda::scale_rows_sigmoid(w.sh.f32(), w.sg.f32(), S, H);
     shared = w.sh.f32();
-    if (branch) cuda::branch_end();
+    cuda::branch_end();
   }
   cuda::matmul(x, S, dev(m.router), w.router.f32());  // [S, E]
   int32_t* ids = device_as<int32_t>(w.ids);
@@ -614,7 +612,7 @@ size_t Qwen4CudaBlocks::moe(const MoeWeights& m) {
     cuda::swiglu(w.ea.f32(), w.eb.f32(), SK * I, 0.0f, w.ea.f32());
     cuda::grouped_matmul(w.ea.f32(), t.down, held, SK, w.eo.f32());  // [S·k, H]
   }
-  if (branch) cuda::branch_join();
+  cuda::branch_join();
   cuda::moe_combine(w.eo.f32(), row_of, w.wts.f32(), S, k, H, shared, w.y.f32());
   if (tp_.active()) tp_.sum(w.y.f32(), S * H);
   return 0;  // (which experts ran stays on the device)

@@ -595,6 +595,12 @@ bool env_is(const char* name, const char* value) {
   return e && std::string(e) == value;
 }
 
+// Environment variable `name` as an integer, or `otherwise` where it is unset or empty.
+int64_t env_int64(const char* name, int64_t otherwise) {
+  const char* e = std::getenv(name);
+  return e && *e ? int64_t(std::atoll(e)) : otherwise;
+}
+
 constexpr size_t kMmaSplitSmemBytes = 40 * 1024;  // a pass's split x in shared memory up to this size
 
 // Whether a launch stages x through the cp.async pipeline with the weights (each warp then splits its own
@@ -685,16 +691,11 @@ MmaKind mma_kind(const DeviceWeight& w) {
   // decodes 2% faster at hidden 7168, whose output gate and q_a projections, 3584 and 2688 rows, then run 8-warp
   // blocks: in the grouped narrow launch they read 0.33 of the copy bandwidth. NEXTN_CUDA_FP8_NARROW_ROWS sets
   // another bound, for measuring.)
-  static const int64_t narrow_below = [] {
-    const char* e = std::getenv("NEXTN_CUDA_FP8_NARROW_ROWS");
-    return e && *e ? int64_t(std::atoll(e)) : kMmaTileRows * int64_t(multiprocessors());
-  }();
+  static const int64_t narrow_below =
+      env_int64("NEXTN_CUDA_FP8_NARROW_ROWS", kMmaTileRows * int64_t(multiprocessors()));
   static const std::optional<MmaKind> medium = env_kind("NEXTN_CUDA_FP8_MEDIUM");
   static const std::optional<MmaKind> narrow = env_kind("NEXTN_CUDA_FP8_NARROW");
-  static const int64_t medium_below = [] {
-    const char* e = std::getenv("NEXTN_CUDA_FP8_MEDIUM_BYTES");
-    return e && *e ? int64_t(std::atoll(e)) : int64_t(64) << 20;
-  }();
+  static const int64_t medium_below = env_int64("NEXTN_CUDA_FP8_MEDIUM_BYTES", int64_t(64) << 20);
   if (w.out < narrow_below) {
     if (narrow && (narrow->chunk == 64 || lines)) return *narrow;
     return lines && w.in >= 8192 ? MmaKind{1, 32, 128, 2} : MmaKind{1, 32, 64, 4};
@@ -1019,7 +1020,7 @@ struct BranchState {
   cudaStream_t side = nullptr;
   cudaEvent_t forked = nullptr, done = nullptr;
   bool in_side = false;
-  int joins_owed = 0;  // (a branch ended and not yet joined)
+  bool join_owed = false;  // (a branch ended and not yet joined)
 };
 BranchState& branch_state() {
   thread_local BranchState s;
@@ -1028,7 +1029,7 @@ BranchState& branch_state() {
 
 void close_branch() {
   branch_state().in_side = false;
-  branch_state().joins_owed = 0;
+  branch_state().join_owed = false;
 }
 
 }  // namespace
@@ -1063,15 +1064,15 @@ void branch_end() {
   BranchState& b = branch_state();
   if (!b.in_side) return;  // (branches off when it began)
   b.in_side = false;
-  b.joins_owed = 1;
+  b.join_owed = true;
   check(cudaEventRecord(b.done, b.side), "cudaEventRecord");
 }
 
 void branch_join() {
   BranchState& b = branch_state();
   if (b.in_side) throw Error("cuda::branch_join: the branch was not ended");
-  if (b.joins_owed == 0) return;
-  b.joins_owed = 0;
+  if (!b.join_owed) return;
+  b.join_owed = false;
   check(cudaStreamWaitEvent(cudaStreamPerThread, b.done, 0), "cudaStreamWaitEvent");
 }
 
