@@ -344,7 +344,7 @@ void register_all() {
   };
   const std::vector<Group> groups = {
       {DType::BF16, "bf16", {{4096, 4096}, {2048, 8192}}, {1, 2, 4, 8, 16}},
-      {DType::F8_E4M3, "fp8", {{4096, 4096}, {2048, 8192}}, {1, 2, 4, 8, 16}},
+      {DType::F8_E4M3, "fp8", {{4096, 4096}, {2048, 8192}}, {1, 2, 3, 4, 5, 6, 8, 16}},  // (verify: k + 1 rows)
       {DType::BF16, "bf16", {{4096, 4096}}, {64}},  // prefill-sized
       {DType::F8_E4M3, "fp8", {{4096, 4096}}, {64}},
       {DType::F8_E4M3, "fp8", {{768, 2048}, {2048, 768}}, {1, 4}},  // MoE expert gate/up and down (hidden 2048)

@@ -559,10 +559,12 @@ int run_bench(int argc, char** argv) {
   if (gpu)
     log("machine: %s, device copy bandwidth %.2f GB/s (the yardstick below)\n", where.c_str(), bw);
   else
-    log("machine: %d threads, CPU kernels %s, read bandwidth %.2f GB/s\n", pool.size(), cpu_target_text().c_str(), bw);
+    log("machine: %d threads, CPU kernels %s (FP8 decode: %s), read bandwidth %.2f GB/s\n", pool.size(),
+        cpu_target_text().c_str(), ops::cpu_fp8_decode_name(), bw);
   out["device"] = where;
   out["cpu_target"] = ops::cpu_target_name();
   out["cpu_target_forced"] = ops::cpu_target_forced();
+  if (!gpu) out["cpu_fp8_decode"] = ops::cpu_fp8_decode_name();
 
   auto prompt = bench_prompt(dir, facts.vocab_size, n_prompt);
   // Bytes one decode token reads: weights (active experts only) + the KV cache (latent + rope key +

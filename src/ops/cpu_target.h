@@ -17,5 +17,9 @@ namespace nextn::ops {
 const char* cpu_target_name();
 // Whether NEXTN_CPU_TARGET chose that target (otherwise it is the best one this CPU runs).
 bool cpu_target_forced();
+// How that target's decode-sized FP8 matmuls decode e4m3: "bits" or "f16" (the same results either way; the
+// faster one on this CPU, measured at first use, unless NEXTN_FP8_DECODE=auto|f16|bits says: an unknown value
+// stops the program as NEXTN_CPU_TARGET's do).
+const char* cpu_fp8_decode_name();
 
 }  // namespace nextn::ops

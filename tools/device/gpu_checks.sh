@@ -87,9 +87,9 @@ for step in "${steps[@]}"; do
         --model "$dir" --ids 11,12,13,14 -n 3 --no-speculate --ignore-eos > "$logs/kernels.csv" 2> "$logs/kernels.err"
       python3 tools/device/ncu_table.py "$logs/kernels.csv"
       ;;
-    branches)  # kernel branches on a second stream (NEXTN_CUDA_BRANCHES=1) against none, interleaved: the GPU tests
-      # with them on, then the 8-layer 7168-wide FP8 synthetic and both bundled models at 1-64 sequences
-      NEXTN_CUDA_BRANCHES=1 $run nextn_tests \
+    branches)  # kernel branches on a second stream (the default) against none (NEXTN_CUDA_BRANCHES=0), interleaved:
+      # the GPU tests with them off, then the 8-layer 7168-wide FP8 synthetic and both bundled models at 1-64 sequences
+      NEXTN_CUDA_BRANCHES=0 $run nextn_tests \
         --gtest_filter='*Cuda*:EngineBatching.*:CrossSequence.*:HYV4*:Generate*:KTuner*:EngineTuner.*' \
         > "$logs/branch_tests.log" 2>&1
       grep -E '^\[  (PASSED|FAILED) |^\[  FAILED  \]' "$logs/branch_tests.log" | head -20

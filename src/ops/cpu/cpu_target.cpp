@@ -4,6 +4,7 @@
 // DisableTargets never disables a baseline target, so it could not force the scalar fallback. That call
 // trusts its argument (a target the CPU lacks would fault on its first instruction), hence the check
 // against the targets detected before anything is forced.
+#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -59,6 +60,17 @@ const State& state() {
       st.forced = c.target;
       hwy::SetSupportedTargetsForTest(c.target);
     }
+    const char* fp8 = std::getenv("NEXTN_FP8_DECODE");
+    if (fp8 != nullptr && *fp8 != '\0') {
+      const std::string how = upper(fp8);
+      if (how != "AUTO" && how != "F16" && how != "BITS") {
+        std::fprintf(stderr, "nextn: NEXTN_FP8_DECODE=%s: unknown; use auto, f16 or bits\n", fp8);
+        std::exit(2);
+      }
+      matmul_kernels::set_fp8_decode(how == "F16"    ? matmul_kernels::Fp8Decode::kF16
+                                     : how == "BITS" ? matmul_kernels::Fp8Decode::kBits
+                                                     : matmul_kernels::Fp8Decode::kAuto);
+    }
     return st;
   }();
   return s;
@@ -105,8 +117,17 @@ int64_t runnable() { return state().runnable; }
 
 }  // namespace cpu_target
 
+namespace matmul_kernels {
+namespace {
+std::atomic<int> g_fp8_decode{static_cast<int>(Fp8Decode::kAuto)};
+}
+void set_fp8_decode(Fp8Decode how) { g_fp8_decode.store(static_cast<int>(how), std::memory_order_relaxed); }
+Fp8Decode fp8_decode_setting() { return static_cast<Fp8Decode>(g_fp8_decode.load(std::memory_order_relaxed)); }
+}  // namespace matmul_kernels
+
 namespace ops {
 
+const char* cpu_fp8_decode_name() { return matmul_kernels::active_fp8_decode_name(); }
 const char* cpu_target_name() { return matmul_kernels::active_target_name(); }
 bool cpu_target_forced() { return cpu_target::forced() != 0; }
 

@@ -106,9 +106,9 @@ struct Child {
   std::string err;
 };
 
-// Runs `NEXTN_CPU_TARGET=<value> <command>` through the shell, stdout discarded.
-Child run_with_target(const std::string& value, const std::string& command) {
-  const std::string cmd = "NEXTN_CPU_TARGET='" + value + "' " + command + " 2>&1 >/dev/null </dev/null";
+// Runs `<var>=<value> <command>` through the shell, stdout discarded.
+Child run_with_env(const std::string& var, const std::string& value, const std::string& command) {
+  const std::string cmd = var + "='" + value + "' " + command + " 2>&1 >/dev/null </dev/null";
   Child r{-1, ""};
   FILE* p = popen(cmd.c_str(), "r");
   if (p == nullptr) return r;
@@ -120,7 +120,18 @@ Child run_with_target(const std::string& value, const std::string& command) {
   return r;
 }
 
+Child run_with_target(const std::string& value, const std::string& command) {
+  return run_with_env("NEXTN_CPU_TARGET", value, command);
+}
+
 const std::string kCli = std::string(NEXTN_CLI_PATH) + " --help";
+
+TEST(CpuTarget, CliRefusesUnknownFp8DecodeWithStatus2) {
+  const Child r = run_with_env("NEXTN_FP8_DECODE", "fast", kCli);
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("nextn: NEXTN_FP8_DECODE=fast: unknown; use auto, f16 or bits"), std::string::npos) << r.err;
+  for (const char* ok : {"auto", "F16", "bits"}) EXPECT_EQ(run_with_env("NEXTN_FP8_DECODE", ok, kCli).status, 0) << ok;
+}
 
 TEST(CpuTarget, CliRefusesUnknownTargetWithStatus2) {
   const Child r = run_with_target("bogus", kCli);

@@ -4,7 +4,10 @@
 // Numerics, per target (batch invariance): every output y[m][n] is one dot product computed the same way
 // whatever M, the tile it falls in, the code path or the thread count:
 //   * the weight is decoded to fp32 exactly: bf16 by a shift, f16 by the hardware conversion, FP8 e4m3
-//     through f16 times its block scale (e4m3 · scale rounded once, the value dequant_row returns);
+//     through f16 times its block scale (e4m3 · scale rounded once, the value dequant_row returns); the FP8
+//     matmuls carry the block scale on the activations instead (x' = x · 256 · s, one rounding), and
+//     decode-sized calls may take e4m3's bit fields straight into f32 with x' · 2^112 (DecFP8Bits): the
+//     same products either way;
 //   * N = Lanes(float) independent fp32 lanes: lane j accumulates fma(x[k], w[k], lane) for k ≡ j (mod N),
 //     k increasing; the k tail (K mod N elements) is one zero-padded vector;
 //   * the lanes are summed by one fixed tree per target (ReduceMany), then the bias is added.
@@ -35,6 +38,7 @@
 // clang-format off
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -205,11 +209,48 @@ struct DecFP8 {
 #endif
 };
 
+// e4m3 -> f32 bits by moving the fields, no conversion instruction: the sign-extended byte << 20 puts
+// exponent and mantissa at the bottom of f32's exponent and the top of its mantissa, the sign at bits 27-31;
+// clearing bits 27-30 leaves f32(v) = e4m3(v) · 2^-120 exactly (e4m3 subnormals as f32 subnormals). The
+// activations carry 2^112 more than DecFP8Raw's (x'' = x' · 2^112, exact while |x'| < 2^16), so every product
+// x'' · w'' equals x' · w' and the results are DecFP8Raw's bits. Fp8BitsRoute says when it is used.
+struct DecFP8Bits {
+  using T = int8_t;
+  static constexpr bool kScaled = false;
+  static HWY_INLINE VF Load(DF d, const T* p, VF) {
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::RebindToSigned<DF> d32;
+    const auto bits = hn::ShiftLeft<20>(hn::PromoteTo(d32, hn::LoadU(d8, p)));
+    return hn::BitCast(d, hn::And(bits, hn::Set(d32, static_cast<int32_t>(0x87F00000u))));
+  }
+  static HWY_INLINE void Load2(DF d, const T* p, VF one, VF& lo, VF& hi) {
+    lo = Load(d, p, one);
+    hi = Load(d, p + hn::Lanes(d), one);
+  }
+};
+constexpr float kFp8BitsExtra = 0x1p112f;  // x'' = x' · kFp8BitsExtra
+constexpr float kFp8BitsLimit = 0x1p16f;   // |x'| below this: x'' is finite
+
 // Whether the loops over k of decoder Dec's weights take two vectors per step (see kPairDecodeAll).
 template <class Dec>
-constexpr bool kIsFp8 = std::is_same_v<Dec, DecFP8> || std::is_same_v<Dec, DecFP8Raw>;
+constexpr bool kIsFp8 =
+    std::is_same_v<Dec, DecFP8> || std::is_same_v<Dec, DecFP8Raw> || std::is_same_v<Dec, DecFP8Bits>;
 template <class Dec>
 constexpr bool kPairDecode = kPairDecodeAll || (kPairDecodeFp8 && kIsFp8<Dec>);
+// DecFP8Bits decodes one vector with one widen, shift and mask: pairs of vectors save nothing there, and on
+// AVX2 they cost registers. Single vectors up to 6 x rows and 3 weight rows for 2-3 x rows, pairs for 7-8 x
+// rows (nextn_bench_kernels BM_Matmul/fp8/2048x8192, one thread, AMD EPYC Zen 3: docs/performance.md,
+// "Fortieth session").
+template <class Dec, int T>
+constexpr bool kPairFor = std::is_same_v<Dec, DecFP8Bits> ? (kPairDecodeAll || T >= 7) : kPairDecode<Dec>;
+#if HWY_TARGET != HWY_SCALAR && HWY_TARGET > HWY_AVX3
+inline constexpr int kAvx2BitsRows[] = {0, 4, 3, 3, 2, 2, 2, 2, 2};
+template <class Dec, int T>
+constexpr int kRowsFor = std::is_same_v<Dec, DecFP8Bits> ? kAvx2BitsRows[T] : kFusedRows<T>;
+#else
+template <class Dec, int T>
+constexpr int kRowsFor = kFusedRows<T>;
+#endif
 
 // Elements [0, 2N) as two vectors: the decoder's own double-width path if it has one.
 template <class Dec>
@@ -335,7 +376,7 @@ HWY_NOINLINE void FusedTile(const Weight& w, const float* const* xr, const float
       for (int r = 0; r < R; ++r) s[r] = SegmentScale<Dec>(d, w, n + r, s0);
     const int64_t e = std::min(s0 + seg, Kfull);
     int64_t k = s0;
-    if constexpr (kPairDecode<Dec>) {
+    if constexpr (kPairFor<Dec, T>) {
       for (; k + 2 * N <= e; k += 2 * N) {
         if constexpr (!kStore)  // (with several x tiles the loop is compute-bound: no prefetch)
           for (int r = 0; r < R; ++r)
@@ -401,7 +442,7 @@ HWY_INLINE void FusedTileStore(const Job& job, const Weight& w, int64_t n, int64
 // M <= kFusedMaxM: x split into FusedTiles(M) tiles of TM or TM - 1 rows (TM = the largest). For
 // each group of R weight rows: the first tile decodes them from memory (prefetching the next group), and
 // when there are more tiles it also stores the decoded f32 rows, which the other tiles then read from L1.
-template <class Dec, int TM, int R = kFusedRows<TM>>
+template <class Dec, int TM, int R = kRowsFor<Dec, TM>>
 void FusedCols(const Job& job, const float* xt) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -652,34 +693,55 @@ void ColsFor(const Job& job);
 
 Scratch PrescaleScratch() { return {ops::ScratchKind::kPrescale}; }
 
-void Fp8StreamedRow(const Job& job);
+void Fp8StreamedRow(const Job& job, bool bits);
 
-// o[k] = x[k] · 256 · s(n, k / block_in) for k < K: x' for the scale-block row that holds weight row n.
-void PrescaleX(const Weight& w, int64_t n, const float* x, float* o) {
+// o[k] = x[k] · 256 · s(n, k / block_in) for k < K: x' for the scale-block row that holds weight row n; with
+// `bits`, x'' = x' · 2^112 (DecFP8Bits). Returns false when some |x'| >= 2^16 (x'' would overflow: the caller
+// forms x' again without `bits` and takes DecFP8Raw).
+bool PrescaleX(const Weight& w, int64_t n, const float* x, float* o, bool bits) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const float extra = bits ? kFp8BitsExtra : 1.0f;
+  const VF ev = hn::Set(d, extra);
+  VF vmax = hn::Zero(d);
+  float smax = 0.0f;
   for (int64_t b0 = 0; b0 < w.K; b0 += w.block_in) {
     const float s = scale_of(w, n, b0 / w.block_in) * kFp8ScaleBias;
     const VF sv = hn::Set(d, s);
     const int64_t b1 = std::min(w.K, b0 + w.block_in);
     int64_t k = b0;
-    for (; k + N <= b1; k += N) hn::Store(hn::Mul(hn::LoadU(d, x + k), sv), d, o + k);
-    for (; k < b1; ++k) o[k] = x[k] * s;
+    for (; k + N <= b1; k += N) {
+      const VF t = hn::Mul(hn::LoadU(d, x + k), sv);
+      vmax = hn::Max(vmax, hn::Abs(t));
+      hn::Store(hn::Mul(t, ev), d, o + k);
+    }
+    for (; k < b1; ++k) {
+      const float t = x[k] * s;
+      smax = std::max(smax, std::fabs(t));
+      o[k] = t * extra;
+    }
   }
+  // (NaN x: a NaN output whichever route, as the scalar reference gives)
+  return !bits || std::max(hn::GetLane(hn::MaxOfLanes(d, vmax)), smax) < kFp8BitsLimit;
 }
 
+// Whether this target's decode-sized FP8 matmuls take DecFP8Bits (matmul_kernels.h, Fp8Decode).
+bool Fp8BitsRoute();
+
 // FP8 through activations that carry the scale: for each scale-block row of weight rows, x' = x · 256 · s
-// (one rounding, per k block) is formed once and multiplied by the unscaled weights (DecFP8Raw), which
-// saves the decoder's multiply per weight vector. x' depends only on x and the scales, so every path
-// (fused or panel, any M, any thread split) computes each output from the same x' and the same chain.
+// (one rounding, per k block) is formed once and multiplied by the unscaled weights (DecFP8Raw, or x'' and
+// DecFP8Bits for decode-sized calls where that is faster), which saves the decoder's multiply per weight
+// vector. x' depends only on x and the scales, so every path (fused or panel, any M, any thread split, either
+// decoder) computes each output from the same products in the same chain.
 constexpr int64_t kPrescaleRows = 256;  // x rows prepared at once for prefill (x' scratch bounded)
 void Fp8PrescaledCols(const Job& job) {
+  const bool bits = job.M <= kFusedMaxM && Fp8BitsRoute();
   // Decode against a matrix that streams from memory (1 MB and more: far from cache-resident in a model
   // that has it) with rows of at most 2 KB: rows as sequential streams (Fp8StreamedRow). Cache-resident
   // weights (the bundled model's) and longer rows keep the contiguous tiles, faster there.
   if (job.M == 1 && job.w->K <= kShortK && job.w->N * job.w->K >= (int64_t(1) << 20) &&
       job.n1 - job.n0 >= 2 * kShortRowsOne)
-    return Fp8StreamedRow(job);
+    return Fp8StreamedRow(job, bits);
   const Weight& w = *job.w;
   const int64_t K = w.K, pitch = (K + kMaxLanes - 1) / kMaxLanes * kMaxLanes;
   const int64_t MC = std::min(job.M, job.M <= kFusedMaxM ? kFusedMaxM : kPrescaleRows);
@@ -689,7 +751,10 @@ void Fp8PrescaledCols(const Job& job) {
     for (int64_t n = job.n0; n < job.n1;) {
       const int64_t blk = (w.scale_row0 + n) / w.block_out;
       const int64_t ne = std::min(job.n1, (blk + 1) * w.block_out - w.scale_row0);
-      for (int64_t m = 0; m < mc; ++m) PrescaleX(w, n, job.x + (m0 + m) * job.x_stride, xs + m * pitch);
+      bool fits = true;
+      for (int64_t m = 0; m < mc; ++m) fits &= PrescaleX(w, n, job.x + (m0 + m) * job.x_stride, xs + m * pitch, bits);
+      if (!fits)
+        for (int64_t m = 0; m < mc; ++m) PrescaleX(w, n, job.x + (m0 + m) * job.x_stride, xs + m * pitch, false);
       Job sub = job;
       sub.x = xs;
       sub.x_stride = pitch;
@@ -698,7 +763,10 @@ void Fp8PrescaledCols(const Job& job) {
       sub.n0 = n;
       sub.n1 = ne;
       sub.prefetch_end = std::max(job.n1, job.prefetch_end);
-      ColsFor<DecFP8Raw>(sub);
+      if (bits && fits)
+        ColsFor<DecFP8Bits>(sub);
+      else
+        ColsFor<DecFP8Raw>(sub);
       n = ne;
     }
   }
@@ -707,26 +775,27 @@ void Fp8PrescaledCols(const Job& job) {
 // ---- one x row, FP8, rows read as sequential streams ------------------------------------------------
 
 // res[r] = dot(x'_r, weight row rows[r]) for R rows anywhere in w, each with its own x' (zero-padded to a
-// whole vector past K), prefetching row rows[r] + 1. The chain of every output is FusedTile<DecFP8Raw, 1, R>'s
-// (pairs of vectors, then single vectors, then the tail, then ReduceMany), so the values are the same.
-template <int R>
+// whole vector past K), prefetching row rows[r] + 1 (Dec: DecFP8Raw, or DecFP8Bits with x''). The chain of
+// every output is FusedTile<Dec, 1, R>'s (pairs of vectors where kPairFor<Dec, 1>, then single vectors, then
+// the tail, then ReduceMany), so the values are the same.
+template <class Dec, int R>
 HWY_NOINLINE void StreamTile(const Weight& w, const int64_t* row, const float* const* x, bool prefetch, float* res) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t K = w.K, Kfull = K - K % N;
   const VF one = hn::Set(d, 1.0f);
   const int8_t* rows[R];
-  for (int r = 0; r < R; ++r) rows[r] = RowPtr<DecFP8Raw>(w, row[r]);
+  for (int r = 0; r < R; ++r) rows[r] = RowPtr<Dec>(w, row[r]);
   const int64_t pf = prefetch ? w.row_stride : 0;
   VF acc[R];
   for (int r = 0; r < R; ++r) acc[r] = hn::Zero(d);
   int64_t k = 0;
-  if constexpr (kPairDecode<DecFP8Raw>) {
+  if constexpr (kPairFor<Dec, 1>) {
     for (; k + 2 * N <= Kfull; k += 2 * N) {
       for (int r = 0; r < R; ++r) __builtin_prefetch(rows[r] + pf + k, 0, 2);
       for (int r = 0; r < R; ++r) {
         VF lo, hi;
-        Load2<DecFP8Raw>(d, rows[r] + k, one, lo, hi);
+        Load2<Dec>(d, rows[r] + k, one, lo, hi);
         acc[r] = Fma(hn::LoadU(d, x[r] + k), lo, acc[r]);
         acc[r] = Fma(hn::LoadU(d, x[r] + k + N), hi, acc[r]);
       }
@@ -735,11 +804,11 @@ HWY_NOINLINE void StreamTile(const Weight& w, const int64_t* row, const float* c
   for (; k < Kfull; k += N) {
     if (k % 64 == 0)
       for (int r = 0; r < R; ++r) __builtin_prefetch(rows[r] + pf + k, 0, 2);
-    for (int r = 0; r < R; ++r) acc[r] = Fma(hn::LoadU(d, x[r] + k), DecFP8Raw::Load(d, rows[r] + k, one), acc[r]);
+    for (int r = 0; r < R; ++r) acc[r] = Fma(hn::LoadU(d, x[r] + k), Dec::Load(d, rows[r] + k, one), acc[r]);
   }
   if (Kfull < K)
     for (int r = 0; r < R; ++r)
-      acc[r] = Fma(hn::LoadU(d, x[r] + Kfull), LoadTail<DecFP8Raw>(d, rows[r] + Kfull, K - Kfull, one), acc[r]);
+      acc[r] = Fma(hn::LoadU(d, x[r] + Kfull), LoadTail<Dec>(d, rows[r] + Kfull, K - Kfull, one), acc[r]);
   ReduceMany(acc, R, res);
 }
 
@@ -748,17 +817,10 @@ HWY_NOINLINE void StreamTile(const Weight& w, const int64_t* row, const float* c
 // same pages defeat it: a standalone loop on the 2-vCPU Xeon read rows of 768 / 2048 / 4096 bytes at 12.1
 // / 13.4 / 14.5 GB/s as contiguous tiles and 16.4 / 15.6 / 16.0 GB/s as streams (one core, 16.9 GB/s
 // read bandwidth). x' is formed per scale block of the range, as Fp8PrescaledCols does.
-void Fp8StreamedRow(const Job& job) {
+template <class Dec>
+void StreamRows(const Job& job, const float* xs, int64_t b0, int64_t pitch) {
   constexpr int R = kShortRowsOne;
   const Weight& w = *job.w;
-  const int64_t K = w.K, pitch = (K + kMaxLanes - 1) / kMaxLanes * kMaxLanes;
-  const int64_t b0 = (w.scale_row0 + job.n0) / w.block_out, b1 = (w.scale_row0 + job.n1 - 1) / w.block_out;
-  float* xs = PrescaleScratch().get(static_cast<size_t>((b1 - b0 + 1) * pitch));  // [blocks, pitch]
-  for (int64_t b = b0; b <= b1; ++b) {
-    float* o = xs + (b - b0) * pitch;
-    PrescaleX(w, std::max(job.n0, b * w.block_out - w.scale_row0), job.x, o);  // (a row of block b)
-    std::fill(o + K, o + pitch, 0.0f);
-  }
   auto x_of = [&](int64_t n) -> const float* { return xs + ((w.scale_row0 + n) / w.block_out - b0) * pitch; };
   auto store = [&](const int64_t* row, const float* res, int count) {
     for (int r = 0; r < count; ++r) job.y[row[r]] = w.bias ? res[r] + w.bias[row[r]] : res[r];
@@ -772,15 +834,34 @@ void Fp8StreamedRow(const Job& job) {
       row[r] = job.n0 + r * G + t;
       x[r] = x_of(row[r]);
     }
-    StreamTile<R>(w, row, x, t + 1 < G, res);
+    StreamTile<Dec, R>(w, row, x, t + 1 < G, res);
     store(row, res, R);
   }
   for (int64_t n = job.n0 + R * G; n < job.n1; ++n) {  // the remainder, one row at a time
     row[0] = n;
     x[0] = x_of(n);
-    StreamTile<1>(w, row, x, false, res);
+    StreamTile<Dec, 1>(w, row, x, false, res);
     store(row, res, 1);
   }
+}
+
+void Fp8StreamedRow(const Job& job, bool bits) {
+  const Weight& w = *job.w;
+  const int64_t K = w.K, pitch = (K + kMaxLanes - 1) / kMaxLanes * kMaxLanes;
+  const int64_t b0 = (w.scale_row0 + job.n0) / w.block_out, b1 = (w.scale_row0 + job.n1 - 1) / w.block_out;
+  float* xs = PrescaleScratch().get(static_cast<size_t>((b1 - b0 + 1) * pitch));  // [blocks, pitch]
+  auto prescale = [&](bool with_bits) {
+    bool fits = true;
+    for (int64_t b = b0; b <= b1; ++b) {
+      float* o = xs + (b - b0) * pitch;
+      fits &= PrescaleX(w, std::max(job.n0, b * w.block_out - w.scale_row0), job.x, o, with_bits);  // (a row of b)
+      std::fill(o + K, o + pitch, 0.0f);
+    }
+    return fits;
+  };
+  if (bits && prescale(true)) return StreamRows<DecFP8Bits>(job, xs, b0, pitch);
+  prescale(false);  // (the f16 route, or some |x'| >= 2^16)
+  StreamRows<DecFP8Raw>(job, xs, b0, pitch);
 }
 
 template <class Dec>
@@ -824,6 +905,72 @@ void ColsFor(const Job& job) {
   }
   PanelCols<Dec>(job);
 }
+
+// ---- which FP8 decoder decode-sized calls take (matmul_kernels.h, Fp8Decode) ----------------------------
+
+// Times both decoders on cache-resident FP8 rows holding every finite e4m3 code, subnormals included, and
+// checks that they give the same bits (a CPU flushing subnormal inputs, DAZ, would not): the bit route when
+// it agrees and is at least 10% faster (the fastest of 5 interleaved rounds of each; ~0.2 ms in all).
+bool MeasureBitsRoute() {
+  if constexpr (HWY_TARGET == HWY_SCALAR) {
+    return false;
+  } else {
+    constexpr int R = kFusedRows<1>;
+    constexpr int64_t kRows = 4 * R, K = 1024, kReps = 16;
+    std::vector<int8_t> bytes(static_cast<size_t>(kRows * K));
+    uint32_t rng = 12345;
+    for (int8_t& b : bytes) {
+      do rng = rng * 1664525u + 1013904223u;
+      while (((rng >> 24) & 0x7f) == 0x7f);  // (no NaN codes)
+      b = static_cast<int8_t>(rng >> 24);
+    }
+    HWY_ALIGN float x[K], x2[K], xt[kMaxLanes] = {};
+    for (int64_t k = 0; k < K; ++k) {
+      rng = rng * 1664525u + 1013904223u;
+      x[k] = static_cast<float>(static_cast<int32_t>(rng)) * 0x1p-31f;
+      x2[k] = x[k] * kFp8BitsExtra;
+    }
+    Weight w;
+    w.dtype = DType::F8_E4M3;
+    w.N = kRows;
+    w.K = K;
+    w.row_stride = K;
+    w.data = reinterpret_cast<const unsigned char*>(bytes.data());
+    float res[2][kRows];
+    float* const no_dst[R] = {};
+    auto run = [&](auto dec) {
+      using Dec = decltype(dec);
+      const bool bits = std::is_same_v<Dec, DecFP8Bits>;
+      const float* xr[1] = {bits ? x2 : x};
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t rep = 0; rep < kReps; ++rep)
+        for (int64_t n = 0; n < kRows; n += R) FusedTile<Dec, 1, R, false>(w, xr, xt, n, 0, no_dst, res[bits] + n);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    double f16 = 1e9, fields = 1e9;
+    for (int round = 0; round < 5; ++round) {
+      f16 = std::min(f16, run(DecFP8Raw{}));
+      fields = std::min(fields, run(DecFP8Bits{}));
+    }
+    return std::memcmp(res[0], res[1], sizeof(res[0])) == 0 && fields < 0.9 * f16;
+  }
+}
+
+bool Fp8BitsRoute() {
+  if constexpr (HWY_TARGET == HWY_SCALAR) return false;
+  switch (fp8_decode_setting()) {
+    case Fp8Decode::kF16:
+      return false;
+    case Fp8Decode::kBits:
+      return true;
+    default:
+      break;
+  }
+  static const bool measured = MeasureBitsRoute();  // (once per target)
+  return measured;
+}
+
+const char* ActiveFp8DecodeName() { return Fp8BitsRoute() ? "bits" : "f16"; }
 
 // Calls f(Dec{}) with the decoder of weight dtype t (validated by the caller: F32, BF16, F16, F8_E4M3).
 template <class F>
@@ -955,6 +1102,7 @@ HWY_EXPORT(MatmulCols);
 HWY_EXPORT(DequantRow);
 HWY_EXPORT(MatmulTransposed);
 HWY_EXPORT(TargetName);
+HWY_EXPORT(ActiveFp8DecodeName);
 
 void matmul_cols(const Job& job) { HWY_DYNAMIC_DISPATCH(MatmulCols)(&job); }
 void dequant_row(const Weight& w, int64_t r, float* out) { HWY_DYNAMIC_DISPATCH(DequantRow)(&w, r, out); }
@@ -962,6 +1110,7 @@ void matmul_transposed(const float* x, int64_t M, int64_t x_stride, const Weight
   HWY_DYNAMIC_DISPATCH(MatmulTransposed)(x, M, x_stride, &w, y, y_stride);
 }
 const char* active_target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
+const char* active_fp8_decode_name() { return HWY_DYNAMIC_DISPATCH(ActiveFp8DecodeName)(); }
 int64_t compiled_targets() { return HWY_TARGETS; }
 
 // NEXTN_CPU_TARGET is applied before main, so before the first kernel call of any program with these kernels.

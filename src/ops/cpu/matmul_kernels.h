@@ -40,6 +40,17 @@ struct Job {
 };
 
 void matmul_cols(const Job& job);
+
+// How decode-sized FP8 matmuls (M <= 16) turn e4m3 into f32 (matmul_hwy.cpp, DecFP8Raw and DecFP8Bits):
+// through f16 and the hardware's conversion, or by moving the bit fields into f32 (e4m3 subnormals become
+// f32 subnormals). Both give every product the same value, so the results are the same bits; only the speed
+// differs with the CPU (AMD Zen converts f16 at half the rate Intel does; Intel cores may take microcode
+// assists on subnormal inputs). kAuto: measured once per SIMD target at first use.
+enum class Fp8Decode : int { kAuto = 0, kF16 = 1, kBits = 2 };
+void set_fp8_decode(Fp8Decode how);  // (NEXTN_FP8_DECODE; tests and benchmarks)
+Fp8Decode fp8_decode_setting();
+// The route the active target takes now: "bits" or "f16" (measuring it first under kAuto).
+const char* active_fp8_decode_name();
 // out[K] = row r of w in fp32 (the exact values the matmul multiplies by).
 void dequant_row(const Weight& w, int64_t r, float* out);
 // y[m, K] += Σ_r x[m, r] · w[r, :] for m < M (rows of x and y at the given strides).

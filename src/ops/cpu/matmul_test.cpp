@@ -17,6 +17,7 @@
 #include "hwy/targets.h"
 #include "ops/cpu/matmul_kernels.h"
 #include "ops/cpu/target_testing.h"
+#include "ops/cpu_target.h"
 #include "ops/ops.h"
 
 namespace nextn {
@@ -578,6 +579,52 @@ TEST(MatmulKernels, HugeFp8ScalesExact) {
     for (int64_t m = 0; m < 16; ++m) {
       ops::matmul(nullptr, x.data() + m * 64, 1, t->lin, y1.data());
       ASSERT_EQ(0, std::memcmp(y1.data(), y.data() + m * 48, 48 * 4)) << m;
+    }
+  }
+}
+
+// The two FP8 decoders of decode-sized calls (matmul_kernels.h, Fp8Decode) give the same bits on every target,
+// for every FP8 case and row count, including activations too large for the bit route (x · scale >= 256: that
+// call falls back to the f16 route), and the measured choice is one of them.
+class Fp8DecodeSetting {
+ public:
+  explicit Fp8DecodeSetting(matmul_kernels::Fp8Decode how) { matmul_kernels::set_fp8_decode(how); }
+  ~Fp8DecodeSetting() { matmul_kernels::set_fp8_decode(before_); }
+  Fp8DecodeSetting(const Fp8DecodeSetting&) = delete;
+  Fp8DecodeSetting& operator=(const Fp8DecodeSetting&) = delete;
+
+ private:
+  matmul_kernels::Fp8Decode before_ = matmul_kernels::fp8_decode_setting();
+};
+
+TEST(MatmulKernels, EveryTargetFp8DecodeRoutesAgree) {
+  using matmul_kernels::Fp8Decode;
+  ThreadPool pool(3);
+  for (int64_t target : kernel_targets()) {
+    ForceTarget force(target);
+    const std::string auto_name = [] {
+      Fp8DecodeSetting a(Fp8Decode::kAuto);
+      return std::string(ops::cpu_fp8_decode_name());
+    }();
+    EXPECT_TRUE(auto_name == "bits" || auto_name == "f16") << auto_name;
+    for (const Case& c : kKernelCases) {
+      if (c.dtype != DType::F8_E4M3) continue;
+      auto t = make_weight(c.dtype, c.out, c.in, 31, true, c.scale_dtype, c.block);
+      for (float gain : {1.0f, 1e9f}) {
+        for (int64_t M : {1, 3, 7, 16}) {
+          auto x = random_vec(static_cast<size_t>(M * c.in), 41 + static_cast<uint32_t>(M));
+          for (float& v : x) v *= gain;
+          std::vector<float> y[2];
+          for (int route = 0; route < 2; ++route) {
+            Fp8DecodeSetting how(route == 0 ? Fp8Decode::kF16 : Fp8Decode::kBits);
+            y[route].assign(static_cast<size_t>(M * c.out), -7.0f);
+            ops::matmul(&pool, x.data(), M, t->lin, y[route].data());
+          }
+          ASSERT_EQ(0, std::memcmp(y[0].data(), y[1].data(), y[0].size() * sizeof(float)))
+              << hwy::TargetName(target) << " " << c.name << " M=" << M << " gain " << gain;
+          if (gain == 1.0f) expect_close(y[1], ref_matmul(x, M, *t), std::string(c.name) + " bits route");
+        }
+      }
     }
   }
 }

@@ -1040,7 +1040,7 @@ void* launch_stream() {
 }
 
 std::atomic<bool>& branches_switch() {
-  static std::atomic<bool> on{env_is("NEXTN_CUDA_BRANCHES", "1")};
+  static std::atomic<bool> on{!env_is("NEXTN_CUDA_BRANCHES", "0")};  // (on unless turned off)
   return on;
 }
 bool branches_on() { return branches_switch().load(std::memory_order_relaxed); }

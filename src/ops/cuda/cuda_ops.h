@@ -121,7 +121,7 @@ void abandon_capture();  // ends a recording left open (a forward that threw), d
 // A branch: the kernels a thread queues between branch_begin() and branch_end() go to a second stream, where
 // they follow everything queued before branch_begin() and run beside what the thread queues after
 // branch_end(); after branch_join() the thread's kernels follow the branch's too. (A graph records the two
-// streams as two branches of its dependency graph.) On where NEXTN_CUDA_BRANCHES=1; off, every call does
+// streams as two branches of its dependency graph.) On unless NEXTN_CUDA_BRANCHES=0; off, every call does
 // nothing and the kernels run in the order queued.
 bool branches_on();
 void set_branches(bool on);  // (for tests: the same bits either way)
