@@ -41,13 +41,14 @@ bool expected_range(std::string_view file, const std::string& name, uint64_t* be
   if (entry == header.end() || !entry->is_object()) return false;
   const auto offsets = entry->find("data_offsets");
   if (offsets == entry->end() || !offsets->is_array() || offsets->size() != 2) return false;
-  // (a non-negative integer, written with a sign or not: "-0" is 0, as the reader takes it)
-  auto non_negative = [](const json& v) {
-    return v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0);
+  // A non-negative integer, written with a sign or not ("-0" is 0, as the reader takes it).
+  auto offset = [](const json& v, uint64_t* out) {
+    if (v.is_number_unsigned()) *out = v.get<uint64_t>();
+    else if (v.is_number_integer() && v.get<int64_t>() >= 0) *out = static_cast<uint64_t>(v.get<int64_t>());
+    else return false;
+    return true;
   };
-  if (!non_negative((*offsets)[0]) || !non_negative((*offsets)[1])) return false;
-  *begin = (*offsets)[0].is_number_unsigned() ? (*offsets)[0].get<uint64_t>() : uint64_t((*offsets)[0].get<int64_t>());
-  *end = (*offsets)[1].is_number_unsigned() ? (*offsets)[1].get<uint64_t>() : uint64_t((*offsets)[1].get<int64_t>());
+  if (!offset((*offsets)[0], begin) || !offset((*offsets)[1], end)) return false;
   *data_start = 8 + header_len;
   return *begin <= *end;
 }

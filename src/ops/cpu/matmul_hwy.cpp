@@ -76,12 +76,16 @@ constexpr int64_t FusedTiles(int64_t M) {
 #if HWY_TARGET == HWY_SCALAR
 template <int T>
 constexpr int kFusedRows = 4;
+template <int T>
+constexpr int kBitsRows = kFusedRows<T>;
 constexpr int kTileM = 4, kTileN = 4;
 #elif HWY_TARGET <= HWY_AVX3  // 32 vector registers; weights decoded in pairs (2R registers)
 // (T = 5, 6 with 4 rows spill a little, but verify steps of 5 and 6 rows measured 10-15% cheaper than
 // with 3: fewer decodes per weight)
 template <int T>
 constexpr int kFusedRows = T <= 6 ? 4 : (T <= 7 ? 3 : 2);
+template <int T>
+constexpr int kBitsRows = kFusedRows<T>;
 constexpr int kTileM = 4, kTileN = 4;
 #else  // AVX2: 16 vector registers
 // weight rows for T = 1..8 x rows, chosen by measuring variants (docs/performance.md, "AVX2 tiles"): more
@@ -89,6 +93,10 @@ constexpr int kTileM = 4, kTileN = 4;
 inline constexpr int kAvx2FusedRows[] = {0, 4, 4, 3, 3, 2, 2, 2, 2};
 template <int T>
 constexpr int kFusedRows = kAvx2FusedRows[T];
+// with DecFP8Bits (single-vector steps up to 6 x rows, see kPairFor): 3 weight rows at 2-3 x rows
+inline constexpr int kAvx2BitsRows[] = {0, 4, 3, 3, 2, 2, 2, 2, 2};
+template <int T>
+constexpr int kBitsRows = kAvx2BitsRows[T];
 constexpr int kTileM = 2, kTileN = 4;
 #endif
 
@@ -223,34 +231,23 @@ struct DecFP8Bits {
     const auto bits = hn::ShiftLeft<20>(hn::PromoteTo(d32, hn::LoadU(d8, p)));
     return hn::BitCast(d, hn::And(bits, hn::Set(d32, static_cast<int32_t>(0x87F00000u))));
   }
-  static HWY_INLINE void Load2(DF d, const T* p, VF one, VF& lo, VF& hi) {
-    lo = Load(d, p, one);
-    hi = Load(d, p + hn::Lanes(d), one);
-  }
 };
 constexpr float kFp8BitsExtra = 0x1p112f;  // x'' = x' · kFp8BitsExtra
 constexpr float kFp8BitsLimit = 0x1p16f;   // |x'| below this: x'' is finite
 
 // Whether the loops over k of decoder Dec's weights take two vectors per step (see kPairDecodeAll).
 template <class Dec>
-constexpr bool kIsFp8 =
-    std::is_same_v<Dec, DecFP8> || std::is_same_v<Dec, DecFP8Raw> || std::is_same_v<Dec, DecFP8Bits>;
+constexpr bool kIsFp8 = std::is_same_v<Dec, DecFP8> || std::is_same_v<Dec, DecFP8Raw>;
 template <class Dec>
 constexpr bool kPairDecode = kPairDecodeAll || (kPairDecodeFp8 && kIsFp8<Dec>);
 // DecFP8Bits decodes one vector with one widen, shift and mask: pairs of vectors save nothing there, and on
-// AVX2 they cost registers. Single vectors up to 6 x rows and 3 weight rows for 2-3 x rows, pairs for 7-8 x
-// rows (nextn_bench_kernels BM_Matmul/fp8/2048x8192, one thread, AMD EPYC Zen 3: docs/performance.md,
+// AVX2 they cost registers. Single vectors up to 6 x rows, pairs for 7-8 x rows, and kBitsRows weight rows
+// (nextn_bench_kernels BM_Matmul/fp8/2048x8192, one thread, AMD EPYC Zen 3: docs/performance.md,
 // "Fortieth session").
 template <class Dec, int T>
 constexpr bool kPairFor = std::is_same_v<Dec, DecFP8Bits> ? (kPairDecodeAll || T >= 7) : kPairDecode<Dec>;
-#if HWY_TARGET != HWY_SCALAR && HWY_TARGET > HWY_AVX3
-inline constexpr int kAvx2BitsRows[] = {0, 4, 3, 3, 2, 2, 2, 2, 2};
 template <class Dec, int T>
-constexpr int kRowsFor = std::is_same_v<Dec, DecFP8Bits> ? kAvx2BitsRows[T] : kFusedRows<T>;
-#else
-template <class Dec, int T>
-constexpr int kRowsFor = kFusedRows<T>;
-#endif
+constexpr int kRowsFor = std::is_same_v<Dec, DecFP8Bits> ? kBitsRows<T> : kFusedRows<T>;
 
 // Elements [0, 2N) as two vectors: the decoder's own double-width path if it has one.
 template <class Dec>
@@ -751,10 +748,14 @@ void Fp8PrescaledCols(const Job& job) {
     for (int64_t n = job.n0; n < job.n1;) {
       const int64_t blk = (w.scale_row0 + n) / w.block_out;
       const int64_t ne = std::min(job.n1, (blk + 1) * w.block_out - w.scale_row0);
-      bool fits = true;
-      for (int64_t m = 0; m < mc; ++m) fits &= PrescaleX(w, n, job.x + (m0 + m) * job.x_stride, xs + m * pitch, bits);
-      if (!fits)
-        for (int64_t m = 0; m < mc; ++m) PrescaleX(w, n, job.x + (m0 + m) * job.x_stride, xs + m * pitch, false);
+      auto prescale = [&](bool with_bits) {
+        bool fits = true;
+        for (int64_t m = 0; m < mc; ++m)
+          fits &= PrescaleX(w, n, job.x + (m0 + m) * job.x_stride, xs + m * pitch, with_bits);
+        return fits;
+      };
+      const bool use_bits = bits && prescale(true);
+      if (!use_bits) prescale(false);  // (the f16 route, or some |x'| >= 2^16)
       Job sub = job;
       sub.x = xs;
       sub.x_stride = pitch;
@@ -763,7 +764,7 @@ void Fp8PrescaledCols(const Job& job) {
       sub.n0 = n;
       sub.n1 = ne;
       sub.prefetch_end = std::max(job.n1, job.prefetch_end);
-      if (bits && fits)
+      if (use_bits)
         ColsFor<DecFP8Bits>(sub);
       else
         ColsFor<DecFP8Raw>(sub);
@@ -912,48 +913,44 @@ void ColsFor(const Job& job) {
 // checks that they give the same bits (a CPU flushing subnormal inputs, DAZ, would not): the bit route when
 // it agrees and is at least 10% faster (the fastest of 5 interleaved rounds of each; ~0.2 ms in all).
 bool MeasureBitsRoute() {
-  if constexpr (HWY_TARGET == HWY_SCALAR) {
-    return false;
-  } else {
-    constexpr int R = kFusedRows<1>;
-    constexpr int64_t kRows = 4 * R, K = 1024, kReps = 16;
-    std::vector<int8_t> bytes(static_cast<size_t>(kRows * K));
-    uint32_t rng = 12345;
-    for (int8_t& b : bytes) {
-      do rng = rng * 1664525u + 1013904223u;
-      while (((rng >> 24) & 0x7f) == 0x7f);  // (no NaN codes)
-      b = static_cast<int8_t>(rng >> 24);
-    }
-    HWY_ALIGN float x[K], x2[K], xt[kMaxLanes] = {};
-    for (int64_t k = 0; k < K; ++k) {
-      rng = rng * 1664525u + 1013904223u;
-      x[k] = static_cast<float>(static_cast<int32_t>(rng)) * 0x1p-31f;
-      x2[k] = x[k] * kFp8BitsExtra;
-    }
-    Weight w;
-    w.dtype = DType::F8_E4M3;
-    w.N = kRows;
-    w.K = K;
-    w.row_stride = K;
-    w.data = reinterpret_cast<const unsigned char*>(bytes.data());
-    float res[2][kRows];
-    float* const no_dst[R] = {};
-    auto run = [&](auto dec) {
-      using Dec = decltype(dec);
-      const bool bits = std::is_same_v<Dec, DecFP8Bits>;
-      const float* xr[1] = {bits ? x2 : x};
-      const auto t0 = std::chrono::steady_clock::now();
-      for (int64_t rep = 0; rep < kReps; ++rep)
-        for (int64_t n = 0; n < kRows; n += R) FusedTile<Dec, 1, R, false>(w, xr, xt, n, 0, no_dst, res[bits] + n);
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    };
-    double f16 = 1e9, fields = 1e9;
-    for (int round = 0; round < 5; ++round) {
-      f16 = std::min(f16, run(DecFP8Raw{}));
-      fields = std::min(fields, run(DecFP8Bits{}));
-    }
-    return std::memcmp(res[0], res[1], sizeof(res[0])) == 0 && fields < 0.9 * f16;
+  constexpr int R = kFusedRows<1>;
+  constexpr int64_t kRows = 4 * R, K = 1024, kReps = 16;
+  std::vector<int8_t> bytes(static_cast<size_t>(kRows * K));
+  uint32_t rng = 12345;
+  for (int8_t& b : bytes) {
+    do rng = rng * 1664525u + 1013904223u;
+    while (((rng >> 24) & 0x7f) == 0x7f);  // (no NaN codes)
+    b = static_cast<int8_t>(rng >> 24);
   }
+  HWY_ALIGN float x[K], x2[K], xt[kMaxLanes] = {};
+  for (int64_t k = 0; k < K; ++k) {
+    rng = rng * 1664525u + 1013904223u;
+    x[k] = static_cast<float>(static_cast<int32_t>(rng)) * 0x1p-31f;
+    x2[k] = x[k] * kFp8BitsExtra;
+  }
+  Weight w;
+  w.dtype = DType::F8_E4M3;
+  w.N = kRows;
+  w.K = K;
+  w.row_stride = K;
+  w.data = reinterpret_cast<const unsigned char*>(bytes.data());
+  float res[2][kRows];
+  float* const no_dst[R] = {};
+  auto run = [&](auto dec) {
+    using Dec = decltype(dec);
+    const bool bits = std::is_same_v<Dec, DecFP8Bits>;
+    const float* xr[1] = {bits ? x2 : x};
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t rep = 0; rep < kReps; ++rep)
+      for (int64_t n = 0; n < kRows; n += R) FusedTile<Dec, 1, R, false>(w, xr, xt, n, 0, no_dst, res[bits] + n);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double f16 = 1e9, fields = 1e9;
+  for (int round = 0; round < 5; ++round) {
+    f16 = std::min(f16, run(DecFP8Raw{}));
+    fields = std::min(fields, run(DecFP8Bits{}));
+  }
+  return std::memcmp(res[0], res[1], sizeof(res[0])) == 0 && fields < 0.9 * f16;
 }
 
 bool Fp8BitsRoute() {
