@@ -47,8 +47,9 @@ inline const std::vector<Scenario>& scenarios() {
       {"compute-bound batch (k = 0 best)", 0.75, 0.05, {0.7, 0.55, 0.45, 0.35}, 0.1},
       // drafts that are rarely right (a poor or mismatched MTP head, or sampling at a high temperature)
       {"drafts rarely accepted (k = 0 best)", 0.28, 0.085, {0.2, 0.2, 0.2, 0.2}},
-      // MTP layers whose drafts are never right (random weights: bench --synthetic), FP8 on 2 vCPUs of an Intel
-      // Xeon with AVX-512, where a 2-row verify costs 1.26 plain steps (docs/performance.md, forty-first session)
+      // MTP layers whose drafts are never right (random weights: bench --synthetic), FP8 on 2 vCPUs of an
+      // Intel Xeon with AVX-512, where a 2-row verify costs 1.26 plain steps (docs/performance.md, forty-first
+      // session)
       {"drafts never accepted (k = 0 best)", 0.26, 0.05, {0.0, 0.0, 0.0, 0.0}, 0.008},
       // 32 clients of a 2-vCPU server: k = 1 3% slower than plain decoding, and steps that spread by +-40%
       // (a standard deviation of 23%: the HTTP threads take the cores at random)

@@ -107,6 +107,10 @@ constexpr int kShortRowsOne = 8;
 #else
 constexpr int kShortRowsOne = kFusedRows<1>;
 #endif
+// FP8 decode and 2-row verify against large matrices of short rows read the rows as kShortRowsOne sequential
+// streams (Fp8StreamedRows). (Streams for 3 and 4 x rows, with half as many streams, measured no faster than
+// the contiguous tiles: docs/performance.md, forty-first session.)
+constexpr int64_t kStreamMaxM = 2;
 // Rows of at most kTinyKVectors vectors (the hyper-connection mixers' low-rank up projections, K = 16; small
 // experts' down projections, K = 32..64) take TinyKCols: a fused tile there spends nearly all its time on its
 // own setup and lane reduction, not on multiply-adds.
@@ -690,7 +694,7 @@ void ColsFor(const Job& job);
 
 Scratch PrescaleScratch() { return {ops::ScratchKind::kPrescale}; }
 
-void Fp8StreamedRow(const Job& job, bool bits);
+void Fp8StreamedRows(const Job& job, bool bits);
 
 // o[k] = x[k] · 256 · s(n, k / block_in) for k < K: x' for the scale-block row that holds weight row n; with
 // `bits`, x'' = x' · 2^112 (DecFP8Bits). Returns false when some |x'| >= 2^16 (x'' would overflow: the caller
@@ -733,12 +737,12 @@ bool Fp8BitsRoute();
 constexpr int64_t kPrescaleRows = 256;  // x rows prepared at once for prefill (x' scratch bounded)
 void Fp8PrescaledCols(const Job& job) {
   const bool bits = job.M <= kFusedMaxM && Fp8BitsRoute();
-  // Decode against a matrix that streams from memory (1 MB and more: far from cache-resident in a model
-  // that has it) with rows of at most 2 KB: rows as sequential streams (Fp8StreamedRow). Cache-resident
-  // weights (the bundled model's) and longer rows keep the contiguous tiles, faster there.
-  if (job.M == 1 && job.w->K <= kShortK && job.w->N * job.w->K >= (int64_t(1) << 20) &&
+  // Decode and verify against a matrix that streams from memory (1 MB and more: far from cache-resident in
+  // a model that has it) with rows of at most 2 KB: rows as sequential streams (Fp8StreamedRows).
+  // Cache-resident weights (the bundled model's) and longer rows keep the contiguous tiles, faster there.
+  if (job.M <= kStreamMaxM && job.w->K <= kShortK && job.w->N * job.w->K >= (int64_t(1) << 20) &&
       job.n1 - job.n0 >= 2 * kShortRowsOne)
-    return Fp8StreamedRow(job, bits);
+    return Fp8StreamedRows(job, bits);
   const Weight& w = *job.w;
   const int64_t K = w.K, pitch = (K + kMaxLanes - 1) / kMaxLanes * kMaxLanes;
   const int64_t MC = std::min(job.M, job.M <= kFusedMaxM ? kFusedMaxM : kPrescaleRows);
@@ -773,96 +777,154 @@ void Fp8PrescaledCols(const Job& job) {
   }
 }
 
-// ---- one x row, FP8, rows read as sequential streams ------------------------------------------------
+// ---- decode and verify rows, FP8, weight rows read as sequential streams ----------------------------
 
-// res[r] = dot(x'_r, weight row rows[r]) for R rows anywhere in w, each with its own x' (zero-padded to a
-// whole vector past K), prefetching row rows[r] + 1 (Dec: DecFP8Raw, or DecFP8Bits with x''). The chain of
-// every output is FusedTile<Dec, 1, R>'s (pairs of vectors where kPairFor<Dec, 1>, then single vectors, then
-// the tail, then ReduceMany), so the values are the same.
-template <class Dec, int R>
+// res[t * R + r] = dot(x'_{t,r}, weight row rows[r]) for T x rows and R weight rows anywhere in w, prefetching
+// row rows[r] + 1 (Dec: DecFP8Raw, or DecFP8Bits with x''). x'_{t,r} (x row t's x' for the scale block of row
+// rows[r], zero-padded to a whole vector past K) is x[t * R + r], or x[t] for every r when kSharedX (the R rows
+// share a scale block: each x vector is loaded once for all of them). Each output's chain is FusedTile<Dec, 1,
+// R>'s (multiply-adds in k order, pairs of vectors or single ones alike, then the tail, then ReduceMany, which
+// sums each accumulator on its own), so the values are the contiguous tiles', for any T.
+template <class Dec, int T, int R, bool kSharedX>
 HWY_NOINLINE void StreamTile(const Weight& w, const int64_t* row, const float* const* x, bool prefetch, float* res) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t K = w.K, Kfull = K - K % N;
   const VF one = hn::Set(d, 1.0f);
+  auto xp = [&](int t, int r) { return x[kSharedX ? t : t * R + r]; };
   const int8_t* rows[R];
   for (int r = 0; r < R; ++r) rows[r] = RowPtr<Dec>(w, row[r]);
   const int64_t pf = prefetch ? w.row_stride : 0;
-  VF acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = hn::Zero(d);
+  VF acc[T * R];
+  for (int i = 0; i < T * R; ++i) acc[i] = hn::Zero(d);
   int64_t k = 0;
   if constexpr (kPairFor<Dec, 1>) {
     for (; k + 2 * N <= Kfull; k += 2 * N) {
       for (int r = 0; r < R; ++r) __builtin_prefetch(rows[r] + pf + k, 0, 2);
-      for (int r = 0; r < R; ++r) {
-        VF lo, hi;
-        Load2<Dec>(d, rows[r] + k, one, lo, hi);
-        acc[r] = Fma(hn::LoadU(d, x[r] + k), lo, acc[r]);
-        acc[r] = Fma(hn::LoadU(d, x[r] + k + N), hi, acc[r]);
+      if constexpr (kSharedX) {
+        VF xlo[T], xhi[T];
+        for (int t = 0; t < T; ++t) {
+          xlo[t] = hn::LoadU(d, x[t] + k);
+          xhi[t] = hn::LoadU(d, x[t] + k + N);
+        }
+        for (int r = 0; r < R; ++r) {
+          VF lo, hi;
+          Load2<Dec>(d, rows[r] + k, one, lo, hi);
+          for (int t = 0; t < T; ++t) {
+            acc[t * R + r] = Fma(xlo[t], lo, acc[t * R + r]);
+            acc[t * R + r] = Fma(xhi[t], hi, acc[t * R + r]);
+          }
+        }
+      } else {
+        for (int r = 0; r < R; ++r) {
+          VF lo, hi;
+          Load2<Dec>(d, rows[r] + k, one, lo, hi);
+          for (int t = 0; t < T; ++t) {
+            VF& a = acc[t * R + r];
+            a = Fma(hn::LoadU(d, xp(t, r) + k), lo, a);
+            a = Fma(hn::LoadU(d, xp(t, r) + k + N), hi, a);
+          }
+        }
       }
     }
   }
   for (; k < Kfull; k += N) {
     if (k % 64 == 0)
       for (int r = 0; r < R; ++r) __builtin_prefetch(rows[r] + pf + k, 0, 2);
-    for (int r = 0; r < R; ++r) acc[r] = Fma(hn::LoadU(d, x[r] + k), Dec::Load(d, rows[r] + k, one), acc[r]);
+    for (int r = 0; r < R; ++r) {
+      const VF wv = Dec::Load(d, rows[r] + k, one);
+      for (int t = 0; t < T; ++t) acc[t * R + r] = Fma(hn::LoadU(d, xp(t, r) + k), wv, acc[t * R + r]);
+    }
   }
   if (Kfull < K)
-    for (int r = 0; r < R; ++r)
-      acc[r] = Fma(hn::LoadU(d, x[r] + Kfull), LoadTail<Dec>(d, rows[r] + Kfull, K - Kfull, one), acc[r]);
-  ReduceMany(acc, R, res);
-}
-
-// One x row against FP8 rows [n0, n1), read as R sequential streams: tile t takes row t of each of R equal
-// sub-ranges. The hardware prefetcher follows one stream per 4 KB page, and R rows interleaved inside the
-// same pages defeat it: a standalone loop on the 2-vCPU Xeon read rows of 768 / 2048 / 4096 bytes at 12.1
-// / 13.4 / 14.5 GB/s as contiguous tiles and 16.4 / 15.6 / 16.0 GB/s as streams (one core, 16.9 GB/s
-// read bandwidth). x' is formed per scale block of the range, as Fp8PrescaledCols does.
-template <class Dec>
-void StreamRows(const Job& job, const float* xs, int64_t b0, int64_t pitch) {
-  constexpr int R = kShortRowsOne;
-  const Weight& w = *job.w;
-  auto x_of = [&](int64_t n) -> const float* { return xs + ((w.scale_row0 + n) / w.block_out - b0) * pitch; };
-  auto store = [&](const int64_t* row, const float* res, int count) {
-    for (int r = 0; r < count; ++r) job.y[row[r]] = w.bias ? res[r] + w.bias[row[r]] : res[r];
-  };
-  const int64_t G = (job.n1 - job.n0) / R;  // rows per stream
-  int64_t row[R];
-  const float* x[R];
-  float res[R];
-  for (int64_t t = 0; t < G; ++t) {
     for (int r = 0; r < R; ++r) {
-      row[r] = job.n0 + r * G + t;
-      x[r] = x_of(row[r]);
+      const VF wv = LoadTail<Dec>(d, rows[r] + Kfull, K - Kfull, one);
+      for (int t = 0; t < T; ++t) acc[t * R + r] = Fma(hn::LoadU(d, xp(t, r) + Kfull), wv, acc[t * R + r]);
     }
-    StreamTile<Dec, R>(w, row, x, t + 1 < G, res);
-    store(row, res, R);
-  }
-  for (int64_t n = job.n0 + R * G; n < job.n1; ++n) {  // the remainder, one row at a time
-    row[0] = n;
-    x[0] = x_of(n);
-    StreamTile<Dec, 1>(w, row, x, false, res);
-    store(row, res, 1);
+  ReduceMany(acc, T * R, res);
+}
+
+// Rows [n0, n1) read as R sequential streams, tile g taking row g of each of R equal sub-ranges: the hardware
+// prefetcher follows one stream per 4 KB page, and R rows interleaved inside the same pages defeat it (a
+// standalone loop on the 2-vCPU Xeon read rows of 768 / 2048 / 4096 bytes at 12.1 / 13.4 / 14.5 GB/s as
+// contiguous tiles and 16.4 / 15.6 / 16.0 GB/s as streams; one core, 16.9 GB/s read bandwidth). One x row
+// (T = 1) streams over the whole range, each row with its own scale block's x'. Two x rows (a k = 1 verify)
+// stream within each scale block, whose rows share x': one x load per x row and weight vector for all R rows
+// instead of one per row (streams over the whole range made k = 1 on the 48-layer FP8 synthetic slower than
+// the contiguous tiles, within blocks 3-4% faster: docs/performance.md, forty-first session).
+// xs: [T][scale blocks of the range][pitch], x' formed as Fp8PrescaledCols does.
+template <class Dec, int T>
+void StreamRows(const Job& job, const float* xs, int64_t b0, int64_t nblocks, int64_t pitch) {
+  constexpr int R = kShortRowsOne;
+  constexpr bool kShared = T > 1;
+  const Weight& w = *job.w;
+  auto x_of = [&](int t, int64_t n) -> const float* {
+    return xs + (t * nblocks + (w.scale_row0 + n) / w.block_out - b0) * pitch;
+  };
+  auto store = [&](const int64_t* row, const float* res, int count) {
+    for (int t = 0; t < T; ++t)
+      for (int r = 0; r < count; ++r) {
+        const float v = res[t * count + r];
+        job.y[t * job.y_stride + row[r]] = w.bias ? v + w.bias[row[r]] : v;
+      }
+  };
+  int64_t row[R];
+  const float* x[T * R];
+  float res[T * R];
+  auto run = [&](int64_t n0, int64_t n1) {
+    const int64_t G = (n1 - n0) / R;  // rows per stream
+    for (int64_t g = 0; g < G; ++g) {
+      for (int r = 0; r < R; ++r) row[r] = n0 + r * G + g;
+      for (int t = 0; t < T; ++t)
+        for (int r = 0; r < (kShared ? 1 : R); ++r) x[kShared ? t : t * R + r] = x_of(t, row[r]);
+      StreamTile<Dec, T, R, kShared>(w, row, x, g + 1 < G, res);
+      store(row, res, R);
+    }
+    for (int64_t n = n0 + R * G; n < n1; ++n) {  // the remainder, one row at a time
+      row[0] = n;
+      for (int t = 0; t < T; ++t) x[t] = x_of(t, n);
+      StreamTile<Dec, T, 1, true>(w, row, x, false, res);
+      store(row, res, 1);
+    }
+  };
+  if constexpr (!kShared) {
+    run(job.n0, job.n1);
+  } else {
+    for (int64_t n = job.n0; n < job.n1;) {  // scale block by scale block
+      const int64_t ne = std::min(job.n1, ((w.scale_row0 + n) / w.block_out + 1) * w.block_out - w.scale_row0);
+      run(n, ne);
+      n = ne;
+    }
   }
 }
 
-void Fp8StreamedRow(const Job& job, bool bits) {
+template <class Dec>
+void StreamRowsFor(const Job& job, const float* xs, int64_t b0, int64_t nblocks, int64_t pitch) {
+  static_assert(kStreamMaxM == 2);
+  if (job.M == 1) return StreamRows<Dec, 1>(job, xs, b0, nblocks, pitch);
+  StreamRows<Dec, 2>(job, xs, b0, nblocks, pitch);
+}
+
+void Fp8StreamedRows(const Job& job, bool bits) {
   const Weight& w = *job.w;
   const int64_t K = w.K, pitch = (K + kMaxLanes - 1) / kMaxLanes * kMaxLanes;
   const int64_t b0 = (w.scale_row0 + job.n0) / w.block_out, b1 = (w.scale_row0 + job.n1 - 1) / w.block_out;
-  float* xs = PrescaleScratch().get(static_cast<size_t>((b1 - b0 + 1) * pitch));  // [blocks, pitch]
+  const int64_t nblocks = b1 - b0 + 1;
+  float* xs = PrescaleScratch().get(static_cast<size_t>(job.M * nblocks * pitch));  // [M, blocks, pitch]
   auto prescale = [&](bool with_bits) {
     bool fits = true;
-    for (int64_t b = b0; b <= b1; ++b) {
-      float* o = xs + (b - b0) * pitch;
-      fits &= PrescaleX(w, std::max(job.n0, b * w.block_out - w.scale_row0), job.x, o, with_bits);  // (a row of b)
-      std::fill(o + K, o + pitch, 0.0f);
-    }
+    for (int64_t m = 0; m < job.M; ++m)
+      for (int64_t b = b0; b <= b1; ++b) {
+        float* o = xs + (m * nblocks + b - b0) * pitch;
+        const int64_t n = std::max(job.n0, b * w.block_out - w.scale_row0);  // (a row of block b)
+        fits &= PrescaleX(w, n, job.x + m * job.x_stride, o, with_bits);
+        std::fill(o + K, o + pitch, 0.0f);
+      }
     return fits;
   };
-  if (bits && prescale(true)) return StreamRows<DecFP8Bits>(job, xs, b0, pitch);
+  if (bits && prescale(true)) return StreamRowsFor<DecFP8Bits>(job, xs, b0, nblocks, pitch);
   prescale(false);  // (the f16 route, or some |x'| >= 2^16)
-  StreamRows<DecFP8Raw>(job, xs, b0, pitch);
+  StreamRowsFor<DecFP8Raw>(job, xs, b0, nblocks, pitch);
 }
 
 template <class Dec>
