@@ -348,6 +348,8 @@ void register_all() {
       {DType::BF16, "bf16", {{4096, 4096}}, {64}},  // prefill-sized
       {DType::F8_E4M3, "fp8", {{4096, 4096}}, {64}},
       {DType::F8_E4M3, "fp8", {{768, 2048}, {2048, 768}}, {1, 4}},  // MoE expert gate/up and down (hidden 2048)
+      // the dense MLP of `nextn bench --synthetic --mlp dense` (hidden 2048): gate/up, down
+      {DType::F8_E4M3, "fp8", {{5632, 2048}, {2048, 5632}}, {1, 2, 3, 4}},
       {DType::BF16, "bf16", {{768, 2048}, {2048, 768}}, {1, 4}},
       {DType::F16, "f16", {{4096, 4096}}, {1, 4}},
       {DType::F32, "f32", {{4096, 4096}}, {1, 4}},

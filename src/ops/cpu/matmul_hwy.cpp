@@ -726,6 +726,11 @@ bool PrescaleX(const Weight& w, int64_t n, const float* x, float* o, bool bits) 
   return !bits || std::max(hn::GetLane(hn::MaxOfLanes(d, vmax)), smax) < kFp8BitsLimit;
 }
 
+// The end of the run of rows from n that share row n's scale block (rows of w; at most n1).
+HWY_INLINE int64_t ScaleBlockEnd(const Weight& w, int64_t n, int64_t n1) {
+  return std::min(n1, ((w.scale_row0 + n) / w.block_out + 1) * w.block_out - w.scale_row0);
+}
+
 // Whether this target's decode-sized FP8 matmuls take DecFP8Bits (matmul_kernels.h, Fp8Decode).
 bool Fp8BitsRoute();
 
@@ -750,8 +755,7 @@ void Fp8PrescaledCols(const Job& job) {
   for (int64_t m0 = 0; m0 < job.M; m0 += MC) {
     const int64_t mc = std::min(MC, job.M - m0);
     for (int64_t n = job.n0; n < job.n1;) {
-      const int64_t blk = (w.scale_row0 + n) / w.block_out;
-      const int64_t ne = std::min(job.n1, (blk + 1) * w.block_out - w.scale_row0);
+      const int64_t ne = ScaleBlockEnd(w, n, job.n1);
       auto prescale = [&](bool with_bits) {
         bool fits = true;
         for (int64_t m = 0; m < mc; ++m)
@@ -891,7 +895,7 @@ void StreamRows(const Job& job, const float* xs, int64_t b0, int64_t nblocks, in
     run(job.n0, job.n1);
   } else {
     for (int64_t n = job.n0; n < job.n1;) {  // scale block by scale block
-      const int64_t ne = std::min(job.n1, ((w.scale_row0 + n) / w.block_out + 1) * w.block_out - w.scale_row0);
+      const int64_t ne = ScaleBlockEnd(w, n, job.n1);
       run(n, ne);
       n = ne;
     }
