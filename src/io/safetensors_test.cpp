@@ -278,6 +278,33 @@ TEST(Safetensors, WriterRejectsBadInput) {
 // ---------------------------------------------------------------------------------------------
 // Malformed single files
 
+// NEXTN_WEIGHTS=memory (FileResidency::kInMemory): a file of at least kInMemoryMinBytes is read into memory
+// with the same bytes as its mapping; smaller files stay mapped.
+TEST(MappedFile, InMemoryResidencyHasTheMappedBytes) {
+  const std::string dir = make_test_dir();
+  std::vector<char> big(kInMemoryMinBytes + 4097), small(100);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 7);
+  for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<char>(i);
+  std::ofstream(dir + "/big.bin", std::ios::binary).write(big.data(), static_cast<std::streamsize>(big.size()));
+  std::ofstream(dir + "/small.bin", std::ios::binary).write(small.data(), static_cast<std::streamsize>(small.size()));
+  const FileResidency before = file_residency();
+  set_file_residency(FileResidency::kInMemory);
+  MappedFile b(dir + "/big.bin"), s(dir + "/small.bin");
+  set_file_residency(before);
+  EXPECT_TRUE(b.in_memory());
+  EXPECT_FALSE(s.in_memory());
+  ASSERT_EQ(b.size(), big.size());
+  ASSERT_EQ(s.size(), small.size());
+  EXPECT_EQ(0, std::memcmp(b.data(), big.data(), big.size()));
+  EXPECT_EQ(0, std::memcmp(s.data(), small.data(), small.size()));
+  MappedFile moved = std::move(b);  // (the memory moves with it and is released once)
+  EXPECT_TRUE(moved.in_memory());
+  EXPECT_FALSE(b.in_memory());
+  MappedFile mapped(dir + "/big.bin");
+  EXPECT_EQ(mapped.in_memory(), before == FileResidency::kInMemory);
+  EXPECT_EQ(0, std::memcmp(mapped.data(), big.data(), big.size()));
+}
+
 TEST(SafetensorsMalformed, MissingFile) {
   const std::string path = make_test_dir() + "/nope.safetensors";
   expect_open_error(path, {path, std::strerror(ENOENT)});
