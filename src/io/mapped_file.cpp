@@ -63,6 +63,7 @@ FileResidency file_residency() {
 }
 
 MappedFile::MappedFile(const std::string& path) : path_(path) {
+  const bool want_memory = file_residency() == FileResidency::kInMemory;  // (may throw: before the file is open)
   int fd;
   do {
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -80,7 +81,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     throw Error("cannot map '" + path + "': not a regular file");
   }
   size_ = static_cast<size_t>(st.st_size);
-  if (size_ >= kInMemoryMinBytes && file_residency() == FileResidency::kInMemory) {
+  if (want_memory && size_ >= kInMemoryMinBytes) {
     try {
       data_ = read_into_memory(fd, size_, path);
     } catch (...) {
