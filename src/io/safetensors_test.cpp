@@ -282,11 +282,11 @@ TEST(Safetensors, WriterRejectsBadInput) {
 // with the same bytes as its mapping; smaller files stay mapped.
 TEST(MappedFile, InMemoryResidencyHasTheMappedBytes) {
   const std::string dir = make_test_dir();
-  std::vector<char> big(kInMemoryMinBytes + 4097), small(100);
+  std::string big(kInMemoryMinBytes + 4097, '\0'), small(100, '\0');
   for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>(i * 131 + 7);
   for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<char>(i);
-  std::ofstream(dir + "/big.bin", std::ios::binary).write(big.data(), static_cast<std::streamsize>(big.size()));
-  std::ofstream(dir + "/small.bin", std::ios::binary).write(small.data(), static_cast<std::streamsize>(small.size()));
+  write_bytes(dir + "/big.bin", big);
+  write_bytes(dir + "/small.bin", small);
   const FileResidency before = file_residency();
   set_file_residency(FileResidency::kInMemory);
   MappedFile b(dir + "/big.bin"), s(dir + "/small.bin");
