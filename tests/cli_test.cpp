@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -255,6 +256,9 @@ TEST(Cli, BenchJsonHasTheSpecifiedKeys) {
   // (measured in the child, which may choose otherwise than this process on a noisy machine: either is exact)
   const std::string fp8 = j["cpu_fp8_decode"].get<std::string>();
   EXPECT_TRUE(fp8 == "bits" || fp8 == "f16") << fp8;
+  // How the weights were held: as NEXTN_WEIGHTS (inherited) asks, mapped when unset.
+  const char* held = std::getenv("NEXTN_WEIGHTS");
+  EXPECT_EQ(j["weights"].get<std::string>(), held && std::string(held) == "memory" ? "memory" : "mapped");
   EXPECT_EQ(j["verify_cost"]["1"].get<double>(), 1.0);
   EXPECT_EQ(j["verify_bytes"]["1"].get<double>(), 1.0);
   for (int rows = 2; rows <= 8; ++rows) {
@@ -364,6 +368,24 @@ TEST(Cli, TensorParallelRankThatVanishesStopsTheCommandWithItsStatus) {
       nextn_with("NEXTN_TEST_TP_EXIT_RANK=1", "generate --prompt 'def add(a, b):' -n 16 --tensor-parallel 2");
   EXPECT_EQ(r.status, 1) << r.err;
   EXPECT_NE(r.err.find("tensor parallel rank 1 exited with status 3"), std::string::npos) << r.err;
+}
+
+// --weights memory reads the files into memory at load: the same tokens as mapped files; it overrides
+// NEXTN_WEIGHTS, for the tensor-parallel ranks too (they inherit the environment the option sets).
+TEST(Cli, WeightsOptionHoldsTheFilesEitherWayWithTheSameTokens) {
+  const std::string args = "generate --prompt 'def add(a, b):' -n 16 --json";
+  const auto mapped = nextn(args + " --weights mapped"), memory = nextn(args + " --weights memory");
+  ASSERT_EQ(mapped.status, 0) << mapped.err;
+  ASSERT_EQ(memory.status, 0) << memory.err;
+  const auto ids = nlohmann::json::parse(mapped.out)["ids"];
+  EXPECT_EQ(nlohmann::json::parse(memory.out)["ids"], ids);
+  expect_usage_error(args + " --weights disk", "--weights must be mapped or memory, got 'disk'");
+  const auto bad_env = nextn_with("NEXTN_WEIGHTS=disk", args);
+  EXPECT_EQ(bad_env.status, 1);
+  EXPECT_NE(bad_env.err.find("NEXTN_WEIGHTS='disk'"), std::string::npos) << bad_env.err;
+  const auto ranks = nextn_with("NEXTN_WEIGHTS=disk", args + " --weights memory --tensor-parallel 2");
+  ASSERT_EQ(ranks.status, 0) << ranks.err;
+  EXPECT_EQ(nlohmann::json::parse(ranks.out)["ids"], ids);
 }
 
 TEST(Cli, TokenizeMatchesTheLibrary) {

@@ -20,6 +20,7 @@
 #include "core/splitmix.h"
 #include "core/profile.h"
 #include "core/threadpool.h"
+#include "io/mapped_file.h"
 #include "io/tokenizer.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
@@ -58,6 +59,8 @@ concurrency.
   --prompt-tokens N  prompt length (default 64)
   --threads N        worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
   --tensor-parallel N  N tensor-parallel ranks, processes of this command (docs/parallel.md)
+  --weights mapped|memory  the checkpoint's files mapped (default, or $NEXTN_WEIGHTS) or read into huge-page
+                     memory at load (JSON "weights": how they were held)
   --device cpu|cuda  where the model runs (default cpu); with cuda every bandwidth is the GPU's
                      device-to-device copy bandwidth ((read + write) / time over 2 GiB), measured likewise
   --repeats N        passes (default 3; one pass is at the mercy of a noisy machine): decode is measured
@@ -507,12 +510,13 @@ std::string rounds_at_k_text(const std::vector<int64_t>& at_k) {
 int run_bench(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "synthetic"},
          {"model", "dtype", "mlp", "layers", "hidden", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats",
-          "oracle-acceptance", "concurrency", "concurrency-k", "device", "tensor-parallel"});
+          "oracle-acceptance", "concurrency", "concurrency-k", "device", "tensor-parallel", "weights"});
   if (a.has("help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
   }
   if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
+  apply_weights_option(a);
   const BenchOptions o = parse_bench_options(a);
   if (o.synthetic) {
     check_against_facts(o, describe_synthetic_checkpoint(kSyntheticModelType, synthetic_options(o)).facts);
@@ -552,6 +556,8 @@ int run_bench(int argc, char** argv) {
   nlohmann::json out;
   m.prefault(!json);
   const bool gpu = o.device == "cuda";
+  // (as asked: a file that cannot have the memory stays mapped, io/mapped_file.h)
+  const char* weights = file_residency() == FileResidency::kInMemory ? "memory" : "mapped";
   const std::string where = place_model(m, o.device);
   // The yardstick of a bandwidth-bound decode: the CPU's read bandwidth, or the GPU's copy bandwidth.
   auto measure_bandwidth = [&] { return gpu ? cuda::copy_bandwidth_gbps(size_t(2) << 30) : measure_read_bandwidth(pool); };
@@ -559,12 +565,13 @@ int run_bench(int argc, char** argv) {
   if (gpu)
     log("machine: %s, device copy bandwidth %.2f GB/s (the yardstick below)\n", where.c_str(), bw);
   else
-    log("machine: %d threads, CPU kernels %s (FP8 decode: %s), read bandwidth %.2f GB/s\n", pool.size(),
-        cpu_target_text().c_str(), ops::cpu_fp8_decode_name(), bw);
+    log("machine: %d threads, CPU kernels %s (FP8 decode: %s), weights %s, read bandwidth %.2f GB/s\n",
+        pool.size(), cpu_target_text().c_str(), ops::cpu_fp8_decode_name(), weights, bw);
   out["device"] = where;
   out["cpu_target"] = ops::cpu_target_name();
   out["cpu_target_forced"] = ops::cpu_target_forced();
   if (!gpu) out["cpu_fp8_decode"] = ops::cpu_fp8_decode_name();
+  out["weights"] = weights;
 
   auto prompt = bench_prompt(dir, facts.vocab_size, n_prompt);
   // Bytes one decode token reads: weights (active experts only) + the KV cache (latent + rope key +

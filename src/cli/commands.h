@@ -24,6 +24,9 @@ inline std::string cpu_target_text() {
 // --device cpu|cuda|auto as given (default auto); UsageError for anything else.
 class Args;
 std::string device_option(const Args& a);
+// --weights mapped|memory as given (default: $NEXTN_WEIGHTS, else mapped): how the checkpoint's files are held
+// (io/mapped_file.h), for this process and the tensor-parallel ranks it starts. UsageError for anything else.
+void apply_weights_option(const Args& a);
 // Moves `model` to the device `option` names (auto: CUDA when a usable GPU is there and the model's family runs
 // on it, else the CPU) before its first sequence; returns where it runs, for the logs ("cpu", "cuda: NVIDIA
 // H200 (sm_90, 139 GiB)"). Throws nextn::Error when cuda is asked for and cannot be had, saying why.

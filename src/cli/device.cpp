@@ -2,6 +2,7 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/threadpool.h"
+#include "io/mapped_file.h"
 #include "models/common/tensor_parallel.h"
 #include "models/registry.h"
 #include "ops/cuda/cuda_ops.h"
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -20,6 +22,14 @@ std::string device_option(const Args& a) {
   const std::string d = a.get("device", "auto");
   if (d != "cpu" && d != "cuda" && d != "auto") throw UsageError("--device must be cpu, cuda or auto, got '" + d + "'");
   return d;
+}
+
+void apply_weights_option(const Args& a) {
+  if (!a.has("weights")) return;  // ($NEXTN_WEIGHTS, read at the first file opened)
+  const std::string w = a.get("weights");
+  if (w != "mapped" && w != "memory") throw UsageError("--weights must be mapped or memory, got '" + w + "'");
+  set_file_residency(w == "memory" ? FileResidency::kInMemory : FileResidency::kMapped);
+  ::setenv("NEXTN_WEIGHTS", w.c_str(), 1);  // (the rank processes inherit the environment)
 }
 
 std::unique_ptr<Model> load_command_model(const std::string& dir, ThreadPool& pool, int tensor_parallel) {

@@ -79,7 +79,7 @@ std::string default_model() {
 
 namespace {
 
-const char* kMainUsage = R"(nextn: HY V4 inference with native MTP speculative decoding.
+const char* kMainUsage = R"(nextn: HY V4 and Qwen4-Exp inference with native MTP speculative decoding.
 
 usage: nextn <command> [options]
 
@@ -132,8 +132,10 @@ sampled output is distributed exactly as the target's.
   --relaxed-acceptance N,D  LOSSY: also accept drafts in the target's top-N within D of its top probability
   --adaptive THRESHOLD      shrink k while the rolling acceptance rate is under THRESHOLD (probe later)
   --threads N               worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
+  --weights mapped|memory   the checkpoint's files mapped (default, or $NEXTN_WEIGHTS) or read into huge-page
+                            memory at load: a private copy, slower to load, faster to stream on some CPUs
   --device cpu|cuda|auto    where the model runs (default auto: the GPU when there is one and the CUDA
-                            backend runs the model's family, HY V4 so far; else the CPU)
+                            backend runs the model's family; else the CPU)
   --tensor-parallel N       run the model as N tensor-parallel ranks (heads, MLP features, experts and
                             vocabulary split, docs/parallel.md); ranks 1.. are processes this command
                             starts; on the CPU a test of what several GPUs will run, no faster
@@ -166,6 +168,7 @@ MTP layer 0 over the prompt, position p fed token p+1 and the target's hidden st
   --output FILE   output .safetensors path
   --draft         also write draft_logits
   --threads N     worker threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
+  --weights W     mapped (default, or $NEXTN_WEIGHTS) or memory: the files read into huge-page memory at load
   --device D      cpu, cuda or auto (default: the GPU when there is one and it runs the model's family)
   --tensor-parallel N  as N tensor-parallel ranks, processes of this command (docs/parallel.md)
 )";
@@ -232,12 +235,13 @@ int run_generate(int argc, char** argv) {
           "speculative-tokens", "temperature", "top-k", "top-p", "min-p",
           "seed", "repetition-penalty", "presence-penalty", "frequency-penalty", "stop", "stop-id",
           "relaxed-acceptance", "adaptive", "threads", "logprobs", "requests", "kv-cache-mb", "max-sequences",
-          "device", "tensor-parallel"});
+          "device", "tensor-parallel", "weights"});
   if (a.has("help")) {
     std::fputs(kGenerateUsage, stdout);
     return 0;
   }
   if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
+  apply_weights_option(a);
   if (a.has("ids") && a.has("prompt")) throw UsageError("give either --prompt or --ids, not both");
   SamplingParams sp;
   sp.max_tokens = a.get_int("max-tokens", 64, 0, INT32_MAX);
@@ -403,7 +407,7 @@ int run_tokenize(int argc, char** argv, bool detok) {
 }
 
 int run_logits(int argc, char** argv) {
-  Args a(argc, argv, 2, {"help", "draft"}, {"model", "ids", "output", "threads", "device", "tensor-parallel"});
+  Args a(argc, argv, 2, {"help", "draft"}, {"model", "ids", "output", "threads", "device", "tensor-parallel", "weights"});
   if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
   if (a.has("help")) {
     std::fputs(kLogitsUsage, stdout);
@@ -412,6 +416,7 @@ int run_logits(int argc, char** argv) {
   for (const char* req : {"model", "ids", "output"})
     if (!a.has(req)) throw UsageError(std::string("--") + req + " is required");
   check_output_outside_checkpoint(a.get("output"), a.get("model"));
+  apply_weights_option(a);
   auto ids = parse_id_list(a.get("ids"), "--ids");
   ThreadPool pool(thread_count(a));
   const std::unique_ptr<Model> loaded = load_command_model(a.get("model"), pool, tensor_parallel(a));

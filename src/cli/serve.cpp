@@ -42,8 +42,10 @@ target's, sampled output is distributed as the target's. docs/server.md has the 
   --max-body-kb N           largest request body, in KiB (default 8192; larger bodies get 413)
   --http-threads N          connections served at once (default 128; each stream holds one)
   --threads N               compute threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
+  --weights mapped|memory   the checkpoint's files mapped (default, or $NEXTN_WEIGHTS) or read into huge-page
+                            memory at load: a private copy, slower to load, faster to stream on some CPUs
   --device cpu|cuda|auto    where the model runs (default auto: the GPU when there is one and the CUDA
-                            backend runs the model's family, HY V4 so far; else the CPU)
+                            backend runs the model's family; else the CPU)
   --tensor-parallel N       run the model as N tensor-parallel ranks (heads, MLP features, experts and
                             vocabulary split, docs/parallel.md); ranks 1.. are processes this command
                             starts; on the CPU a test of what several GPUs will run, no faster
@@ -67,12 +69,14 @@ std::optional<serve::ChatTemplate> chat_template(const Args& a, const std::strin
 int run_serve(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "no-speculate"},
          {"model", "host", "port", "served-model-name", "chat-template", "speculative-tokens", "max-sequences",
-          "max-queue", "kv-cache-mb", "max-body-kb", "http-threads", "threads", "device", "tensor-parallel"});
+          "max-queue", "kv-cache-mb", "max-body-kb", "http-threads", "threads", "device", "tensor-parallel",
+          "weights"});
   if (a.has("help")) {
     std::fputs(kServeUsage, stdout);
     return 0;
   }
   if (!a.positional().empty()) throw UsageError("nextn serve: unexpected argument '" + a.positional()[0] + "'");
+  apply_weights_option(a);
   // Before any thread starts: the shutdown signals go to serve_http's sigwait, in every thread.
   serve::block_shutdown_signals();
 

@@ -116,7 +116,7 @@ class Model {
   // a NaN or inf; with `progress` and a terminal on stderr, large checkpoints show a progress bar.
   virtual void prefault(bool progress) const = 0;
 
-  // Whether this family runs on `device` (CUDA: HY V4 so far), and moving its forwards there: weights
+  // Whether this family runs on `device` (CUDA: both families), and moving its forwards there: weights
   // uploaded once, KV memory on the device. Before the first sequence; throws nextn::Error saying why not.
   virtual bool runs_on(Device device) const { return device == Device::kCpu; }
   virtual void use_device(Device device) {
