@@ -169,6 +169,10 @@ TEST(Cli, StatsSayWhenTheTunerKeptPlainDecoding) {
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_NE(r.err.find("plain decoding for "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("the tuner kept it off"), std::string::npos) << r.err;
+  // A generation too short to pay for a probe does not draft, and says why.
+  r = nextn("generate --model " + kFixture + " --ids " + ids_arg(ids) + " -n 12 --ignore-eos");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.err.find("plain decoding for all 11 steps: a generation this short"), std::string::npos) << r.err;
 }
 
 TEST(Cli, LoadErrorsExitOneAndNameThePath) {

@@ -74,13 +74,17 @@ void Engine::step() {
   if (active_.empty()) return;
   ++steps_;
   const auto t0 = Clock::now();
-  int64_t tuned_decoding = 0, tuned_prompts = 0;
+  int64_t tuned_decoding = 0, tuned_prompts = 0, horizon = 0;
   for (const Entry& e : active_) {
     if (!e.seq->tuned()) continue;
-    tuned_decoding += e.seq->phase() == Sequence::Phase::kDecoding;
+    const bool decoding = e.seq->phase() == Sequence::Phase::kDecoding;
+    tuned_decoding += decoding;
     tuned_prompts += e.seq->phase() == Sequence::Phase::kPrefill;
+    if (decoding) horizon = std::max(horizon, e.seq->tokens_left());
   }
   KTuner* tuner = tuned_decoding > 0 ? &tuner_for(tuned_decoding) : nullptr;
+  // (a server's long-lived classes see the horizon of the requests decoding now: what their probes may cost)
+  if (tuner) tuner->set_horizon(double(horizon));
   const int k_batch = tuner ? tuner->next() : 0;
   // While plain decoding is what the tuner chose, arriving tuned prompts skip their MTP prefill (a forward
   // of its own per arrival, which plain rounds never use; caught up over the deferral window if the
@@ -298,7 +302,7 @@ void Engine::record_tuner(KTuner& tuner, double step_seconds, bool one_off) {
     const double share = step_seconds / double(rounds);
     const auto& seam = s.spec().round_seconds_for_tests;
     if (no_measure && !seam) {
-      tuner.record_one_off(r.k_chosen, share, r.emitted, r.drafts_judged, weight);
+      tuner.record_one_off(r.k_chosen, share, r.emitted, r.drafts_judged, weight, /*warm_up=*/one_off);
       continue;
     }
     tuner.record(r.k_chosen, seam ? seam(r.k_chosen, r.emitted) : share, r.emitted, r.drafts_judged, weight);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "core/error.h"
 
@@ -65,13 +66,20 @@ constexpr double kArrivalDecay = 0.98;
 // steps run while the batch fills, 1.5-2x slower) decided between k for hundreds of steps.
 constexpr double kStaleWeight = 0.05;
 constexpr double kDriftDeadband = 0.03;  // see KTuner::drift
+// What probing may cost a generation of known length (set_horizon): this share of the tokens it may still
+// emit (P13 holds tuned decoding to >= 0.97x plain decoding, cold start included), and the least room a probe
+// needs to start (its first round, with a catch-up of deferred positions, costs about this much where its
+// drafts are never accepted: docs/performance.md, forty-third session).
+constexpr double kHorizonShare = 0.02;
+constexpr double kHorizonMinTokens = 0.5;
 }
 
 KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval, double first_prior_tries)
     : k_max_(k_max),
       probe_rounds_(probe_rounds),
       reprobe_interval_(reprobe_interval),
-      interval_(reprobe_interval) {
+      interval_(reprobe_interval),
+      horizon_(std::numeric_limits<double>::infinity()) {
   if (k_max < 0 || probe_rounds < 1 || reprobe_interval < 1 || !(first_prior_tries >= 0))
     throw Error("KTuner: needs k_max >= 0, probe_rounds >= 1, reprobe_interval >= 1, first_prior_tries >= 0");
   seconds_.assign(k_max + 1, 0.0);
@@ -81,6 +89,7 @@ KTuner::KTuner(int k_max, int probe_rounds, int reprobe_interval, double first_p
   rounds_.assign(k_max + 1, 0);
   recent_.assign(size_t(k_max) + 1, Recent{});
   plain_at_.assign(k_max + 1, 0.0);
+  set_aside_.assign(size_t(k_max) + 1, 0);
   if (k_max > 0) {  // the prior of position 1: tries that age like the rounds' own
     accepted_[0] = kFirstPrior * first_prior_tries;
     tried_[0] = first_prior_tries;
@@ -138,8 +147,9 @@ double KTuner::plain_margin(int k) const { return std::max(kPlainMargin, noise_m
 int KTuner::best() const {
   int b = -1;
   for (int k = 1; k <= k_max_; ++k)
-    if (weight_[k] > 0 && (b < 0 || seconds_per_token(k) < seconds_per_token(b))) b = k;
+    if (weight_[k] > 0 && !set_aside_[k] && (b < 0 || seconds_per_token(k) < seconds_per_token(b))) b = k;
   if (weight_[0] > 0 && (b < 0 || seconds_per_token(b) > (1.0 - plain_margin(b)) * seconds_per_token(0))) b = 0;
+  if (b < 0 && std::any_of(set_aside_.begin(), set_aside_.end(), [](char c) { return c != 0; })) b = 0;
   return b < 0 ? k_max_ : b;
 }
 
@@ -159,7 +169,25 @@ double KTuner::budget_tokens() const {
 }
 
 bool KTuner::may_probe(int k) const {
-  return k == 0 || (!hopeless(k) && (budget_ >= 0 || plain_seconds_per_token() <= 0));
+  return k == 0 || (!hopeless(k) && (budget_ >= 0 || plain_seconds_per_token() <= 0) && horizon_allows(k));
+}
+
+bool KTuner::horizon_allows(int) const {
+  if (!std::isfinite(horizon_)) return true;
+  const double b = plain_seconds_per_token();
+  const double banked = b > 0 ? budget_ / b : 0.0;
+  return banked + kHorizonShare * horizon_ >= kHorizonMinTokens;
+}
+
+// A probe of k > 0 under a horizon ends, and k is set aside, once the budget is below the probe's floor. (Its
+// estimate is not trusted then: one or two rounds leave position 1's acceptance near its prior, by which a k
+// whose drafts all failed still looked faster than plain decoding.) No look ahead at the next round: a round
+// that lost by a rejection says little of the next, and stopping on it cost the good texts of
+// k_tuner_sim.h 2-5% at 32 tokens.
+void KTuner::check_probe_floor() {
+  if (probe_left_ <= 0 || probe_k_ <= 0 || budget_ >= probe_floor_) return;
+  set_aside_[size_t(probe_k_)] = 1;
+  end_probe();
 }
 
 double KTuner::round_cost_floor(int k) const {
@@ -233,7 +261,7 @@ int KTuner::next() {
     int top = -1;
     while (top < k_max_ && rounds_[top + 1] > 0) ++top;
     auto improves = [&](int k) {  // k >= 1 measured faster than every smaller k, by more than the noise
-      if (k < 1) return false;
+      if (k < 1 || set_aside_[size_t(k)]) return false;
       for (int j = 0; j < k; ++j)
         if (seconds_per_token(k) >= (1.0 - noise_margin(k, j)) * seconds_per_token(j)) return false;
       return true;
@@ -304,6 +332,8 @@ void KTuner::record(int k, double seconds, int emitted, bool drafts_judged, doub
   remember_round(k, spent, weight);
   charge(k, spent, emitted, weight);
   if (probe_left_ <= 0 || k != probe_k_) return;
+  check_probe_floor();
+  if (probe_left_ <= 0) return;
   probe_left_ -= weight;
   // The probe's one-off steps (record_one_off) are spent whatever follows: only what its measured rounds
   // lose may stop it (stopped after a one-off step, a probe leaves a k judged by one step's drafts).
@@ -324,13 +354,18 @@ void KTuner::learn_acceptance(int k, int emitted, bool drafts_judged, double wei
   }
 }
 
-void KTuner::record_one_off(int k, double seconds, int emitted, bool drafts_judged, double weight) {
+void KTuner::record_one_off(int k, double seconds, int emitted, bool drafts_judged, double weight, bool warm_up) {
   if (!valid_round(k, seconds, emitted, weight)) return;
   learn_acceptance(k, emitted, drafts_judged, weight);  // (its time is no measure, its drafts are)
   ++rounds_[k];
   const double before = budget_;
   charge(k, seconds, emitted, weight);
-  if (probe_left_ > 0 && k == probe_k_) probe_overhead_ += before - budget_;
+  if (probe_left_ <= 0 || k != probe_k_) return;
+  probe_overhead_ += before - budget_;
+  if (warm_up)
+    probe_floor_ -= before - budget_;
+  else
+    check_probe_floor();
 }
 
 // (A batch's step records its n rounds at weight 1/n with one time: the time is kept once per step.)
@@ -355,6 +390,11 @@ double KTuner::recent_median(int k) const {
 void KTuner::start_probe(int k) {
   probe_k_ = k;
   probe_left_ = probe_rounds_;
+  set_aside_[size_t(k)] = 0;
+  const double b = plain_seconds_per_token();
+  // (gains banked before it are its to spend: the floor is below no budget, not below this one)
+  probe_floor_ = k > 0 && std::isfinite(horizon_) && b > 0 ? -kHorizonShare * horizon_ * b
+                                                           : -std::numeric_limits<double>::infinity();
   if (weight_[k] > kStaleWeight) {
     seconds_[k] *= kStaleWeight / weight_[k];
     weight_[k] = kStaleWeight;

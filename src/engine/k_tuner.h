@@ -30,6 +30,12 @@
 // plain tokens (k_tuner.cpp), so a long-lived server's tuner cannot spend hours of old gains on probes that
 // lose.
 //
+// A generation's length bounds what its probes may cost (set_horizon: the tokens its sequences may still
+// emit): a probe of k > 0 starts only while kHorizonShare of that horizon, plus the budget, leaves room for
+// half a plain token, and stops (k then set aside until it is probed again) once what it has cost, one-offs
+// included, passes that: a 32-token generation whose drafts are never accepted pays ~2% for learning it,
+// where a probe's catch-up and three rounds cost it 4%, and one of 16 tokens probes nothing.
+//
 // Classes of larger batches know less and probe at a higher price (a catch-up step at 32 CPU sequences costs
 // 1.6 plain ones), but a round at k costs relatively more the larger the batch: its k + 1 verify rows and
 // draft steps share fewer weight reads with the other sequences' rows. So what a smaller batch measured
@@ -59,6 +65,9 @@ class KTuner {
   // the k > 0 are carried forward from that measured plain time.
   static KTuner seeded_from(const KTuner& other);
 
+  // The most tokens the generations decoding now may still emit (see above); +inf (the default): unbounded,
+  // as a server's class whose requests come and go.
+  void set_horizon(double tokens) { horizon_ = tokens > 0 ? tokens : 0.0; }
   int next();                                   // k for the coming round
   bool probing() const { return probe_left_ > 0; }  // the coming round (re)measures a k
   // Plain decoding is what the coming rounds run: no probe under way, k = 0 the best, and the first climb
@@ -82,7 +91,10 @@ class KTuner {
   // A round of a step that did one-off work (a GPU backend's first run of a shape, its graph recording, a
   // catch-up of positions deferred by plain rounds): its time is no measure of k, but what it cost is paid
   // from the probe budget (it does not stop a probe, as a catch-up does not); its drafts count as any.
-  void record_one_off(int k, double seconds, int emitted, bool drafts_judged = true, double weight = 1.0);
+  // warm_up: the step ran a backend's first run of a shape (a GPU graph recorded), which the process pays
+  // once whatever k comes next: a probe's horizon limit leaves it out (a catch-up of deferred positions counts).
+  void record_one_off(int k, double seconds, int emitted, bool drafts_judged = true, double weight = 1.0,
+                      bool warm_up = false);
   int best() const;  // the k with the lowest time per token so far (k = 0 keeps near-ties)
   int k_max() const { return k_max_; }
   double seconds_per_token(int k) const;        // 0 when k was never measured
@@ -148,6 +160,11 @@ class KTuner {
   double arrival_seconds_ = 0, arrival_tokens_ = 0;  // decaying sums, see record_arrival_overhead
   double probe_overhead_ = 0;  // the current probe's one-off catch-ups (they do not stop it)
   double noise_sq_ = 0, noise_weight_ = 0;  // decaying sums: squared relative deviations, rounds (see noise())
+  double horizon_;             // see set_horizon
+  double probe_floor_ = 0;     // the budget a probe of k > 0 may not go below (seconds; -inf: no horizon)
+  std::vector<char> set_aside_;  // per k: its probe stopped at the horizon's limit; not best until re-probed
+  bool horizon_allows(int k) const;  // (may_probe's part)
+  void check_probe_floor();          // ends the probe, k set aside, once the budget is below probe_floor_
 };
 
 }  // namespace nextn

@@ -99,6 +99,7 @@ inline double tuned_cost(const Scenario& s, int k_max, int tokens, uint32_t seed
   double seconds = 0;
   int emitted = 0, deferred = kDeferWindow;
   while (emitted < tokens) {
+    tuner.set_horizon(tokens - emitted);
     const int k = tuner.next();
     int accepted = 0;
     while (accepted < k && u(rng) < s.accept[accepted]) ++accepted;

@@ -37,6 +37,7 @@ class Sequence final : private DraftPicker {
   // Positions its memory must hold: prompt + max_tokens + the rows of one round.
   int64_t capacity() const { return capacity_; }
   int64_t max_tokens() const { return max_tokens_; }  // the most it generates (max_tokens, cut to the context)
+  int64_t tokens_left() const { return max_tokens_ - int64_t(res_.ids.size()); }  // the most it may still emit
   int64_t prompt_tokens() const { return int64_t(request_.prompt.size()); }
   // Greedy with tuned k: the engine picks k for the whole batch.
   bool tuned() const { return tuned_; }
