@@ -169,10 +169,10 @@ double KTuner::budget_tokens() const {
 }
 
 bool KTuner::may_probe(int k) const {
-  return k == 0 || (!hopeless(k) && (budget_ >= 0 || plain_seconds_per_token() <= 0) && horizon_allows(k));
+  return k == 0 || (!hopeless(k) && (budget_ >= 0 || plain_seconds_per_token() <= 0) && horizon_allows());
 }
 
-bool KTuner::horizon_allows(int) const {
+bool KTuner::horizon_allows() const {
   if (!std::isfinite(horizon_)) return true;
   const double b = plain_seconds_per_token();
   const double banked = b > 0 ? budget_ / b : 0.0;

@@ -90,7 +90,8 @@ class KTuner {
   void record_arrival_overhead(double seconds, double tokens);
   // A round of a step that did one-off work (a GPU backend's first run of a shape, its graph recording, a
   // catch-up of positions deferred by plain rounds): its time is no measure of k, but what it cost is paid
-  // from the probe budget (it does not stop a probe, as a catch-up does not); its drafts count as any.
+  // from the probe budget (it does not stop a probe in debt, but counts against a horizon's share, see
+  // above); its drafts count as any.
   // warm_up: the step ran a backend's first run of a shape (a GPU graph recorded), which the process pays
   // once whatever k comes next: a probe's horizon limit leaves it out (a catch-up of deferred positions counts).
   void record_one_off(int k, double seconds, int emitted, bool drafts_judged = true, double weight = 1.0,
@@ -163,7 +164,7 @@ class KTuner {
   double horizon_;             // see set_horizon
   double probe_floor_ = 0;     // the budget a probe of k > 0 may not go below (seconds; -inf: no horizon)
   std::vector<char> set_aside_;  // per k: its probe stopped at the horizon's limit; not best until re-probed
-  bool horizon_allows(int k) const;  // (may_probe's part)
+  bool horizon_allows() const;       // (may_probe's part)
   void check_probe_floor();          // ends the probe, k set aside, once the budget is below probe_floor_
 };
 
