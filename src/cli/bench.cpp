@@ -109,7 +109,8 @@ struct HugePageBuffer {
   size_t bytes;
   explicit HugePageBuffer(size_t n) : bytes(n) {
     void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw Error("bench: cannot map " + std::to_string(n >> 20) + " MiB for the bandwidth measurement");
+    if (p == MAP_FAILED)
+      throw Error("bench: cannot map " + std::to_string(n >> 20) + " MiB for the bandwidth measurement");
     (void)::madvise(p, n, MADV_HUGEPAGE);  // (advice: without THP, 4 KB pages)
     data = static_cast<uint64_t*>(p);
   }

@@ -412,7 +412,8 @@ int run_tokenize(int argc, char** argv, bool detok) {
 }
 
 int run_logits(int argc, char** argv) {
-  Args a(argc, argv, 2, {"help", "draft"}, {"model", "ids", "output", "threads", "device", "tensor-parallel", "weights"});
+  Args a(argc, argv, 2, {"help", "draft"},
+         {"model", "ids", "output", "threads", "device", "tensor-parallel", "weights"});
   if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
   if (a.has("help")) {
     std::fputs(kLogitsUsage, stdout);

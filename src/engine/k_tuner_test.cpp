@@ -173,8 +173,8 @@ TEST(KTuner, StaysCloseToTheBestFixedKOverALongGeneration) {
 
 // A short generation that has not finished probing does not pay for the probes: against plain decoding,
 // tuned k loses at most 3% on the machines and texts where speculation never pays (the probe budget, and the
-// horizon's share for one sequence's 32 tokens), and wins where it does. Without the budget, the compute-bound batch ran at 0.945x plain
-// over 96 tokens (0.898x in its worst run).
+// horizon's share for one sequence's 32 tokens), and wins where it does. Without the budget, the
+// compute-bound batch ran at 0.945x plain over 96 tokens (0.898x in its worst run).
 TEST(KTuner, ShortGenerationsPayAtMostThreePercentForProbes) {
   for (const auto& s : ktuner_sim::scenarios())
     for (int tokens : {32, 96, 256}) {
