@@ -102,17 +102,14 @@ concurrency.
 using Clock = std::chrono::steady_clock;
 double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
 
-// Anonymous memory advised for huge pages (the yardstick's buffer: reads from 4 KB pages are slower, by
-// ~13% on the 2-vCPU Xeon VM, and the weights may sit on huge pages: --weights memory).
+// The yardstick's buffer, on huge pages: reads from 4 KB pages are ~10% slower on the 2-vCPU Xeon VM, and the
+// weights may sit on huge pages (--weights memory).
 struct HugePageBuffer {
   uint64_t* data;
   size_t bytes;
-  explicit HugePageBuffer(size_t n) : bytes(n) {
-    void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
+  explicit HugePageBuffer(size_t n) : data(reinterpret_cast<uint64_t*>(map_huge_page_memory(n))), bytes(n) {
+    if (data == nullptr)
       throw Error("bench: cannot map " + std::to_string(n >> 20) + " MiB for the bandwidth measurement");
-    (void)::madvise(p, n, MADV_HUGEPAGE);  // (advice: without THP, 4 KB pages)
-    data = static_cast<uint64_t*>(p);
   }
   ~HugePageBuffer() { ::munmap(data, bytes); }
   HugePageBuffer(const HugePageBuffer&) = delete;

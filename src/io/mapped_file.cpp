@@ -27,26 +27,31 @@ std::atomic<int> g_residency{-1};  // -1: not decided yet (NEXTN_WEIGHTS)
 // size bytes of fd into fresh anonymous memory (read-only afterwards); null when that memory cannot be had.
 // Throws on a read error.
 const uint8_t* read_into_memory(int fd, size_t size, const std::string& path) {
-  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  (void)::madvise(p, size, MADV_HUGEPAGE);  // (advice: without THP the copy still avoids page-cache faults)
-  auto* dst = static_cast<uint8_t*>(p);
+  uint8_t* dst = map_huge_page_memory(size);  // (without THP the copy still avoids page-cache faults)
+  if (dst == nullptr) return nullptr;
   for (size_t done = 0; done < size;) {
     const size_t chunk = std::min<size_t>(size - done, size_t(1) << 30);
     const ssize_t n = ::pread(fd, dst + done, chunk, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const int err = n < 0 ? errno : EIO;  // (0: the file shrank while read)
-      ::munmap(p, size);
+      ::munmap(dst, size);
       fail("cannot read", path, err);
     }
     done += static_cast<size_t>(n);
   }
-  (void)::mprotect(p, size, PROT_READ);
+  (void)::mprotect(dst, size, PROT_READ);
   return dst;
 }
 
 }  // namespace
+
+uint8_t* map_huge_page_memory(size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  (void)::madvise(p, bytes, MADV_HUGEPAGE);  // (advice)
+  return static_cast<uint8_t*>(p);
+}
 
 void set_file_residency(FileResidency r) { g_residency = static_cast<int>(r); }
 

@@ -19,6 +19,11 @@ inline constexpr size_t kInMemoryMinBytes = size_t(1) << 20;
 void set_file_residency(FileResidency r);
 FileResidency file_residency();  // (NEXTN_WEIGHTS read once, unless set_file_residency was called)
 
+// `bytes` of fresh anonymous read-write memory advised for transparent huge pages (without THP: 4 KB pages);
+// null when it cannot be had. Release with munmap(p, bytes). (The weights under kInMemory; the read-bandwidth
+// yardstick of `nextn bench`, which must read the same kind of pages as the fastest weights.)
+uint8_t* map_huge_page_memory(size_t bytes);
+
 class MappedFile {
  public:
   MappedFile() = default;
