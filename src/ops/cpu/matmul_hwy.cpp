@@ -180,29 +180,57 @@ constexpr float kFp8ScaleBias = 256.0f;
 
 // Unscaled: e4m3(v) · 2^-8 exactly. Matmuls take this route with the block scale carried by the
 // activations (Fp8PrescaledCols). DecFP8 below multiplies by 256 · s: the e4m3 · s values of dequant_row.
+#if HWY_TARGET == HWY_AVX2
+// f16 -> f32 of the 8 halves at p, converted from memory. The register form's second uop is a shuffle on
+// Intel's port 5, which the 8 -> 16-bit widening and the upper-half extract also need: 4 port-5 uops per 16
+// FP8 weights bound the decode there; the memory form takes its halves from a load port instead (a
+// standalone loop of 4 rows on the 2-vCPU Xeon: 14 -> 17.5 G weights/s a core; docs/performance.md,
+// forty-fourth session). Inline assembly, because a compiler folds a store and the conversion of a reload
+// back into the register form. (No gain on AVX-512, whose multiply-adds share port 5.)
+HWY_INLINE VF PromoteF16FromMemory(const uint16_t* p) {
+  __m256 v;
+  asm("vcvtph2ps %1, %0" : "=x"(v) : "m"(*reinterpret_cast<const __m128i*>(p)));
+  return VF{v};
+}
+#endif
+
 struct DecFP8Raw {
   using T = int8_t;
   static constexpr bool kScaled = false;
   static HWY_INLINE VF Load(DF d, const T* p, VF) {
     const hn::Rebind<int8_t, DF> d8;
     const hn::Rebind<int16_t, DF> d16;
-    const hn::Rebind<hwy::float16_t, DF> dh;
     auto h = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, p)));
     h = hn::And(h, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
-    return hn::PromoteTo(d, hn::BitCast(dh, h));
+#if HWY_TARGET == HWY_AVX2
+    alignas(16) uint16_t halves[8];
+    hn::Store(h, d16, reinterpret_cast<int16_t*>(halves));
+    (void)d;
+    return PromoteF16FromMemory(halves);
+#else
+    return hn::PromoteTo(d, hn::BitCast(hn::Rebind<hwy::float16_t, DF>(), h));
+#endif
   }
 #if HWY_TARGET != HWY_SCALAR
   // Two vectors (elements [0, N) and [N, 2N)) from one double-width integer stage.
   static HWY_INLINE void Load2(DF d, const T* p, VF, VF& lo, VF& hi) {
     const hn::Repartition<int16_t, DF> d16;  // 2N lanes
     const hn::Rebind<int8_t, decltype(d16)> d8;
-    const hn::Repartition<hwy::float16_t, DF> dh2;
-    const hn::Rebind<hwy::float16_t, DF> dh;
     auto h = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, p)));
     h = hn::And(h, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
+#if HWY_TARGET == HWY_AVX2
+    alignas(32) uint16_t halves[16];
+    hn::Store(h, d16, reinterpret_cast<int16_t*>(halves));
+    (void)d;
+    lo = PromoteF16FromMemory(halves);
+    hi = PromoteF16FromMemory(halves + 8);
+#else
+    const hn::Repartition<hwy::float16_t, DF> dh2;
+    const hn::Rebind<hwy::float16_t, DF> dh;
     const auto hf = hn::BitCast(dh2, h);
     lo = hn::PromoteTo(d, hn::LowerHalf(dh, hf));
     hi = hn::PromoteTo(d, hn::UpperHalf(dh, hf));
+#endif
   }
 #endif
 };
