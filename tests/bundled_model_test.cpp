@@ -15,6 +15,7 @@
 #include "io/tokenizer.h"
 #include "models/hy_v4/model.h"
 #include "engine/generator.h"
+#include "draft_head_check.h"
 #include "resumed_drafting.h"
 #include "test_util.h"
 
@@ -89,6 +90,12 @@ TEST_F(Bundled, GreedyWithAndWithoutSpeculationMatchesTransformers) {
 // Drafting resumed after stretches of plain rounds (tests/resumed_drafting.h).
 TEST_F(Bundled, DraftingResumedAfterPlainStretchesKeepsItsAcceptance) {
   testing::expect_resumed_drafting_keeps_acceptance(*model_, Tokenizer::from_dir(kModel));
+}
+
+// Drafts through an FP8 copy of the bf16 lm_head: the same tokens, nearly the same acceptance
+// (tests/draft_head_check.h).
+TEST_F(Bundled, Fp8DraftHeadKeepsTheTokensAndTheAcceptance) {
+  testing::expect_fp8_draft_head_keeps_tokens_and_acceptance(*model_, Tokenizer::from_dir(kModel));
 }
 
 // Every threaded path (column-split MoE over FP8 experts sliced inside their 128-row scale blocks,

@@ -8,6 +8,7 @@
 #include "engine/generator.h"
 #include "models/qwen4_exp/model.h"
 #include "io/tokenizer.h"
+#include "draft_head_check.h"
 #include "resumed_drafting.h"
 #include "test_util.h"
 
@@ -91,6 +92,12 @@ TEST_F(BundledQwen, GreedyWithAndWithoutSpeculationMatchesTransformers) {
       EXPECT_GT(res.stats.mean_acceptance_length(), 1.5) << "k " << k << ": the trained MTP layers draft well";
     }
   }
+}
+
+// Drafts through an FP8 copy of the bf16 lm_head: the same tokens, nearly the same acceptance
+// (tests/draft_head_check.h).
+TEST_F(BundledQwen, Fp8DraftHeadKeepsTheTokensAndTheAcceptance) {
+  testing::expect_fp8_draft_head_keeps_tokens_and_acceptance(*model_, Tokenizer::from_dir(kModel));
 }
 
 // Drafting resumed after stretches of plain rounds (tests/resumed_drafting.h).

@@ -63,6 +63,8 @@ concurrency.
   --tensor-parallel N  N tensor-parallel ranks, processes of this command (docs/parallel.md)
   --weights mapped|memory  the checkpoint's files mapped (default, or $NEXTN_WEIGHTS) or read into huge-page
                      memory at load (JSON "weights": how they were held)
+  --draft-head fp8|target  the drafts' lm_head: an FP8 copy of a bf16 head (default) or the target's own
+                     (JSON "draft_head")
   --device cpu|cuda  where the model runs (default cpu); with cuda every bandwidth is the GPU's
                      device-to-device copy bandwidth ((read + write) / time over 2 GiB), measured likewise
   --repeats N        passes (default 3; one pass is at the mercy of a noisy machine): decode is measured
@@ -528,13 +530,15 @@ std::string rounds_at_k_text(const std::vector<int64_t>& at_k) {
 int run_bench(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "synthetic"},
          {"model", "dtype", "mlp", "layers", "hidden", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats",
-          "oracle-acceptance", "concurrency", "concurrency-k", "device", "tensor-parallel", "weights"});
+          "oracle-acceptance", "concurrency", "concurrency-k", "device", "tensor-parallel", "weights",
+          "draft-head"});
   if (a.has("help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
   }
   if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
   apply_weights_option(a);
+  const DraftHeadKind draft_head = draft_head_option(a);
   const BenchOptions o = parse_bench_options(a);
   if (o.synthetic) {
     check_against_facts(o, describe_synthetic_checkpoint(kSyntheticModelType, synthetic_options(o)).facts);
@@ -577,6 +581,7 @@ int run_bench(int argc, char** argv) {
   // (as asked: a file that cannot have the memory stays mapped, io/mapped_file.h)
   const char* weights = file_residency() == FileResidency::kInMemory ? "memory" : "mapped";
   const std::string where = place_model(m, o.device);
+  const std::string drafts = m.use_draft_head(draft_head);
   // The yardstick of a bandwidth-bound decode: the CPU's read bandwidth, or the GPU's copy bandwidth.
   auto measure_bandwidth = [&] { return gpu ? cuda::copy_bandwidth_gbps(size_t(2) << 30) : measure_read_bandwidth(pool); };
   const double bw = measure_bandwidth();
@@ -590,6 +595,8 @@ int run_bench(int argc, char** argv) {
   out["cpu_target_forced"] = ops::cpu_target_forced();
   if (!gpu) out["cpu_fp8_decode"] = ops::cpu_fp8_decode_name();
   out["weights"] = weights;
+  out["draft_head"] = draft_head_name(draft_head);
+  if (!drafts.empty()) log("drafts: %s\n", drafts.c_str());
 
   auto prompt = bench_prompt(dir, facts.vocab_size, n_prompt);
   // Bytes one decode token reads: weights (active experts only) + the KV cache (latent + rope key +

@@ -27,6 +27,9 @@ std::string device_option(const Args& a);
 // --weights mapped|memory as given (default: $NEXTN_WEIGHTS, else mapped): how the checkpoint's files are held
 // (io/mapped_file.h), for this process and the tensor-parallel ranks it starts. UsageError for anything else.
 void apply_weights_option(const Args& a);
+// --draft-head fp8|target as given (default fp8): the lm_head the MTP draft steps use (models/common/draft_head.h).
+// UsageError for anything else.
+DraftHeadKind draft_head_option(const Args& a);
 // Moves `model` to the device `option` names (auto: CUDA when a usable GPU is there and the model's family runs
 // on it, else the CPU) before its first sequence; returns where it runs, for the logs ("cpu", "cuda: NVIDIA
 // H200 (sm_90, 139 GiB)"). Throws nextn::Error when cuda is asked for and cannot be had, saying why.
@@ -69,6 +72,6 @@ struct RequestDefaults {
 // `nextn generate --requests FILE.jsonl` (src/cli/requests.cpp): exit status 0, or 1 when a request failed.
 int run_requests(const std::string& path, const RequestDefaults& defaults, const std::string& model_dir,
                  const Tokenizer* tok, int threads, const MemoryOptions& memory, int max_sequences,
-                 const std::string& device, int tensor_parallel);
+                 const std::string& device, int tensor_parallel, DraftHeadKind draft_head);
 
 }  // namespace nextn::cli

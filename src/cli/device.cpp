@@ -32,6 +32,14 @@ void apply_weights_option(const Args& a) {
   ::setenv("NEXTN_WEIGHTS", w.c_str(), 1);  // (the rank processes inherit the environment)
 }
 
+DraftHeadKind draft_head_option(const Args& a) {
+  try {
+    return parse_draft_head(a.get("draft-head", "fp8"), "--draft-head");
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+}
+
 std::unique_ptr<Model> load_command_model(const std::string& dir, ThreadPool& pool, int tensor_parallel) {
   if (tensor_parallel <= 1) return load_model(dir, &pool);
   std::error_code ec;

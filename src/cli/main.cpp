@@ -117,6 +117,9 @@ sampled output is distributed exactly as the target's.
                             every k). This is the default for greedy decoding without K or --adaptive;
                             sampling keeps k = K fixed, so that --seed reproduces its output.
   --no-speculate            plain decoding
+  --draft-head fp8|target   the lm_head of the draft steps: an FP8 block-quantized copy of a bf16 head
+                            (default: half the bytes a draft step reads; the output is the same) or the
+                            target's own
   --no-draft-probs          verify as if the draft were one-hot (exact, lower acceptance; for comparison)
   --temperature T           0 = greedy (default 0); tiny values act as their limit, greedy
   --top-k K, --top-p P, --min-p P, --seed S
@@ -240,13 +243,14 @@ int run_generate(int argc, char** argv) {
           "speculative-tokens", "temperature", "top-k", "top-p", "min-p",
           "seed", "repetition-penalty", "presence-penalty", "frequency-penalty", "stop", "stop-id",
           "relaxed-acceptance", "adaptive", "threads", "logprobs", "requests", "kv-cache-mb", "max-sequences",
-          "device", "tensor-parallel", "weights"});
+          "device", "tensor-parallel", "weights", "draft-head"});
   if (a.has("help")) {
     std::fputs(kGenerateUsage, stdout);
     return 0;
   }
   if (!a.positional().empty()) throw UsageError("unexpected argument '" + a.positional()[0] + "'");
   apply_weights_option(a);
+  const DraftHeadKind draft_head = draft_head_option(a);
   if (a.has("ids") && a.has("prompt")) throw UsageError("give either --prompt or --ids, not both");
   SamplingParams sp;
   sp.max_tokens = a.get_int("max-tokens", 64, 0, INT32_MAX);
@@ -313,7 +317,8 @@ int run_generate(int argc, char** argv) {
     if (a.has("ids") || a.has("prompt")) throw UsageError("--requests takes the prompts from its file: drop --ids/--prompt");
     RequestDefaults d{sp, so, a.has("ignore-eos"), matcher};
     return run_requests(a.get("requests"), d, model_dir, tok.get(), thread_count(a), memory,
-                        a.get_int("max-sequences", 256, 1, 1 << 20), device_option(a), tensor_parallel(a));
+                        a.get_int("max-sequences", 256, 1, 1 << 20), device_option(a), tensor_parallel(a),
+                        draft_head);
   }
   std::vector<int32_t> prompt;
   if (a.has("ids")) {
@@ -345,6 +350,7 @@ int run_generate(int argc, char** argv) {
   model.prefault(/*progress=*/true);
   const std::string where = place_model(model, device_option(a));
   if (where != "cpu") std::fprintf(stderr, "nextn: the model runs on %s\n", where.c_str());
+  if (so.enabled) model.use_draft_head(draft_head);
   // A recurrent-state model keeps one state per verify row: as many as this run's k needs, no more.
   memory.max_verify_rows = so.enabled ? so.num_speculative_tokens + 1 : 1;
   model.configure_memory(memory);

@@ -168,13 +168,14 @@ json result_json(Job& job) {
 
 int run_requests(const std::string& path, const RequestDefaults& defaults, const std::string& model_dir,
                  const Tokenizer* tok, int threads, const MemoryOptions& memory, int max_sequences,
-                 const std::string& device, int tensor_parallel) {
+                 const std::string& device, int tensor_parallel, DraftHeadKind draft_head) {
   std::ifstream in(path);
   if (!in) throw Error(path + ": cannot open the requests file");
   ThreadPool pool(threads);
   const std::unique_ptr<Model> model = load_command_model(model_dir, pool, tensor_parallel);
   model->prefault(/*progress=*/true);
   place_model(*model, device);
+  model->use_draft_head(draft_head);
   model->configure_memory(memory);
   Engine engine(*model, EngineOptions{max_sequences});
   LazyVocab vocab{tok, model->facts().vocab_size, nullptr};

@@ -44,6 +44,9 @@ target's, sampled output is distributed as the target's. docs/server.md has the 
   --threads N               compute threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
   --weights mapped|memory   the checkpoint's files mapped (default, or $NEXTN_WEIGHTS) or read into huge-page
                             memory at load: a private copy, slower to load, faster to stream on some CPUs
+  --draft-head fp8|target   the lm_head of the draft steps: an FP8 block-quantized copy of a bf16 head
+                            (default: half the bytes a draft step reads; the output is the same) or the
+                            target's own
   --device cpu|cuda|auto    where the model runs (default auto: the GPU when there is one and the CUDA
                             backend runs the model's family; else the CPU)
   --tensor-parallel N       run the model as N tensor-parallel ranks (heads, MLP features, experts and
@@ -70,13 +73,14 @@ int run_serve(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "no-speculate"},
          {"model", "host", "port", "served-model-name", "chat-template", "speculative-tokens", "max-sequences",
           "max-queue", "kv-cache-mb", "max-body-kb", "http-threads", "threads", "device", "tensor-parallel",
-          "weights"});
+          "weights", "draft-head"});
   if (a.has("help")) {
     std::fputs(kServeUsage, stdout);
     return 0;
   }
   if (!a.positional().empty()) throw UsageError("nextn serve: unexpected argument '" + a.positional()[0] + "'");
   apply_weights_option(a);
+  const DraftHeadKind draft_head = draft_head_option(a);
   // Before any thread starts: the shutdown signals go to serve_http's sigwait, in every thread.
   serve::block_shutdown_signals();
 
@@ -96,6 +100,7 @@ int run_serve(int argc, char** argv) {
   const std::unique_ptr<Model> model = load_command_model(dir, pool, tensor_parallel(a));
   model->prefault(/*progress=*/true);
   const std::string where = place_model(*model, device_option(a));
+  model->use_draft_head(draft_head);
   model->configure_memory(memory);
   std::unique_ptr<Tokenizer> tok;
   if (std::filesystem::exists(dir + "/tokenizer.json")) tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(dir));

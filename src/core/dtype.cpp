@@ -1,6 +1,8 @@
 #include "core/dtype.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -107,6 +109,21 @@ float fp8_e4m3_to_f32(uint8_t v) {
     mag = e >= 0 ? m * static_cast<float>(1u << e) : m / static_cast<float>(1u << -e);
   }
   return neg ? -mag : mag;
+}
+
+uint8_t f32_to_fp8_e4m3(float f) {
+  if (std::isnan(f)) return 0x7f;
+  const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
+  const float a = std::fabs(f);
+  if (a >= 448.0f) return sign | 0x7e;  // (464 and up would round to 480, which e4m3fn lacks: saturate)
+  if (a < 0x1p-6f) {  // subnormal codes: multiples of 2^-9 (0x08 is 2^-6, the smallest normal)
+    return sign | static_cast<uint8_t>(std::nearbyint(a * 512.0f));  // (exact scaling; ties to even)
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &a, 4);
+  bits += 0x7ffffu + ((bits >> 20) & 1u);  // round the mantissa to 3 bits, ties to even (may carry into e)
+  const uint32_t e = (bits >> 23) - 127 + 7, m = (bits >> 20) & 7u;
+  return sign | static_cast<uint8_t>(std::min<uint32_t>((e << 3) | m, 0x7e));
 }
 
 float e8m0_to_f32(uint8_t v) {

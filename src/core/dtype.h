@@ -48,6 +48,8 @@ inline float round_to_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
 
 float f16_to_f32(uint16_t v);
 float fp8_e4m3_to_f32(uint8_t v);
+// The nearest e4m3fn code of f (ties to the even code), saturated to ±448 (e4m3fn has no inf); NaN -> 0x7f.
+uint8_t f32_to_fp8_e4m3(float f);
 // E8M0: value = 2^(v - 127); 0xff is NaN.
 float e8m0_to_f32(uint8_t v);
 

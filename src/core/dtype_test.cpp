@@ -139,6 +139,31 @@ TEST(DType, Fp8E4M3KnownValues) {
     EXPECT_TRUE(std::isfinite(fp8_e4m3_to_f32(static_cast<uint8_t>(v))));
 }
 
+// Every code round-trips, and every value between two neighbouring codes goes to the nearer (a tie to the even
+// code): checked at the midpoints and one float to either side of them, for both signs, across the range.
+TEST(DType, Fp8E4M3EncodesToTheNearestCodeTiesToEven) {
+  for (int c = 0; c < 0x7f; ++c)
+    for (uint8_t sign : {uint8_t(0x00), uint8_t(0x80)}) {
+      const uint8_t code = static_cast<uint8_t>(sign | c);
+      EXPECT_EQ(f32_to_fp8_e4m3(fp8_e4m3_to_f32(code)), code) << "code 0x" << std::hex << int(code);
+      if (c == 0x7e) continue;
+      const float lo = fp8_e4m3_to_f32(code), hi = fp8_e4m3_to_f32(static_cast<uint8_t>(code + 1));
+      const float mid = (lo + hi) / 2;  // (exact: both are short binary fractions)
+      const uint8_t even = (c & 1) == 0 ? code : static_cast<uint8_t>(code + 1);
+      EXPECT_EQ(f32_to_fp8_e4m3(mid), even) << "midpoint after 0x" << std::hex << int(code);
+      EXPECT_EQ(f32_to_fp8_e4m3(std::nextafter(mid, lo)), code) << "below the midpoint after 0x" << std::hex
+                                                                 << int(code);
+      EXPECT_EQ(f32_to_fp8_e4m3(std::nextafter(mid, hi)), code + 1) << "above the midpoint after 0x" << std::hex
+                                                                     << int(code);
+    }
+  EXPECT_EQ(f32_to_fp8_e4m3(1000.0f), 0x7e);  // saturates (no inf code)
+  EXPECT_EQ(f32_to_fp8_e4m3(-470.0f), 0xfe);
+  EXPECT_EQ(f32_to_fp8_e4m3(std::numeric_limits<float>::infinity()), 0x7e);
+  EXPECT_EQ(f32_to_fp8_e4m3(0x1p-11f), 0x00);  // below half the smallest subnormal
+  EXPECT_EQ(f32_to_fp8_e4m3(-0.0f), 0x80);
+  EXPECT_EQ(f32_to_fp8_e4m3(std::numeric_limits<float>::quiet_NaN()), 0x7f);
+}
+
 TEST(DType, E8M0AllCodes) {
   for (int v = 0; v < 255; ++v) {
     EXPECT_TRUE(same_float(e8m0_to_f32(static_cast<uint8_t>(v)), std::ldexp(1.0f, v - 127)))

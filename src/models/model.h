@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "models/common/draft_head.h"
 #include "models/common/draft_round.h"
 
 namespace nextn {
@@ -185,6 +186,12 @@ class Model {
   // Runs draft rounds of this model's sessions (any number of sequences) to their ends, their MTP forwards
   // batched. Never throws: a round that fails holds its error (DraftRound::error).
   virtual void run_draft_rounds(DraftRound* const* rounds, size_t n) = 0;
+  // The lm_head the draft steps multiply by (models/common/draft_head.h), set after use_device; returns one
+  // line saying what the drafts use ("" for a model without MTP layers). Never changes the target's output.
+  virtual std::string use_draft_head(DraftHeadKind kind) {
+    (void)kind;
+    return "";
+  }
 
   // The first MTP layer teacher-forced over a prompt of T tokens whose target hidden states are `hidden`
   // [T, hidden_width]: position p gets token p+1 and hidden p; logits [T-1, V] (`nextn logits --draft`).

@@ -68,6 +68,7 @@ class TensorParallelModel final : public Model {
   void reserve_batch(int64_t rows, int64_t positions) override;
   void forward(const BatchSegment* segments, size_t count, float* logits, float* hidden) override;
   void run_draft_rounds(DraftRound* const* rounds, size_t n) override { models_[0]->run_draft_rounds(rounds, n); }
+  std::string use_draft_head(DraftHeadKind kind) override { return models_[0]->use_draft_head(kind); }
   void prompt_draft_logits(const int32_t* tokens, int64_t T, const float* hidden, float* logits) override {
     models_[0]->prompt_draft_logits(tokens, T, hidden, logits);
   }

@@ -47,6 +47,8 @@ class HYV4CudaBlocks final : public HYV4Blocks {
   void lm_head_rows(const Linear& lm_head, const float* hidden, int64_t rows, float* out, int32_t* argmax,
                     int64_t argmax_rows) override;
 
+  void hold(const Linear& w) override { weights_.add(w); }
+
   size_t weight_bytes_on_device() const { return weights_.bytes(); }
 
   // One rank of a tensor-parallel group (docs/parallel.md): config and weights are the rank's shard, comm its

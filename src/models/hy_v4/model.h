@@ -219,8 +219,9 @@ class HYV4Model : public Model {
   // draft_forward for the requests of many sequences (one MTP layer), in one forward.
   void draft_forward_batch(int layer, DraftRequest* const* requests, size_t count);
   void draft_logits_rows(const float* hidden, int64_t rows, float* logits, int32_t* argmax, int64_t argmax_rows) {
-    blocks_->lm_head_rows(w_.lm_head, hidden, rows, logits, argmax, argmax_rows);
+    blocks_->lm_head_rows(draft_head_.for_drafts(w_.lm_head), hidden, rows, logits, argmax, argmax_rows);
   }
+  std::string use_draft_head(DraftHeadKind kind) override;
   void run_draft_rounds(DraftRound* const* rounds, size_t n) override { draft_driver_.run(*this, rounds, n); }
 
  private:
@@ -258,6 +259,7 @@ class HYV4Model : public Model {
   ChainedDraftDriver<HYV4Model> draft_driver_;
   std::vector<CacheSegment> batch_segments_;
   MemoryOptions memory_;
+  DraftHead draft_head_;  // the draft steps' lm_head (use_draft_head)
   std::shared_ptr<KVPool> target_pool_, draft_pool_;  // shared by new_sequence / draft sessions
   size_t last_routed_bytes_ = 0;  // routed expert weights the last complete target forward read
   // Weights a target forward reads apart from its routed experts, plus routed_bytes of those.

@@ -92,6 +92,8 @@ class Qwen4ExpBlocks {
   // finite_argmax go to argmax [argmax_rows] instead (their rows of out may stay unwritten).
   virtual void logits_of(const GatedResidualWeights& mixer, const Linear& lm_head, const float* streams,
                          int64_t rows, float* out, int32_t* argmax, int64_t argmax_rows) = 0;
+  // A weight made after the blocks (the drafts' FP8 head) that they must be able to read (CUDA: uploads it).
+  virtual void hold(const Linear& w) { (void)w; }
 };
 
 }  // namespace nextn

@@ -50,6 +50,7 @@ class Qwen4CudaBlocks final : public Qwen4ExpBlocks {
   void finish() override;
   uint64_t one_off_forwards() const override { return graphs_.one_offs(); }
 
+  void hold(const Linear& w) override { weights_.add(w); }
   size_t weight_bytes_on_device() const;
 
   // One rank of a tensor-parallel group (docs/parallel.md): config, layout and weights are the rank's shard's

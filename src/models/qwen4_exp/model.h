@@ -218,6 +218,7 @@ class Qwen4ExpModel : public Model {
   void draft_forward_batch(int layer, DraftRequest* const* requests, size_t count);
   // mtp mixer + lm_head
   void draft_logits_rows(const float* hidden, int64_t rows, float* logits, int32_t* argmax, int64_t argmax_rows);
+  std::string use_draft_head(DraftHeadKind kind) override;
   void run_draft_rounds(DraftRound* const* rounds, size_t n) override { draft_driver_.run(*this, rounds, n); }
 
  private:
@@ -264,6 +265,7 @@ class Qwen4ExpModel : public Model {
   std::vector<Qwen4RowSpan> spans_;
   ChainedDraftDriver<Qwen4ExpModel> draft_driver_;
   MemoryOptions memory_;
+  DraftHead draft_head_;  // the draft steps' lm_head (use_draft_head)
   std::shared_ptr<KVPool> target_pool_, draft_pool_;
   int64_t state_sets_ = 0;          // sequences whose recurrent state the memory budget holds (0: unbounded)
   std::shared_ptr<int64_t> live_states_ = std::make_shared<int64_t>(0);  // sequences holding one now

@@ -1,0 +1,54 @@
+// The lm_head the MTP draft steps multiply by. A draft step runs one MTP layer and the whole [V, H] lm_head;
+// on a checkpoint whose lm_head is bf16 (as published: HY V4's and Qwen4-Exp's are) the head is most of a
+// draft step's bytes. An FP8 e4m3 copy with 128 x 128 block scales reads half of them. The output stays the
+// target's exactly: a draft only proposes (the target verifies every token, and sampling accepts against the
+// probabilities the draft was actually drawn from), so a coarser head can change only how many drafts are
+// accepted (docs/performance.md measures it on the bundled models).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/aligned.h"
+#include "ops/ops.h"
+
+namespace nextn {
+
+class ThreadPool;
+
+enum class DraftHeadKind {
+  kTarget,  // the target's lm_head itself
+  kFp8,     // an FP8 block-quantized copy (the target's head when that already is FP8)
+};
+// "target" / "fp8" (throws nextn::Error naming `what` for anything else).
+DraftHeadKind parse_draft_head(const std::string& s, const std::string& what);
+const char* draft_head_name(DraftHeadKind k);
+
+// The head the draft steps use: the target's, or an owned FP8 copy of it.
+class DraftHead {
+ public:
+  static constexpr int64_t kBlock = 128;  // scale blocks of the copy: [kBlock rows, kBlock columns]
+
+  // Makes `kind`'s head of `target` (a copy only for kFp8 of a head that is not FP8 already; its rows
+  // quantized on `pool`'s threads).
+  void build(const Linear& target, DraftHeadKind kind, ThreadPool* pool);
+  // The head of the draft steps: the copy, or `target` itself when there is none.
+  const Linear& for_drafts(const Linear& target) const { return is_copy() ? own_ : target; }
+  bool is_copy() const { return own_.data != nullptr; }
+  int64_t copy_bytes() const { return int64_t(bytes_.size() + scales_.size() * sizeof(float)); }
+  // One line: "lm_head (BF16) for the target and the drafts" / "..., an FP8 copy (12 MiB) for the drafts".
+  std::string describe(const Linear& target) const;
+
+ private:
+  Linear own_;
+  std::vector<uint8_t, AlignedAllocator<uint8_t>> bytes_;  // [V, H] e4m3 codes
+  std::vector<float> scales_;                               // [ceil(V / kBlock), ceil(H / kBlock)]
+};
+
+// The e4m3 copy of w (any dtype ops::dequant_row reads): per [block, block] tile, scale = max |w| / 448 (1 for
+// a tile of zeros) and each code the nearest to w / scale, for the block rows [block_row0, block_row1) (each
+// independent of the others). bytes [out · in], scales [ceil(out / block) · ceil(in / block)], fp32.
+void quantize_fp8_block_rows(const Linear& w, int64_t block, int64_t block_row0, int64_t block_row1, uint8_t* bytes,
+                             float* scales);
+
+}  // namespace nextn
