@@ -3,7 +3,8 @@
 // draft step's bytes. An FP8 e4m3 copy with 128 x 128 block scales reads half of them. The output stays the
 // target's exactly: a draft only proposes (the target verifies every token, and sampling accepts against the
 // probabilities the draft was actually drawn from), so a coarser head can change only how many drafts are
-// accepted (docs/performance.md measures it on the bundled models).
+// accepted (docs/performance.md measures it on the bundled models). `nextn logits --draft` keeps the target's
+// head: it reports the checkpoint's MTP layer as transformers computes it.
 #pragma once
 #include <cstdint>
 #include <string>
