@@ -183,10 +183,11 @@ constexpr float kFp8ScaleBias = 256.0f;
 #if HWY_TARGET == HWY_AVX2
 // f16 -> f32 of the 8 halves at p, converted from memory. The register form's second uop is a shuffle on
 // Intel's port 5, which the 8 -> 16-bit widening and the upper-half extract also need: 4 port-5 uops per 16
-// FP8 weights bound the decode there; the memory form takes its halves from a load port instead (a
-// standalone loop of 4 rows on the 2-vCPU Xeon: 14 -> 17.5 G weights/s a core; docs/performance.md,
-// forty-fourth session). Inline assembly, because a compiler folds a store and the conversion of a reload
-// back into the register form. (No gain on AVX-512, whose multiply-adds share port 5.)
+// FP8 weights bound a one-row decode there; the memory form takes its halves from a load port instead (one
+// x row: 27% more weights a second cache-resident; with more rows, bound by their multiply-adds, the store and
+// reload cost 10-20%: docs/performance.md, forty-fourth session). Inline assembly, because a compiler folds a
+// store and the conversion of a reload back into the register form. (No gain on AVX-512, whose multiply-adds
+// share port 5.)
 HWY_INLINE VF PromoteF16FromMemory(const uint16_t* p) {
   __m256 v;
   asm("vcvtph2ps %1, %0" : "=x"(v) : "m"(*reinterpret_cast<const __m128i*>(p)));
@@ -200,37 +201,34 @@ struct DecFP8Raw {
   static HWY_INLINE VF Load(DF d, const T* p, VF) {
     const hn::Rebind<int8_t, DF> d8;
     const hn::Rebind<int16_t, DF> d16;
+    const hn::Rebind<hwy::float16_t, DF> dh;
     auto h = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, p)));
     h = hn::And(h, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
-#if HWY_TARGET == HWY_AVX2
-    alignas(16) uint16_t halves[8];
-    hn::Store(h, d16, reinterpret_cast<int16_t*>(halves));
-    (void)d;
-    return PromoteF16FromMemory(halves);
-#else
-    return hn::PromoteTo(d, hn::BitCast(hn::Rebind<hwy::float16_t, DF>(), h));
-#endif
+    return hn::PromoteTo(d, hn::BitCast(dh, h));
   }
 #if HWY_TARGET != HWY_SCALAR
-  // Two vectors (elements [0, N) and [N, 2N)) from one double-width integer stage.
+  // Two vectors (elements [0, N) and [N, 2N)) from one double-width integer stage. kOneRow: for a tile of one
+  // x row, whose multiply-adds leave the load ports idle (AVX2: the conversion from memory; the same values).
+  template <bool kOneRow = false>
   static HWY_INLINE void Load2(DF d, const T* p, VF, VF& lo, VF& hi) {
     const hn::Repartition<int16_t, DF> d16;  // 2N lanes
     const hn::Rebind<int8_t, decltype(d16)> d8;
     auto h = hn::ShiftLeft<7>(hn::PromoteTo(d16, hn::LoadU(d8, p)));
     h = hn::And(h, hn::Set(d16, static_cast<int16_t>(0xBFFF)));
 #if HWY_TARGET == HWY_AVX2
-    alignas(32) uint16_t halves[16];
-    hn::Store(h, d16, reinterpret_cast<int16_t*>(halves));
-    (void)d;
-    lo = PromoteF16FromMemory(halves);
-    hi = PromoteF16FromMemory(halves + 8);
-#else
+    if constexpr (kOneRow) {
+      alignas(32) uint16_t halves[16];
+      hn::Store(h, d16, reinterpret_cast<int16_t*>(halves));
+      lo = PromoteF16FromMemory(halves);
+      hi = PromoteF16FromMemory(halves + 8);
+      return;
+    }
+#endif
     const hn::Repartition<hwy::float16_t, DF> dh2;
     const hn::Rebind<hwy::float16_t, DF> dh;
     const auto hf = hn::BitCast(dh2, h);
     lo = hn::PromoteTo(d, hn::LowerHalf(dh, hf));
     hi = hn::PromoteTo(d, hn::UpperHalf(dh, hf));
-#endif
   }
 #endif
 };
@@ -281,10 +279,13 @@ constexpr bool kPairFor = std::is_same_v<Dec, DecFP8Bits> ? (kPairDecodeAll || T
 template <class Dec, int T>
 constexpr int kRowsFor = std::is_same_v<Dec, DecFP8Bits> ? kBitsRows<T> : kFusedRows<T>;
 
-// Elements [0, 2N) as two vectors: the decoder's own double-width path if it has one.
-template <class Dec>
+// Elements [0, 2N) as two vectors: the decoder's own double-width path if it has one (kOneRow: for a tile of
+// one x row; the same values).
+template <class Dec, bool kOneRow = false>
 HWY_INLINE void Load2(DF d, const typename Dec::T* p, VF scale, VF& lo, VF& hi) {
-  if constexpr (kPairDecodeFp8 && kIsFp8<Dec>) {
+  if constexpr (kPairDecodeFp8 && std::is_same_v<Dec, DecFP8Raw>) {
+    Dec::template Load2<kOneRow>(d, p, scale, lo, hi);
+  } else if constexpr (kPairDecodeFp8 && kIsFp8<Dec>) {
     Dec::Load2(d, p, scale, lo, hi);
   } else {
     lo = Dec::Load(d, p, scale);
@@ -412,7 +413,7 @@ HWY_NOINLINE void FusedTile(const Weight& w, const float* const* xr, const float
             for (size_t b = 0; b < 2 * N * sizeof(TW); b += 64)
               __builtin_prefetch(reinterpret_cast<const char*>(rows[r] + pf + k) + b, 0, 2);
         VF lo[R], hi[R];
-        for (int r = 0; r < R; ++r) Load2<Dec>(d, rows[r] + k, s[r], lo[r], hi[r]);
+        for (int r = 0; r < R; ++r) Load2<Dec, T == 1 && !kStore>(d, rows[r] + k, s[r], lo[r], hi[r]);
         if constexpr (kStore)
           for (int r = 0; r < R; ++r) {
             hn::Store(lo[r], d, dst[r] + k);
@@ -841,7 +842,7 @@ HWY_NOINLINE void StreamTile(const Weight& w, const int64_t* row, const float* c
         }
         for (int r = 0; r < R; ++r) {
           VF lo, hi;
-          Load2<Dec>(d, rows[r] + k, one, lo, hi);
+          Load2<Dec, T == 1>(d, rows[r] + k, one, lo, hi);
           for (int t = 0; t < T; ++t) {
             acc[t * R + r] = Fma(xlo[t], lo, acc[t * R + r]);
             acc[t * R + r] = Fma(xhi[t], hi, acc[t * R + r]);
@@ -850,7 +851,7 @@ HWY_NOINLINE void StreamTile(const Weight& w, const int64_t* row, const float* c
       } else {
         for (int r = 0; r < R; ++r) {
           VF lo, hi;
-          Load2<Dec>(d, rows[r] + k, one, lo, hi);
+          Load2<Dec, T == 1>(d, rows[r] + k, one, lo, hi);
           for (int t = 0; t < T; ++t) {
             VF& a = acc[t * R + r];
             a = Fma(hn::LoadU(d, xp(t, r) + k), lo, a);
