@@ -257,7 +257,7 @@ TEST(Cli, BenchJsonHasTheSpecifiedKeys) {
   // The kernels' target: this process's, since the child inherits NEXTN_CPU_TARGET (unset: the best one).
   EXPECT_EQ(j["cpu_target"].get<std::string>(), ops::cpu_target_name());
   EXPECT_EQ(j["cpu_target_forced"].get<bool>(), ops::cpu_target_forced());
-  EXPECT_EQ(j["draft_head"], "fp8");  // (the default)
+  EXPECT_EQ(j["draft_head"], "auto");  // (the default)
   // (measured in the child, which may choose otherwise than this process on a noisy machine: either is exact)
   const std::string fp8 = j["cpu_fp8_decode"].get<std::string>();
   EXPECT_TRUE(fp8 == "bits" || fp8 == "f16") << fp8;
@@ -393,16 +393,16 @@ TEST(Cli, WeightsOptionHoldsTheFilesEitherWayWithTheSameTokens) {
   EXPECT_EQ(nlohmann::json::parse(ranks.out)["ids"], ids);
 }
 
-// --draft-head: the drafts' lm_head (an FP8 copy by default, or the target's own) never changes the tokens.
+// --draft-head: the drafts' lm_head (an FP8 copy, or the target's own) never changes the tokens.
 TEST(Cli, DraftHeadOptionKeepsTheTokens) {
   const std::string args = "generate --prompt 'def add(a, b):' -n 24 --json --speculative-tokens 3";
-  const auto fp8 = nextn(args), own = nextn(args + " --draft-head target");
+  const auto fp8 = nextn(args + " --draft-head fp8"), own = nextn(args + " --draft-head target");
   ASSERT_EQ(fp8.status, 0) << fp8.err;
   ASSERT_EQ(own.status, 0) << own.err;
   const auto f = nlohmann::json::parse(fp8.out), o = nlohmann::json::parse(own.out);
   EXPECT_EQ(f["ids"], o["ids"]);
   EXPECT_GT(f["stats"]["num_draft_tokens"].get<int>(), 0);
-  expect_usage_error(args + " --draft-head int4", "--draft-head must be fp8 or target, got 'int4'");
+  expect_usage_error(args + " --draft-head int4", "--draft-head must be auto, fp8 or target, got 'int4'");
 }
 
 TEST(Cli, TokenizeMatchesTheLibrary) {

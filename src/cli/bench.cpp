@@ -63,8 +63,8 @@ concurrency.
   --tensor-parallel N  N tensor-parallel ranks, processes of this command (docs/parallel.md)
   --weights mapped|memory  the checkpoint's files mapped (default, or $NEXTN_WEIGHTS) or read into huge-page
                      memory at load (JSON "weights": how they were held)
-  --draft-head fp8|target  the drafts' lm_head: an FP8 copy of a bf16 head (default) or the target's own
-                     (JSON "draft_head")
+  --draft-head H     the drafts' lm_head: fp8 (an FP8 copy of a bf16 head), target (its own), or auto
+                     (default: fp8 for a head of 8 MiB or more); JSON "draft_head"
   --device cpu|cuda  where the model runs (default cpu); with cuda every bandwidth is the GPU's
                      device-to-device copy bandwidth ((read + write) / time over 2 GiB), measured likewise
   --repeats N        passes (default 3; one pass is at the mercy of a noisy machine): decode is measured

@@ -27,7 +27,8 @@ std::string device_option(const Args& a);
 // --weights mapped|memory as given (default: $NEXTN_WEIGHTS, else mapped): how the checkpoint's files are held
 // (io/mapped_file.h), for this process and the tensor-parallel ranks it starts. UsageError for anything else.
 void apply_weights_option(const Args& a);
-// --draft-head fp8|target as given (default fp8): the lm_head the MTP draft steps use (models/common/draft_head.h).
+// --draft-head auto|fp8|target as given (default auto): the lm_head the MTP draft steps use
+// (models/common/draft_head.h).
 // UsageError for anything else.
 DraftHeadKind draft_head_option(const Args& a);
 // Moves `model` to the device `option` names (auto: CUDA when a usable GPU is there and the model's family runs

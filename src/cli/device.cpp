@@ -34,7 +34,7 @@ void apply_weights_option(const Args& a) {
 
 DraftHeadKind draft_head_option(const Args& a) {
   try {
-    return parse_draft_head(a.get("draft-head", "fp8"), "--draft-head");
+    return parse_draft_head(a.get("draft-head", "auto"), "--draft-head");
   } catch (const Error& e) {
     throw UsageError(e.what());
   }

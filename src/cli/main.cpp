@@ -117,9 +117,9 @@ sampled output is distributed exactly as the target's.
                             every k). This is the default for greedy decoding without K or --adaptive;
                             sampling keeps k = K fixed, so that --seed reproduces its output.
   --no-speculate            plain decoding
-  --draft-head fp8|target   the lm_head of the draft steps: an FP8 block-quantized copy of a bf16 head
-                            (default: half the bytes a draft step reads; the output is the same) or the
-                            target's own
+  --draft-head H            the lm_head of the draft steps: fp8, an FP8 block-quantized copy of a bf16
+                            head (half the bytes a draft step reads; the output is the same); target, the
+                            target's own; auto (default): fp8 for a head of 8 MiB or more
   --no-draft-probs          verify as if the draft were one-hot (exact, lower acceptance; for comparison)
   --temperature T           0 = greedy (default 0); tiny values act as their limit, greedy
   --top-k K, --top-p P, --min-p P, --seed S

@@ -44,9 +44,9 @@ target's, sampled output is distributed as the target's. docs/server.md has the 
   --threads N               compute threads, 1 to 4x the cores (default, or 0: every CPU this process may use)
   --weights mapped|memory   the checkpoint's files mapped (default, or $NEXTN_WEIGHTS) or read into huge-page
                             memory at load: a private copy, slower to load, faster to stream on some CPUs
-  --draft-head fp8|target   the lm_head of the draft steps: an FP8 block-quantized copy of a bf16 head
-                            (default: half the bytes a draft step reads; the output is the same) or the
-                            target's own
+  --draft-head H            the lm_head of the draft steps: fp8, an FP8 block-quantized copy of a bf16
+                            head (half the bytes a draft step reads; the output is the same); target, the
+                            target's own; auto (default): fp8 for a head of 8 MiB or more
   --device cpu|cuda|auto    where the model runs (default auto: the GPU when there is one and the CUDA
                             backend runs the model's family; else the CPU)
   --tensor-parallel N       run the model as N tensor-parallel ranks (heads, MLP features, experts and

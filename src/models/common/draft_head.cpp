@@ -10,12 +10,22 @@
 namespace nextn {
 
 DraftHeadKind parse_draft_head(const std::string& s, const std::string& what) {
+  if (s == "auto") return DraftHeadKind::kAuto;
   if (s == "target") return DraftHeadKind::kTarget;
   if (s == "fp8") return DraftHeadKind::kFp8;
-  throw Error(what + " must be fp8 or target, got '" + s + "'");
+  throw Error(what + " must be auto, fp8 or target, got '" + s + "'");
 }
 
-const char* draft_head_name(DraftHeadKind k) { return k == DraftHeadKind::kFp8 ? "fp8" : "target"; }
+const char* draft_head_name(DraftHeadKind k) {
+  switch (k) {
+    case DraftHeadKind::kAuto:
+      return "auto";
+    case DraftHeadKind::kFp8:
+      return "fp8";
+    default:
+      return "target";
+  }
+}
 
 void quantize_fp8_block_rows(const Linear& w, int64_t block, int64_t block_row0, int64_t block_row1, uint8_t* bytes,
                              float* scales) {
@@ -38,10 +48,12 @@ void quantize_fp8_block_rows(const Linear& w, int64_t block, int64_t block_row0,
   }
 }
 
-void DraftHead::build(const Linear& target, DraftHeadKind kind, ThreadPool* pool) {
+void DraftHead::build(const Linear& target, DraftHeadKind kind, ThreadPool* pool, int64_t auto_min_bytes) {
   own_ = Linear{};
   bytes_.clear();
   scales_.clear();
+  if (kind == DraftHeadKind::kAuto)
+    kind = int64_t(target.weight_bytes()) >= auto_min_bytes ? DraftHeadKind::kFp8 : DraftHeadKind::kTarget;
   if (kind == DraftHeadKind::kTarget || target.dtype == DType::F8_E4M3 || target.data == nullptr) return;
   const int64_t V = target.out, H = target.in, brows = (V + kBlock - 1) / kBlock, cols = (H + kBlock - 1) / kBlock;
   bytes_.resize(size_t(V * H));

@@ -3,7 +3,9 @@
 // draft step's bytes. An FP8 e4m3 copy with 128 x 128 block scales reads half of them. The output stays the
 // target's exactly: a draft only proposes (the target verifies every token, and sampling accepts against the
 // probabilities the draft was actually drawn from), so a coarser head can change only how many drafts are
-// accepted (docs/performance.md measures it on the bundled models). `nextn logits --draft` keeps the target's
+// accepted (docs/performance.md measures it on the bundled models). A head small enough to stay in cache
+// gains nothing from fewer bytes and loses to FP8's decode work (a 64 x 4096 matrix in L2: ~15% slower than
+// bf16 on AVX-512 and AVX2), so by default (kAuto) only a head of kAutoMinBytes or more gets the copy. `nextn logits --draft` keeps the target's
 // head: it reports the checkpoint's MTP layer as transformers computes it.
 #pragma once
 #include <cstdint>
@@ -18,10 +20,11 @@ namespace nextn {
 class ThreadPool;
 
 enum class DraftHeadKind {
+  kAuto,    // kFp8 for a head of DraftHead::kAutoMinBytes or more, else kTarget
   kTarget,  // the target's lm_head itself
   kFp8,     // an FP8 block-quantized copy (the target's head when that already is FP8)
 };
-// "target" / "fp8" (throws nextn::Error naming `what` for anything else).
+// "auto" / "target" / "fp8" (throws nextn::Error naming `what` for anything else).
 DraftHeadKind parse_draft_head(const std::string& s, const std::string& what);
 const char* draft_head_name(DraftHeadKind k);
 
@@ -29,10 +32,11 @@ const char* draft_head_name(DraftHeadKind k);
 class DraftHead {
  public:
   static constexpr int64_t kBlock = 128;  // scale blocks of the copy: [kBlock rows, kBlock columns]
+  static constexpr int64_t kAutoMinBytes = int64_t(8) << 20;  // (a bundled model's head: 1 MiB)
 
-  // Makes `kind`'s head of `target` (a copy only for kFp8 of a head that is not FP8 already; its rows
-  // quantized on `pool`'s threads).
-  void build(const Linear& target, DraftHeadKind kind, ThreadPool* pool);
+  // Makes `kind`'s head of `target` (a copy only for kFp8, or kAuto at auto_min_bytes or more, of a head that
+  // is not FP8 already; its rows quantized on `pool`'s threads).
+  void build(const Linear& target, DraftHeadKind kind, ThreadPool* pool, int64_t auto_min_bytes = kAutoMinBytes);
   // The head of the draft steps: the copy, or `target` itself when there is none.
   const Linear& for_drafts(const Linear& target) const { return is_copy() ? own_ : target; }
   bool is_copy() const { return own_.data != nullptr; }

@@ -83,7 +83,7 @@ TEST(DraftHead, Fp8CopyIsTheNearestCodeOfEachTileScaledByItsMaximum) {
 }
 
 // No copy where it would not pay or was not asked for: the target's own head is the drafts'.
-TEST(DraftHead, TargetKindAndFp8HeadsUseTheTargetsOwnHead) {
+TEST(DraftHead, TargetKindFp8HeadsAndSmallHeadsUseTheTargetsOwnHead) {
   const Bf16Head head(64, 64);
   DraftHead d;
   d.build(head.lin, DraftHeadKind::kTarget, nullptr);
@@ -106,18 +106,27 @@ TEST(DraftHead, TargetKindAndFp8HeadsUseTheTargetsOwnHead) {
   d.build(head.lin, DraftHeadKind::kTarget, nullptr);
   EXPECT_FALSE(d.is_copy());
   EXPECT_EQ(d.copy_bytes(), 0);
+  // auto: a copy only from auto_min_bytes (the head here: 64 x 64 bf16, 8 KiB) up
+  d.build(head.lin, DraftHeadKind::kAuto, nullptr);
+  EXPECT_FALSE(d.is_copy());
+  d.build(head.lin, DraftHeadKind::kAuto, nullptr, 8192);
+  EXPECT_TRUE(d.is_copy());
+  d.build(head.lin, DraftHeadKind::kAuto, nullptr, 8193);
+  EXPECT_FALSE(d.is_copy());
 }
 
 TEST(DraftHead, ParsesItsNamesAndSaysWhatIsWrong) {
   EXPECT_EQ(parse_draft_head("fp8", "--draft-head"), DraftHeadKind::kFp8);
   EXPECT_EQ(parse_draft_head("target", "--draft-head"), DraftHeadKind::kTarget);
+  EXPECT_EQ(parse_draft_head("auto", "--draft-head"), DraftHeadKind::kAuto);
+  EXPECT_STREQ(draft_head_name(DraftHeadKind::kAuto), "auto");
   EXPECT_STREQ(draft_head_name(DraftHeadKind::kFp8), "fp8");
   EXPECT_STREQ(draft_head_name(DraftHeadKind::kTarget), "target");
   try {
     parse_draft_head("int4", "--draft-head");
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "--draft-head must be fp8 or target, got 'int4'");
+    EXPECT_STREQ(e.what(), "--draft-head must be auto, fp8 or target, got 'int4'");
   }
 }
 
