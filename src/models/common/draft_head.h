@@ -5,8 +5,9 @@
 // probabilities the draft was actually drawn from), so a coarser head can change only how many drafts are
 // accepted (docs/performance.md measures it on the bundled models). A head small enough to stay in cache
 // gains nothing from fewer bytes and loses to FP8's decode work (a 64 x 4096 matrix in L2: ~15% slower than
-// bf16 on AVX-512 and AVX2), so by default (kAuto) only a head of kAutoMinBytes or more gets the copy. `nextn logits --draft` keeps the target's
-// head: it reports the checkpoint's MTP layer as transformers computes it.
+// bf16 on AVX-512 and AVX2), so by default (kAuto) only a head of kAutoMinBytes or more gets the copy.
+// `nextn logits --draft` keeps the target's head: it reports the checkpoint's MTP layer as transformers
+// computes it.
 #pragma once
 #include <cstdint>
 #include <string>
