@@ -184,7 +184,7 @@ constexpr float kFp8ScaleBias = 256.0f;
 // f16 -> f32 of the 8 halves at p, converted from memory. The register form's second uop is a shuffle on
 // Intel's port 5, which the 8 -> 16-bit widening and the upper-half extract also need: 4 port-5 uops per 16
 // FP8 weights bound a one-row decode there; the memory form takes its halves from a load port instead (one
-// x row: 27% more weights a second cache-resident; with more rows, bound by their multiply-adds, the store and
+// x row: 25% more weights a second cache-resident; with more rows, bound by their multiply-adds, the store and
 // reload cost 10-20%: docs/performance.md, forty-fourth session). Inline assembly, because a compiler folds a
 // store and the conversion of a reload back into the register form. (No gain on AVX-512, whose multiply-adds
 // share port 5.)
