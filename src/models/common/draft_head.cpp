@@ -6,6 +6,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/threadpool.h"
+#include "models/common/quant_plan.h"
 
 namespace nextn {
 
@@ -29,7 +30,7 @@ const char* draft_head_name(DraftHeadKind k) {
 
 void quantize_fp8_block_rows(const Linear& w, int64_t block, int64_t block_row0, int64_t block_row1, uint8_t* bytes,
                              float* scales) {
-  const int64_t K = w.in, cols = (K + block - 1) / block;
+  const int64_t K = w.in, cols = block_count(K, block);
   std::vector<float> rows(size_t(block * K));  // one block row, dequantized: [block, K]
   for (int64_t br = block_row0; br < block_row1; ++br) {
     const int64_t r0 = br * block, n = std::min(block, w.out - r0);
@@ -55,7 +56,7 @@ void DraftHead::build(const Linear& target, DraftHeadKind kind, ThreadPool* pool
   if (kind == DraftHeadKind::kAuto)
     kind = int64_t(target.weight_bytes()) >= auto_min_bytes ? DraftHeadKind::kFp8 : DraftHeadKind::kTarget;
   if (kind == DraftHeadKind::kTarget || target.dtype == DType::F8_E4M3 || target.data == nullptr) return;
-  const int64_t V = target.out, H = target.in, brows = (V + kBlock - 1) / kBlock, cols = (H + kBlock - 1) / kBlock;
+  const int64_t V = target.out, H = target.in, brows = block_count(V, kBlock), cols = block_count(H, kBlock);
   bytes_.resize(size_t(V * H));
   scales_.resize(size_t(brows * cols));
   auto run = [&](int64_t b0, int64_t b1, int) {
