@@ -41,6 +41,12 @@ class DraftHead {
   // The head of the draft steps: the copy, or `target` itself when there is none.
   const Linear& for_drafts(const Linear& target) const { return is_copy() ? own_ : target; }
   bool is_copy() const { return own_.data != nullptr; }
+  // Gives a device backend's blocks the copy to upload (its `hold`), when there is one: after every change of
+  // blocks (use_device, a rank's GPU) and of the head (use_draft_head).
+  template <class Blocks>
+  void hold_in(Blocks& blocks) const {
+    if (is_copy()) blocks.hold(own_);
+  }
   int64_t copy_bytes() const { return int64_t(bytes_.size() + scales_.size() * sizeof(float)); }
   // One line: "lm_head (BF16) for the target and the drafts" / "..., an FP8 copy (12 MiB) for the drafts".
   std::string describe(const Linear& target) const;

@@ -40,7 +40,7 @@ void HYV4Model::use_device(Device device) {
     require_device_room(dir_, checkpoint_bytes());
     device_blocks_ = std::make_unique<HYV4CudaBlocks>(cfg_, w_);
     blocks_ = device_blocks_.get();
-    if (draft_head_.is_copy()) blocks_->hold(draft_head_.for_drafts(w_.lm_head));
+    draft_head_.hold_in(*blocks_);
   } else {
     blocks_ = cpu_blocks_.get();
     device_blocks_.reset();
@@ -64,7 +64,7 @@ void HYV4Model::use_device_as_rank(Device device) {
   if (tp_comm_->rank() == 0) {
     device_blocks_ = std::make_unique<HYV4CudaBlocks>(cfg_, w_, HYV4CudaBlocks::Uploads::kAllButTargetLayers);
     blocks_ = device_blocks_.get();
-    if (draft_head_.is_copy()) blocks_->hold(draft_head_.for_drafts(w_.lm_head));
+    draft_head_.hold_in(*blocks_);
   }
   device_ = device;
 }
@@ -72,7 +72,7 @@ void HYV4Model::use_device_as_rank(Device device) {
 std::string HYV4Model::use_draft_head(DraftHeadKind kind) {
   if (num_mtp_layers() == 0) return "";
   draft_head_.build(w_.lm_head, kind, cpu_blocks_->pool());
-  if (draft_head_.is_copy()) blocks_->hold(draft_head_.for_drafts(w_.lm_head));
+  draft_head_.hold_in(*blocks_);
   return draft_head_.describe(w_.lm_head);
 }
 

@@ -105,7 +105,7 @@ void Qwen4ExpModel::use_device(Device device) {
     require_device_room(dir_, checkpoint_bytes());
     device_blocks_ = std::make_unique<Qwen4CudaBlocks>(cfg_, layout_, w_);
     blocks_ = device_blocks_.get();
-    if (draft_head_.is_copy()) blocks_->hold(draft_head_.for_drafts(w_.lm_head));
+    draft_head_.hold_in(*blocks_);
   } else {
     blocks_ = cpu_blocks_.get();
     device_blocks_.reset();
@@ -130,7 +130,7 @@ void Qwen4ExpModel::use_device_as_rank(Device device) {
     device_blocks_ =
         std::make_unique<Qwen4CudaBlocks>(cfg_, layout_, w_, Qwen4CudaBlocks::Uploads::kAllButTargetLayers);
     blocks_ = device_blocks_.get();
-    if (draft_head_.is_copy()) blocks_->hold(draft_head_.for_drafts(w_.lm_head));
+    draft_head_.hold_in(*blocks_);
   }
   device_ = device;
 }
@@ -542,7 +542,7 @@ void Qwen4ExpModel::draft_logits_rows(const float* hidden, int64_t rows, float* 
 std::string Qwen4ExpModel::use_draft_head(DraftHeadKind kind) {
   if (num_mtp_layers() == 0) return "";
   draft_head_.build(w_.lm_head, kind, cpu_blocks_->pool());
-  if (draft_head_.is_copy()) blocks_->hold(draft_head_.for_drafts(w_.lm_head));
+  draft_head_.hold_in(*blocks_);
   return draft_head_.describe(w_.lm_head);
 }
 
