@@ -405,6 +405,19 @@ TEST(Cli, DraftHeadOptionKeepsTheTokens) {
   expect_usage_error(args + " --draft-head int4", "--draft-head must be auto, fp8 or target, got 'int4'");
 }
 
+// MTP layers whose drafts are never accepted (the fixture's are random) are named on stderr, not left to look
+// like speculation that happens not to pay; a trained layer's (the bundled model's) are not.
+TEST(Cli, DraftsThatAreNeverAcceptedAreNamed) {
+  const std::string warning = "warning: the MTP layers' drafts were accepted";
+  const auto random = nextn("generate --model " + kFixture + " --ids 1,2,3,4 -n 80 --ignore-eos --speculative-tokens 3");
+  ASSERT_EQ(random.status, 0) << random.err;
+  EXPECT_NE(random.err.find(warning), std::string::npos) << random.err;
+  const auto trained = nextn("generate --prompt 'def add(a, b):' -n 96 --ignore-eos --speculative-tokens 3");
+  ASSERT_EQ(trained.status, 0) << trained.err;
+  EXPECT_NE(trained.err.find("speculation:"), std::string::npos) << trained.err;
+  EXPECT_EQ(trained.err.find(warning), std::string::npos) << trained.err;
+}
+
 TEST(Cli, TokenizeMatchesTheLibrary) {
   const std::string dir = std::string(NEXTN_SOURCE_DIR) + "/models/nextn-hy4-tiny";
   auto r = nextn("tokenize --model " + dir + " --text 'for i in range(10):'");

@@ -196,6 +196,8 @@ void print_stats(const SpecStats& s, bool speculated, int threads) {
   std::fprintf(stderr, "per-position acceptance:");
   for (double a : s.per_position_acceptance()) std::fprintf(stderr, " %.3f", a);
   std::fprintf(stderr, "\n");
+  if (const std::string w = broken_drafts_warning(s.num_draft_tokens, s.num_accepted_tokens); !w.empty())
+    std::fprintf(stderr, "%s\n", w.c_str());
   if (!s.rounds_at_k.empty()) {
     std::fprintf(stderr, "steps per k (k tuned by measured speed; 0 = plain):%s\n", s.rounds_at_k_text().c_str());
     int64_t steps = 0;

@@ -217,12 +217,14 @@ int run_requests(const std::string& path, const RequestDefaults& defaults, const
     prepare_forwards(*model, std::min<int64_t>(sequences, max_sequences) * per_sequence, positions, /*quiet=*/false);
   }
   const auto t0 = std::chrono::steady_clock::now();
-  int64_t generated = 0;
+  int64_t generated = 0, draft_tokens = 0, accepted = 0;
   print_ready();
   while (!engine.idle()) {
     engine.step();
     for (auto& [id, res] : engine.take_finished()) {
       generated += res.stats.num_generated;
+      draft_tokens += res.stats.num_draft_tokens;
+      accepted += res.stats.num_accepted_tokens;
       jobs[job_of.at(id)].result = std::move(res);
     }
     print_ready();
@@ -232,6 +234,7 @@ int run_requests(const std::string& path, const RequestDefaults& defaults, const
                "(CPU kernels %s; %s)\n", jobs.size(), failed, (long long)generated, seconds,
                seconds > 0 ? double(generated) / seconds : 0.0, (long long)engine.steps(), cpu_target_text().c_str(),
                model->memory_summary().c_str());
+  if (const std::string w = broken_drafts_warning(draft_tokens, accepted); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
   return failed ? 1 : 0;
 }
 

@@ -87,6 +87,19 @@ double SpecStats::tokens_per_second() const {
   return decode_seconds > 0 && num_generated > 1 ? double(num_generated - 1) / decode_seconds : 0.0;
 }
 
+std::string broken_drafts_warning(int64_t draft_tokens, int64_t accepted_tokens) {
+  if (draft_tokens < kBrokenDraftsMinTokens || accepted_tokens * 100 >= draft_tokens) return "";
+  char buf[480];
+  std::snprintf(buf, sizeof buf,
+                "nextn: warning: the MTP layers' drafts were accepted %lld of %lld times (%.1f%%): their weights look "
+                "untrained, missing or misread (a checkpoint exported without its trained MTP layers?), and "
+                "speculation cannot pay with them; the output is the target's either way. `nextn inspect` lists "
+                "the MTP tensors it loaded, `nextn logits --draft` gives MTP layer 0's logits to compare with "
+                "transformers', --no-speculate decodes without drafts",
+                (long long)accepted_tokens, (long long)draft_tokens, 100.0 * double(accepted_tokens) / double(draft_tokens));
+  return buf;
+}
+
 void SpecStats::add_round(int drafted, int accepted) {
   ++num_drafts;
   num_draft_tokens += drafted;

@@ -100,6 +100,15 @@ struct SpecStats {
   void add_round(int drafted, int accepted);
 };
 
+// The drafts of MTP layers that cannot be working: fewer than 1% of at least kBrokenDraftsMinTokens drafted tokens
+// accepted. Trained MTP layers are accepted tens of percent of the time even on text unlike their training or
+// sampled hot; random or misread weights about once in the vocabulary's size. The commonest MTP failure in the
+// field is weights dropped or garbled on the way to the engine, seen by users only as speculation that never
+// pays: this names it. Returns the warning (one line, no newline), or "" when the drafts look like a trained
+// layer's or are too few to tell.
+inline constexpr int64_t kBrokenDraftsMinTokens = 64;
+std::string broken_drafts_warning(int64_t draft_tokens, int64_t accepted_tokens);
+
 struct TokenLogprob {
   int32_t token;
   float logprob;

@@ -1,5 +1,7 @@
 #include "serve/engine_service.h"
 
+#include <cstdio>
+
 #include "core/error.h"
 #include "engine/text_stream.h"
 #include "serve/api_error.h"
@@ -184,6 +186,7 @@ void EngineService::finish(int64_t id, GenerationResult& result) {
   std::string tail;
   if (live->text->has_tokenizer() && result.finish_reason != "error") tail = live->text->finish();
   metrics_.observe_finished(result, seconds_between(job.arrival, Clock::now()));
+  warn_if_drafts_broken(result.stats);
   bool job_done;
   {
     std::lock_guard lock(job.m);
@@ -201,6 +204,17 @@ void EngineService::finish(int64_t id, GenerationResult& result) {
     --live_jobs_;
     idle_cv_.notify_all();
   }
+}
+
+// Once per server, over every request's drafts so far (broken MTP weights are broken from the start).
+void EngineService::warn_if_drafts_broken(const SpecStats& stats) {
+  if (drafts_warned_) return;
+  draft_tokens_ += stats.num_draft_tokens;
+  accepted_tokens_ += stats.num_accepted_tokens;
+  const std::string w = broken_drafts_warning(draft_tokens_, accepted_tokens_);
+  if (w.empty()) return;
+  drafts_warned_ = true;
+  std::fprintf(stderr, "%s\n", w.c_str());
 }
 
 void EngineService::publish_load() {

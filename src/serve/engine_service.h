@@ -76,6 +76,7 @@ class EngineService {
   bool on_token(Live& live, int32_t token, const TokenLogprob* logprob);
   void finish(int64_t id, GenerationResult& result);
   void publish_load();
+  void warn_if_drafts_broken(const SpecStats& stats);  // (broken_drafts_warning, on stderr once)
 
   Model& model_;
   const Tokenizer* tok_;
@@ -94,6 +95,8 @@ class EngineService {
   // Engine thread only.
   std::unordered_map<int64_t, std::shared_ptr<Live>> live_;  // engine id -> choice
   int64_t step_ = 0;
+  int64_t draft_tokens_ = 0, accepted_tokens_ = 0;  // every finished request's, until drafts_warned_
+  bool drafts_warned_ = false;
   std::thread thread_;
 };
 

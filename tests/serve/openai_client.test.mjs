@@ -7,7 +7,7 @@ import os from 'node:os';
 import path from 'node:path';
 import {
   startServer, importDependency, fetchMetrics, metricValue, readSSE, waitFor, chatTemplateArgs, DEFAULT_MODEL_DIR,
-  SLOWDOWN,
+  SLOWDOWN, REPO_ROOT,
 } from './lib/server.mjs';
 import {
   collectStream, checkUsage, checkNextn, assertClose, cliGenerate, cliTokenize, detokenize,
@@ -20,6 +20,7 @@ const MODEL_DIR = process.env.NEXTN_MODEL ?? DEFAULT_MODEL_DIR;
 const CONTEXT = JSON.parse(readFileSync(path.join(MODEL_DIR, 'config.json'), 'utf8')).max_position_embeddings;
 const LOGPROB_TOL = 1e-6;
 const P1 = 'def fibonacci(n):';
+const BROKEN_DRAFTS = "warning: the MTP layers' drafts were accepted";
 const P2 = 'import os\nimport sys\n\n\ndef main(argv):\n';
 
 let server;
@@ -57,8 +58,8 @@ async function expectAPIError(promise, { status, param, code, messageMatch, type
   return err;
 }
 
-async function rawPost(pathname, body, headers = { 'content-type': 'application/json' }) {
-  const r = await fetch(`${server.baseURL}${pathname}`, { method: 'POST', headers, body });
+async function rawPost(pathname, body, headers = { 'content-type': 'application/json' }, baseURL = server.baseURL) {
+  const r = await fetch(`${baseURL}${pathname}`, { method: 'POST', headers, body });
   const text = await r.text();
   let json;
   try {
@@ -573,6 +574,23 @@ test('the nextn extension: speculation stats', async () => {
   assert.ok(dflt.nextn.decode_tokens_per_second > 0);
   await expectAPIError(client.completions.create({ ...base, num_speculative_tokens: 9 }),
     { status: 400, param: 'num_speculative_tokens' });
+  assert.ok(!server.stderr().includes(BROKEN_DRAFTS), `a trained MTP layer is not called broken:\n${server.stderr()}`);
+});
+
+test('MTP layers whose drafts are never accepted are named on the server\'s stderr, once', async () => {
+  // The fixture's MTP layers are random: greedy drafts match the target about once in its 256-token vocabulary.
+  const fixture = await startServer({ args: ['--model', path.join(REPO_ROOT, 'tests', 'fixtures', 'hy_v4', 'a_fp32')] });
+  try {
+    const req = { prompt: [1, 2, 3, 4], max_tokens: 60, temperature: 0, ignore_eos: true, num_speculative_tokens: 3 };
+    const r = await rawPost('/v1/completions', JSON.stringify(req), undefined, fixture.baseURL);
+    assert.equal(r.status, 200, r.text);
+    assert.ok(r.json.nextn.num_draft_tokens >= 64, `enough drafts to tell: ${r.text}`);
+    await waitFor(() => fixture.stderr().includes(BROKEN_DRAFTS), { what: 'the warning' });
+    await rawPost('/v1/completions', JSON.stringify(req), undefined, fixture.baseURL);
+    assert.equal(fixture.stderr().split(BROKEN_DRAFTS).length - 1, 1, `warned once:\n${fixture.stderr()}`);
+  } finally {
+    await fixture.stop({ expectExitCode: 0 });
+  }
 });
 
 test('errors: bad types and ranges are 400 with param', async () => {
