@@ -108,7 +108,12 @@ TEST(Cli, BadArgumentsExitTwoWithUsage) {
   r = nextn("generate --model " + kFixture + " --ids 1,x");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("not a token id"), std::string::npos);
-  EXPECT_NE(r.err.find("usage"), std::string::npos);
+  // (the message, then where the options are: not the whole usage, which would bury it)
+  EXPECT_NE(r.err.find("(`nextn generate --help` lists the options)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("usage:"), std::string::npos) << r.err;
+  r = nextn("bench --dtype fp4");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("(`nextn bench --help` lists the options)"), std::string::npos) << r.err;
   EXPECT_EQ(nextn("generate --bogus-flag").status, 2);
   EXPECT_EQ(nextn("generate --model " + kFixture + " --ids 1,2 --speculative-tokens 9").status, 2);
   EXPECT_EQ(nextn("generate --model " + kFixture + " --ids 1,2 --temperature -1").status, 2);
@@ -116,6 +121,30 @@ TEST(Cli, BadArgumentsExitTwoWithUsage) {
   r = nextn("generate --model " + kFixture + " --ids 1,2 --speculative-tokens auto --adaptive 0.3");
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("alternatives"), std::string::npos) << r.err;
+}
+
+// A --model that is no checkpoint folder is said as such (exit 1), before any question about its tokenizer.
+TEST(Cli, ModelThatIsNoCheckpointFolderIsSaidFirst) {
+  namespace fs = std::filesystem;
+  const std::string base = ::testing::TempDir() + "/nextn_cli_not_a_model_" + std::to_string(::getpid());
+  fs::remove_all(base);
+  fs::create_directories(base + "/empty");
+  fs::create_directories(base + "/other");
+  std::ofstream(base + "/other/config.json") << R"({"model_type": "deepseek_v3"})";
+  std::ofstream(base + "/file.safetensors") << "x";
+  const std::pair<std::string, std::string> cases[] = {
+      {base + "/missing", base + "/missing: no such folder"},
+      {base + "/file.safetensors", base + "/file.safetensors is a file: a model is the checkpoint's folder"},
+      {base + "/empty", base + "/empty has no config.json: not a HuggingFace checkpoint folder"},
+      {base + "/other", base + "/other/config.json: unsupported model_type 'deepseek_v3' (nextn supports: hy_v4"},
+  };
+  for (const auto& [dir, message] : cases)
+    for (const std::string command : {"generate --prompt hi --model ", "generate --ids 1 --model ", "serve --model "}) {
+      const auto r = nextn(command + dir);
+      EXPECT_EQ(r.status, 1) << command << dir << "\n" << r.err;
+      EXPECT_NE(r.err.find("nextn: error: " + message), std::string::npos) << command << dir << "\n" << r.err;
+    }
+  fs::remove_all(base);
 }
 
 // Greedy decoding tunes k by default (and with --speculative-tokens auto); a given K fixes it.

@@ -176,8 +176,9 @@ MTP layer 0 over the prompt, position p fed token p+1 and the target's hidden st
   --tensor-parallel N  as N tensor-parallel ranks, processes of this command (docs/parallel.md)
 )";
 
-[[noreturn]] void usage_exit(const char* usage, const std::string& msg) {
-  std::fprintf(stderr, "nextn: %s\n\n%s", msg.c_str(), usage);
+// A bad command line: the message, then where the options are (the whole usage would bury the message).
+[[noreturn]] void usage_exit(const std::string& command, const std::string& msg) {
+  std::fprintf(stderr, "nextn: %s\n(`nextn %s --help` lists the options)\n", msg.c_str(), command.c_str());
   std::exit(2);
 }
 
@@ -304,6 +305,7 @@ int run_generate(int argc, char** argv) {
   }
 
   const std::string model_dir = a.get("model", default_model());
+  require_checkpoint_folder(model_dir);
   if (!k_given) so.num_speculative_tokens = default_speculative_tokens(model_dir, /*warn_unusable=*/true);
   std::unique_ptr<Tokenizer> tok;
   if (has_tokenizer(model_dir)) tok = std::make_unique<Tokenizer>(Tokenizer::from_dir(model_dir));
@@ -468,27 +470,18 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
-  const char* usage = kMainUsage;
   try {
-    if (cmd == "generate") {
-      usage = kGenerateUsage;
-      return run_generate(argc, argv);
-    }
-    if (cmd == "logits") {
-      usage = kLogitsUsage;
-      return run_logits(argc, argv);
-    }
+    if (cmd == "generate") return run_generate(argc, argv);
+    if (cmd == "logits") return run_logits(argc, argv);
     if (cmd == "inspect") return run_inspect(argc, argv);
     if (cmd == "bench") return run_bench(argc, argv);
     if (cmd == "serve") return run_serve(argc, argv);
     if (cmd == "tensor-parallel-rank") return run_tensor_parallel_rank_command(argc, argv);
-    if (cmd == "tokenize" || cmd == "detokenize") {
-      usage = kTokenizeUsage;
-      return run_tokenize(argc, argv, cmd == "detokenize");
-    }
-    usage_exit(kMainUsage, "unknown command '" + cmd + "'");
+    if (cmd == "tokenize" || cmd == "detokenize") return run_tokenize(argc, argv, cmd == "detokenize");
+    std::fprintf(stderr, "nextn: unknown command '%s'\n\n%s", cmd.c_str(), kMainUsage);
+    return 2;
   } catch (const UsageError& e) {
-    usage_exit(usage, e.what());
+    usage_exit(cmd, e.what());
   } catch (const nextn::Error& e) {
     std::fprintf(stderr, "nextn: error: %s\n", e.what());
     return 1;

@@ -1,5 +1,7 @@
 #include "models/registry.h"
 
+#include <filesystem>
+
 #include "core/error.h"
 #include "models/common/config_json.h"
 #include "models/common/tensor_parallel.h"
@@ -46,7 +48,22 @@ std::vector<std::string> supported_model_types() {
   return out;
 }
 
-std::unique_ptr<Model> load_model(const std::string& dir, ThreadPool* pool) { return family_of(dir).load(dir, pool); }
+void require_checkpoint_folder(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  if (!fs::exists(st)) throw Error(dir + ": no such folder (a model is a HuggingFace checkpoint folder)");
+  if (!fs::is_directory(st))
+    throw Error(dir + " is a file: a model is the checkpoint's folder (config.json and *.safetensors)");
+  if (!fs::exists(fs::path(dir) / "config.json", ec))
+    throw Error(dir + " has no config.json: not a HuggingFace checkpoint folder");
+  family_of(dir);
+}
+
+std::unique_ptr<Model> load_model(const std::string& dir, ThreadPool* pool) {
+  require_checkpoint_folder(dir);
+  return family_of(dir).load(dir, pool);
+}
 
 std::unique_ptr<Model> load_model(const std::string& dir, ThreadPool* pool, int tensor_parallel) {
   if (tensor_parallel < 1 || tensor_parallel > 64)

@@ -11,6 +11,9 @@ namespace nextn {
 
 // The model_types nextn loads ("hy_v4", ...).
 std::vector<std::string> supported_model_types();
+// Throws nextn::Error when DIR is not a folder nextn could load: missing, a file, without config.json, or of a
+// model_type no family takes (what a mistyped --model meets first, before any question about its tokenizer).
+void require_checkpoint_folder(const std::string& dir);
 // Loads DIR with the family its config.json names. Throws nextn::Error naming the file / tensor / field.
 std::unique_ptr<Model> load_model(const std::string& dir, ThreadPool* pool);
 // ... as `tensor_parallel` ranks of a tensor-parallel group (models/common/tensor_parallel.h; 1: load_model):
