@@ -199,22 +199,22 @@ void print_stats(const SpecStats& s, bool speculated, int threads) {
   std::fprintf(stderr, "\n");
   if (const std::string w = broken_drafts_warning(s.num_draft_tokens, s.num_accepted_tokens); !w.empty())
     std::fprintf(stderr, "%s\n", w.c_str());
-  if (!s.rounds_at_k.empty()) {
+  int64_t steps = 0;
+  for (int64_t n : s.rounds_at_k) steps += n;
+  if (steps > 0) {  // (tuned k, and a decode step or more: a single token is all prefill)
     std::fprintf(stderr, "steps per k (k tuned by measured speed; 0 = plain):%s\n", s.rounds_at_k_text().c_str());
-    int64_t steps = 0;
-    for (int64_t n : s.rounds_at_k) steps += n;
-    if (steps > 0 && s.rounds_at_k[0] == steps)  // (the tuner's horizon: a probe would cost more than its share)
+    if (s.rounds_at_k[0] == steps)  // (the tuner's horizon: a probe would cost more than its share)
       std::fprintf(stderr,
                    "  (plain decoding for all %lld steps: a generation this short cannot pay for measuring whether "
                    "drafting is faster here, so the tuner did not try; --speculative-tokens K drafts anyway)\n",
                    (long long)steps);
-    else if (steps > 0 && 2 * s.rounds_at_k[0] > steps)
+    else if (2 * s.rounds_at_k[0] > steps)
       std::fprintf(stderr,
                    "  (plain decoding for %lld of %lld steps: drafting measured no faster than it on this machine and "
                    "model, so the tuner kept it off; the text is the same either way)\n",
                    (long long)s.rounds_at_k[0], (long long)steps);
   }
-  if (s.decode_seconds > 0)
+  if (s.decode_seconds > 0 && s.num_generated > 1)
     std::fprintf(stderr, "decode time: %s\n", s.round_split_text().c_str());
 }
 
