@@ -127,6 +127,8 @@ json completion_logprobs(const std::vector<TokenLogprob>& lp, size_t from, size_
     values.push_back(lp[i].logprob);
     json top = json::object();
     for (const auto& [id, l] : lp[i].top) top[token_text(tok, id)] = l;
+    // (the sampled token is always there, as OpenAI's legacy completions and vLLM give it: up to N + 1 entries)
+    if (!top.contains(text)) top[text] = lp[i].logprob;
     tops.push_back(top);
     offsets.push_back(offset);
     offset += tok ? int64_t(tok->token_bytes(lp[i].token).size()) : 0;

@@ -527,6 +527,22 @@ test('completions logprobs equal nextn generate --logprobs (greedy, token by tok
   }
 });
 
+test('completions logprobs of sampled tokens: top_logprobs always hold the sampled token (up to N + 1)', async () => {
+  const r = await client.completions.create({
+    prompt: P2, max_tokens: 24, temperature: 1.5, seed: 11, logprobs: 1, ignore_eos: true,
+  });
+  const lp = r.choices[0].logprobs;
+  let outside = 0;
+  lp.tokens.forEach((t, i) => {
+    const top = lp.top_logprobs[i];
+    assert.ok(t in top, `top_logprobs[${i}] holds the sampled ${JSON.stringify(t)}: ${JSON.stringify(top)}`);
+    assert.equal(top[t], lp.token_logprobs[i], `top_logprobs[${i}][${JSON.stringify(t)}]`);
+    assert.ok(Object.keys(top).length <= 2, `top_logprobs[${i}] has at most N + 1 entries: ${JSON.stringify(top)}`);
+    outside += Object.keys(top).length === 2;
+  });
+  assert.ok(outside > 0, 'some sampled tokens were not the most likely (the case this checks)');
+});
+
 test('chat logprobs: logprobs true, top_logprobs 2', async () => {
   const params = {
     messages: [{ role: 'user', content: P1 }], max_tokens: 12, temperature: 0, logprobs: true, top_logprobs: 2,
