@@ -711,6 +711,37 @@ TEST(Cli, GenerateRequestsRunsManyAtOnceInInputOrder) {
   std::remove(file.c_str());
 }
 
+// OpenAI's logit_bias in --requests lines (the server parses it the same way): it changes the output (token 223
+// starts the unbiased text; banned, it never appears), greedy speculation still gives plain decoding's tokens
+// (drafts are biased alike), and a bad map is the line's error.
+TEST(Cli, LogitBiasChangesTheOutputAndSpeculationKeepsIt) {
+  const std::string file = ::testing::TempDir() + "/nextn_logit_bias_" + std::to_string(::getpid()) + ".jsonl";
+  {
+    const std::string base = R"("prompt": "def fibonacci(n):", "max_tokens": 32, "ignore_eos": true)";
+    const std::string bias = R"(, "logit_bias": {"223": -100, "288": 1.5})";
+    std::ofstream f(file);
+    f << "{" << base << R"(, "speculative_tokens": 0)" << "}\n"
+      << "{" << base << R"(, "speculative_tokens": 0)" << bias << "}\n"
+      << "{" << base << R"(, "speculative_tokens": 3)" << bias << "}\n"
+      << R"({"prompt": "x", "logit_bias": {"99999": 1}})" << "\n";
+  }
+  const nextn::Run r = nextn("generate --model " + kBundled + " --requests " + file);
+  EXPECT_EQ(r.status, 1) << r.err;
+  std::vector<nlohmann::json> lines;
+  std::istringstream out(r.out);
+  for (std::string l; std::getline(out, l);) lines.push_back(nlohmann::json::parse(l));
+  ASSERT_EQ(lines.size(), 4u) << r.out;
+  const auto plain = lines[0]["ids"].get<std::vector<int32_t>>(), biased = lines[1]["ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(plain.size(), 32u);
+  ASSERT_EQ(plain[0], 223) << "the unbiased text starts with the token the bias bans";
+  EXPECT_EQ(std::count(biased.begin(), biased.end(), 223), 0);
+  EXPECT_EQ(lines[2]["ids"], lines[1]["ids"]) << "greedy speculation with a bias gives plain decoding's tokens";
+  EXPECT_GT(lines[2]["stats"]["num_accepted_tokens"].get<int>(), 0);
+  EXPECT_NE(lines[3]["error"].get<std::string>().find("'logit_bias' token id 99999 is outside the vocabulary"),
+            std::string::npos) << lines[3];
+  std::remove(file.c_str());
+}
+
 // Structured output from the CLI: generate --json-schema FILE equals the same request's line in a --requests
 // file with response_format (and --json-schema is the default of the lines that have none); a schema keyword
 // that would not be enforced is a usage error naming it, before the model loads.

@@ -80,6 +80,11 @@ std::vector<Setting> settings() {
   s.push_back({"T1.3_topk5_minp_penalties", p});
   p = SamplingParams{};
   p.temperature = 1.0f;
+  p.top_k = 6;
+  p.logit_bias = {{7, 2.5f}, {12, -100.0f}, {200, 1.0f}};  // (OpenAI's logit_bias: drafts are biased alike)
+  s.push_back({"T1_topk6_logit_bias", p});
+  p = SamplingParams{};
+  p.temperature = 1.0f;
   p.top_k = 4;
   s.push_back({"T1_topk4_onehot_q", p, false});
   return s;
@@ -109,7 +114,7 @@ class SpecSampling : public ::testing::TestWithParam<const char*> {
     h.reset(V, prompt_);
     for (int32_t t : prefix) h.push(t);
     Sampler sampler(V, params);
-    sampler.apply_penalties(logits.data(), h);
+    sampler.adjust_logits(logits.data(), h);
     sampler.distribution(logits.data(), probs.data());
     return memo_[prefix] = probs;
   }

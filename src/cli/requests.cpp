@@ -22,6 +22,7 @@
 #include "engine/structured/token_filter.h"
 #include "engine/text_stream.h"
 #include "models/registry.h"
+#include "serve/openai_request.h"
 
 namespace nextn::cli {
 namespace {
@@ -89,7 +90,7 @@ void parse_job(const std::string& text, const RequestDefaults& d, const Tokenize
     const std::string key = item.key();
     static const char* known[] = {"ids",   "prompt", "max_tokens", "temperature",        "top_k",      "top_p",
                                   "min_p", "seed",   "stop",       "speculative_tokens", "ignore_eos", "logprobs",
-                                  "response_format"};
+                                  "response_format", "logit_bias"};
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known))
       throw Error("unknown field '" + key + "'");
   }
@@ -118,6 +119,8 @@ void parse_job(const std::string& text, const RequestDefaults& d, const Tokenize
   r.params.min_p = field<float>(j, "min_p", r.params.min_p, 0, 1);
   r.params.seed = field<uint64_t>(j, "seed", r.params.seed, 0, 1.8446744073709552e19);
   r.params.logprobs = field<int>(j, "logprobs", r.params.logprobs, -1, 20);
+  if (j.contains("logit_bias") && !j["logit_bias"].is_null())
+    r.params.logit_bias = serve::logit_bias_from_json(j["logit_bias"], facts.vocab_size);
   if (j.contains("stop")) {
     const json& s = j["stop"];
     r.params.stop.clear();
@@ -234,7 +237,8 @@ int run_requests(const std::string& path, const RequestDefaults& defaults, const
                "(CPU kernels %s; %s)\n", jobs.size(), failed, (long long)generated, seconds,
                seconds > 0 ? double(generated) / seconds : 0.0, (long long)engine.steps(), cpu_target_text().c_str(),
                model->memory_summary().c_str());
-  if (const std::string w = broken_drafts_warning(draft_tokens, accepted); !w.empty()) std::fprintf(stderr, "%s\n", w.c_str());
+  if (const std::string w = broken_drafts_warning(draft_tokens, accepted); !w.empty())
+    std::fprintf(stderr, "%s\n", w.c_str());
   return failed ? 1 : 0;
 }
 

@@ -24,6 +24,11 @@ void SamplingParams::validate() const {
   if (!std::isfinite(frequency_penalty) || frequency_penalty < -2.0f || frequency_penalty > 2.0f)
     bad("frequency_penalty", "must be in [-2, 2]");
   if (max_tokens < 0) bad("max_tokens", "must be >= 0");
+  for (const auto& [id, bias] : logit_bias) {
+    if (id < 0) bad("logit_bias", "token id " + std::to_string(id) + " is negative");
+    if (!(bias >= -100.0f && bias <= 100.0f))
+      bad("logit_bias", "of token " + std::to_string(id) + " must be in [-100, 100]");
+  }
 }
 
 void TokenHistory::reset(int64_t vocab, const std::vector<int32_t>& prompt) {
@@ -52,16 +57,22 @@ void TokenHistory::pop(int32_t t) {
 Sampler::Sampler(int64_t vocab, const SamplingParams& params)
     : vocab_(vocab), params_(params), rng_(params.seed), order_(vocab), order_scratch_(vocab) {
   params_.validate();
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (id >= vocab)
+      throw Error("sampling: logit_bias: token id " + std::to_string(id) + " is outside the vocabulary of " +
+                  std::to_string(vocab) + " tokens");
 }
 
-bool Sampler::has_penalties() const {
+bool Sampler::adjusts_logits() const {
   const SamplingParams& p = params_;
-  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  return !p.logit_bias.empty() || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
+         p.frequency_penalty != 0.0f;
 }
 
-void Sampler::apply_penalties(float* logits, const TokenHistory& h) const {
+void Sampler::adjust_logits(float* logits, const TokenHistory& h) const {
   const SamplingParams& p = params_;
-  if (!has_penalties()) return;
+  for (const auto& [id, bias] : p.logit_bias) logits[id] += bias;
+  if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return;
   for (int32_t t : h.touched()) {
     float& l = logits[t];
     if (p.repetition_penalty != 1.0f && h.seen(t)) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;

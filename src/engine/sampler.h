@@ -1,5 +1,6 @@
-// The one logits pipeline shared by plain and speculative decoding:
-//   penalties (repetition over prompt+output; presence/frequency over output) -> temperature ->
+// The one logits pipeline shared by plain and speculative decoding (drafts and verify rows alike, so that
+// speculative sampling keeps the target's distribution):
+//   logit bias -> penalties (repetition over prompt+output; presence/frequency over output) -> temperature ->
 //   top-k -> top-p -> min-p -> probabilities.
 // temperature == 0 means greedy: the argmax of the penalized logits.
 #pragma once
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace nextn {
@@ -28,6 +30,9 @@ struct SamplingParams {
   std::vector<int32_t> stop_token_ids;
   std::vector<std::string> stop;  // stop strings (matched on detokenized text by the caller)
   int logprobs = -1;              // >= 0: report the chosen token's logprob and this many top alternatives
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the token's logit before everything else
+  // (-100 all but bans a token, +100 all but forces it). Ids must be inside the vocabulary (Sampler checks).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   bool greedy() const { return temperature <= 0.0f; }
   // Throws nextn::Error naming the field when a value is out of range.
@@ -55,11 +60,11 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
   int64_t vocab() const { return vocab_; }
 
-  // Applies the penalties in place (no-op when none is set).
-  void apply_penalties(float* logits, const TokenHistory& history) const;
-  bool has_penalties() const;
-  // Greedy without penalties: the token is the raw logits' argmax (no copy, no distribution needed).
-  bool raw_argmax_decides() const { return params_.greedy() && !has_penalties(); }
+  // Applies the logit bias, then the penalties, in place (no-op when neither is set).
+  void adjust_logits(float* logits, const TokenHistory& history) const;
+  bool adjusts_logits() const;  // a logit bias or a penalty is set
+  // Greedy without bias or penalties: the token is the raw logits' argmax (no copy, no distribution needed).
+  bool raw_argmax_decides() const { return params_.greedy() && !adjusts_logits(); }
   // Penalized logits -> processed distribution probs[V] (temperature, top-k, top-p, min-p), sums to 1.
   // Greedy params give a one-hot distribution at the argmax.
   void distribution(const float* logits, float* probs);

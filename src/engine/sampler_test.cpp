@@ -23,7 +23,7 @@ TEST(Sampler, RepetitionPenaltyDividesPositiveAndMultipliesNegative) {
   TokenHistory h;
   h.reset(5, {1, 3});  // prompt tokens count for the repetition penalty
   float logits[5] = {1.0f, 4.0f, -2.0f, -3.0f, 0.5f};
-  s.apply_penalties(logits, h);
+  s.adjust_logits(logits, h);
   EXPECT_FLOAT_EQ(logits[0], 1.0f);
   EXPECT_FLOAT_EQ(logits[1], 2.0f);   // 4 / 2
   EXPECT_FLOAT_EQ(logits[2], -2.0f);
@@ -42,15 +42,41 @@ TEST(Sampler, PresenceAndFrequencyCountOutputTokensOnly) {
   h.push(2);
   h.push(3);
   float logits[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-  s.apply_penalties(logits, h);
+  s.adjust_logits(logits, h);
   EXPECT_FLOAT_EQ(logits[0], 1.0f);
   EXPECT_FLOAT_EQ(logits[1], 1.0f);
   EXPECT_FLOAT_EQ(logits[2], 1.0f - 0.5f - 0.25f * 2);
   EXPECT_FLOAT_EQ(logits[3], 1.0f - 0.5f - 0.25f * 1);
   h.pop(3);  // speculative rows are undone exactly
   float again[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-  s.apply_penalties(again, h);
+  s.adjust_logits(again, h);
   EXPECT_FLOAT_EQ(again[3], 1.0f);
+}
+
+TEST(Sampler, LogitBiasIsAddedBeforeThePenalties) {
+  SamplingParams p;
+  p.logit_bias = {{0, 3.0f}, {2, -100.0f}};
+  p.repetition_penalty = 2.0f;
+  Sampler s(4, p);
+  EXPECT_TRUE(s.adjusts_logits());
+  p.temperature = 0.0f;
+  EXPECT_FALSE(Sampler(4, p).raw_argmax_decides());  // (greedy with a bias: the biased argmax, not the raw one)
+  TokenHistory h;
+  h.reset(4, {0});  // token 0 seen: the repetition penalty divides its biased logit
+  float logits[4] = {1.0f, 1.5f, 5.0f, 0.0f};
+  s.adjust_logits(logits, h);
+  EXPECT_FLOAT_EQ(logits[0], (1.0f + 3.0f) / 2.0f);
+  EXPECT_FLOAT_EQ(logits[1], 1.5f);
+  EXPECT_FLOAT_EQ(logits[2], 5.0f - 100.0f);
+  EXPECT_FLOAT_EQ(logits[3], 0.0f);
+  EXPECT_EQ(Sampler::argmax(logits, 4), 0);
+  SamplingParams bad;
+  bad.logit_bias = {{4, 1.0f}};
+  EXPECT_THROW(Sampler(4, bad), Error);  // outside the vocabulary
+  bad.logit_bias = {{1, 100.5f}};
+  EXPECT_THROW(bad.validate(), Error);
+  bad.logit_bias = {{-1, 1.0f}};
+  EXPECT_THROW(bad.validate(), Error);
 }
 
 TEST(Sampler, TemperatureTopKTopPMinP) {

@@ -36,7 +36,7 @@ Sequence::Sequence(Model& model, Request request)
       throw Error("generate: structured output needs the model's vocabulary of " + std::to_string(V_) + " tokens");
     constraint_ = std::make_unique<structured::OutputConstraint>(f.matcher, f.vocab, params.stop_token_ids);
   }
-  // Greedy without penalties, logprobs, relaxed acceptance or an output format reads nothing of a target row
+  // Greedy without bias, penalties, logprobs, relaxed acceptance or an output format reads nothing of a target row
   // but its argmax.
   argmax_only_ = sampler_.raw_argmax_decides() && !constraint_ && params.logprobs < 0 && !spec.relaxed;
   k_cur_ = k_max_;
@@ -152,11 +152,11 @@ void Sequence::require_finite_target(const float* raw, int64_t pos) const {
   if (!all_finite(raw, V_)) throw non_finite_target(pos);
 }
 
-// Target choice for one row of raw logits (penalties from the current history).
+// Target choice for one row of raw logits (bias, and penalties from the current history).
 void Sequence::target_dist(const float* raw, float* probs) {
   std::copy(raw, raw + V_, resid_.data());
   if (constraint_) constraint_->mask(resid_.data());
-  sampler_.apply_penalties(resid_.data(), history_);
+  sampler_.adjust_logits(resid_.data(), history_);
   sampler_.distribution(resid_.data(), probs);
 }
 
@@ -268,7 +268,7 @@ void Sequence::finish_draft() {
   report_.backlog = backlog_rows_ > 0 && catch_seconds > 0;
 }
 
-// Draft step s: its raw logits -> the draft distribution q (penalties as the target will apply them) -> the
+// Draft step s: its raw logits -> the draft distribution q (bias and penalties as the target applies them) -> the
 // draft token.
 int32_t Sequence::pick(int s, float* raw) {
   const auto t0 = Clock::now();
@@ -277,7 +277,7 @@ int32_t Sequence::pick(int s, float* raw) {
   return take_draft(s, Sampler::argmax(raw, V_), t0);
 }
 
-// Greedy acceptance reads the draft token only (never q): without penalties or test hooks, the row's argmax
+// Greedy acceptance reads the draft token only (never q): without bias, penalties or test hooks, the row's argmax
 // (of its allowed tokens, under an output format) decides and q is not built.
 bool Sequence::greedy_draft() const {
   const SpecOptions& spec = request_.spec;
@@ -303,7 +303,7 @@ int32_t Sequence::draft_from_distribution(int s, float* raw) {
   const SpecOptions& spec = request_.spec;
   float* qs = q_.data() + int64_t(s) * V_;
   if (constraint_) constraint_->mask_draft(raw);
-  sampler_.apply_penalties(raw, history_);
+  sampler_.adjust_logits(raw, history_);
   sampler_.distribution(raw, qs);
   if (spec.draft_dist_hook) {
     std::vector<int32_t> ctx = seq_;
@@ -355,7 +355,7 @@ int Sequence::accept(const float* logits) {
       // Lossy opt-in: d within the target's top-N and close to its best probability (T = 1).
       std::copy(raw, raw + V_, resid_.data());
       if (constraint_) constraint_->mask(resid_.data());
-      sampler_.apply_penalties(resid_.data(), history_);
+      sampler_.adjust_logits(resid_.data(), history_);
       float mx = -INFINITY;
       for (int64_t v = 0; v < V_; ++v) mx = std::max(mx, resid_[v]);
       double z = 0;

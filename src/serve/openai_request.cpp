@@ -1,5 +1,6 @@
 #include "serve/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -100,6 +101,29 @@ OutputFormat output_format(const json& body, const ServedModel& m, const nlohman
   return OutputFormat{std::make_shared<const structured::Matcher>(std::move(*g)), m.vocab};
 }
 
+}  // namespace
+
+std::vector<std::pair<int32_t, float>> logit_bias_from_json(const json& v, int64_t vocab) {
+  if (!v.is_object()) throw Error("'logit_bias' must be an object mapping token ids to biases, got " + v.dump());
+  std::vector<std::pair<int32_t, float>> out;
+  for (auto it = v.begin(); it != v.end(); ++it) {
+    const std::string& key = it.key();
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (id < 0) throw Error("'logit_bias' key '" + key + "' is not a token id");
+    if (id >= vocab)
+      throw Error("'logit_bias' token id " + key + " is outside the vocabulary (0.." + std::to_string(vocab - 1) + ")");
+    const json& b = it.value();
+    if (!b.is_number() || !std::isfinite(b.get<double>()) || b.get<double>() < -100 || b.get<double>() > 100)
+      throw Error("'logit_bias' bias of token " + key + " must be a number between -100 and 100, got " + b.dump());
+    out.emplace_back(int32_t(id), b.get<float>());
+  }
+  return out;
+}
+
+namespace {
+
 // Sampling, penalties, n, seed, speculation and streaming: the fields both endpoints share.
 void parse_common(const json& body, const ServedModel& m, ApiRequest& r, const nlohmann::ordered_json* ordered) {
   SamplingParams& p = r.params;
@@ -112,6 +136,13 @@ void parse_common(const json& body, const ServedModel& m, ApiRequest& r, const n
   p.presence_penalty = float(number(body, "presence_penalty", 0.0, -2.0, 2.0));
   p.frequency_penalty = float(number(body, "frequency_penalty", 0.0, -2.0, 2.0));
   p.repetition_penalty = float(number(body, "repetition_penalty", 1.0, 1e-6, 100.0));
+  if (const json* lb = field(body, "logit_bias")) {
+    try {
+      p.logit_bias = logit_bias_from_json(*lb, m.facts->vocab_size);
+    } catch (const Error& e) {
+      throw bad_field("logit_bias", e.what());
+    }
+  }
   r.n = int(integer(body, "n", 1, 1, m.max_n));
   if (field(body, "seed")) {
     p.seed = uint64_t(integer(body, "seed", 0, INT64_MIN, INT64_MAX));

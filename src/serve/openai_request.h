@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/request.h"
@@ -47,6 +48,10 @@ struct ApiRequest {
   ForcedToolCall tool_call;
   size_t choices() const { return prompts.size() * size_t(n); }
 };
+
+// OpenAI's logit_bias, {"<token id>": bias in [-100, 100], ...} -> (id, bias) pairs for SamplingParams, ids inside
+// a vocabulary of `vocab` tokens. Throws nextn::Error saying what is wrong (the server's 400 names the field).
+std::vector<std::pair<int32_t, float>> logit_bias_from_json(const nlohmann::json& v, int64_t vocab);
 
 // Throw ApiError (400 naming the field, 404 for an unknown model) for anything the engine could not run as
 // asked, including a prompt + max_tokens past the model's context.

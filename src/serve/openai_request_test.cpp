@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "engine/structured/matcher.h"
@@ -82,6 +83,17 @@ TEST_F(OpenAIRequest, CompletionFieldsSetTheEngineParameters) {
   EXPECT_TRUE(r.spec.tune_k) << "the server's default k";
 }
 
+TEST_F(OpenAIRequest, LogitBiasMapsTokenIdsToBiases) {
+  const ApiRequest r = parse_completion_request({{"prompt", "x"}, {"logit_bias", {{"7", -100}, {"300", 2.5}}}}, model_);
+  std::vector<std::pair<int32_t, float>> want = {{300, 2.5f}, {7, -100.0f}}, got = r.params.logit_bias;
+  std::sort(want.begin(), want.end());
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, want);
+  const ApiError e = completion_error({{"prompt", "x"}, {"logit_bias", {{std::to_string(facts_.vocab_size), 1}}}});
+  EXPECT_EQ(e.param, "logit_bias");
+  EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos) << e.what();
+}
+
 TEST_F(OpenAIRequest, MaxTokensDefaultsToWhatTheContextLeaves) {
   const ApiRequest r = parse_completion_request({{"prompt", json::array({5, 6, 7, 8})}}, model_);
   EXPECT_EQ(r.params.max_tokens, 60);
@@ -127,6 +139,11 @@ TEST_F(OpenAIRequest, WrongTypesAndRangesNameTheField) {
       {{{"prompt", 5}}, "prompt"},
       {{{"max_tokens", 5}}, "prompt"},
       {{{"prompt", "x"}, {"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {{{"prompt", "x"}, {"logit_bias", json::array({1})}}, "logit_bias"},
+      {{{"prompt", "x"}, {"logit_bias", {{"-3", 1}}}}, "logit_bias"},
+      {{{"prompt", "x"}, {"logit_bias", {{"12345678901", 1}}}}, "logit_bias"},
+      {{{"prompt", "x"}, {"logit_bias", {{"5", 100.5}}}}, "logit_bias"},
+      {{{"prompt", "x"}, {"logit_bias", {{"5", "1"}}}}, "logit_bias"},
   };
   for (const auto& [body, param] : cases) {
     const ApiError e = completion_error(body);

@@ -145,6 +145,31 @@ test('greedy completion equals nextn generate; usage and finish_reason length', 
   checkNextn(r.nextn);
 });
 
+test('logit_bias: a banned token never comes, speculation keeps the biased greedy text, bad maps: 400', async () => {
+  const cli = await cliGenerate(['--model', MODEL_DIR, '--prompt', P1, '-n', '24', '--ignore-eos']);
+  const first = cli.ids[0];
+  const base = {
+    prompt: P1, max_tokens: 24, temperature: 0, ignore_eos: true, logit_bias: { [first]: -100 }, return_token_ids: true,
+  };
+  const plain = await client.completions.create({ ...base, num_speculative_tokens: 0 });
+  const spec = await client.completions.create({ ...base, num_speculative_tokens: 3 });
+  assert.ok(!plain.choices[0].token_ids.includes(first),
+    `the banned token ${first} never comes: ${plain.choices[0].token_ids}`);
+  assert.notDeepEqual(plain.choices[0].token_ids, cli.ids, 'the bias changed the output');
+  assert.deepEqual(spec.choices[0].token_ids, plain.choices[0].token_ids, 'greedy speculation keeps the biased tokens');
+  const chat = await client.chat.completions.create({
+    messages: [{ role: 'user', content: P1 }], max_tokens: 4, temperature: 0, logit_bias: { [first]: 100 },
+    return_token_ids: true,
+  });
+  assert.deepEqual(chat.choices[0].token_ids, [first, first, first, first], 'a +100 bias forces the token (chat)');
+  await expectAPIError(client.completions.create({ ...base, logit_bias: { abc: 1 } }),
+    { status: 400, param: 'logit_bias', messageMatch: /not a token id/ });
+  await expectAPIError(client.completions.create({ ...base, logit_bias: { 10: 101 } }),
+    { status: 400, param: 'logit_bias', messageMatch: /between -100 and 100/ });
+  await expectAPIError(client.completions.create({ ...base, logit_bias: { 1000000: 1 } }),
+    { status: 400, param: 'logit_bias', messageMatch: /outside the vocabulary/ });
+});
+
 test('greedy completion that ends at the eos token: finish_reason stop, as nextn generate', async () => {
   const prompt = 'def f(x):\n    return x\n';
   const cli = await cliGenerate(['--model', MODEL_DIR, '--prompt', prompt, '-n', '400']);
