@@ -101,6 +101,21 @@ OutputFormat output_format(const json& body, const ServedModel& m, const nlohman
   return OutputFormat{std::make_shared<const structured::Matcher>(std::move(*g)), m.vocab};
 }
 
+// vLLM's request extensions that would change the output and nextn does not implement: a 400 naming the field
+// instead of an output that silently ignores it (each may still be given at its default, as clients send them).
+void refuse_unsupported_extensions(const json& body) {
+  const auto refuse = [](const char* name) {
+    throw bad_field(name, std::string("'") + name + "' is not supported by this server");
+  };
+  for (const char* name : {"bad_words", "allowed_token_ids", "prompt_logprobs", "guided_json", "guided_regex",
+                           "guided_choice", "guided_grammar", "structured_outputs", "truncate_prompt_tokens"})
+    if (field(body, name)) refuse(name);
+  if (integer(body, "min_tokens", 0, 0, INT32_MAX) != 0) refuse("min_tokens");
+  if (boolean(body, "include_stop_str_in_output", false)) refuse("include_stop_str_in_output");
+  if (!boolean(body, "skip_special_tokens", true)) refuse("skip_special_tokens");
+  if (boolean(body, "use_beam_search", false)) refuse("use_beam_search");
+}
+
 }  // namespace
 
 std::vector<std::pair<int32_t, float>> logit_bias_from_json(const json& v, int64_t vocab) {
@@ -154,6 +169,16 @@ void parse_common(const json& body, const ServedModel& m, ApiRequest& r, const n
   p.stop = stop_strings(body);
   if (!p.stop.empty() && !m.tokenizer) throw bad_field("stop", "'stop' needs a tokenizer; this model has none");
   if (!boolean(body, "ignore_eos", false)) p.stop_token_ids = m.facts->eos_token_ids;
+  if (const json* ids = field(body, "stop_token_ids")) {  // (vLLM's: more ids that end the output, emitted as eos)
+    if (!ids->is_array()) throw bad_field("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    for (const json& t : *ids) {
+      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.facts->vocab_size)
+        throw bad_field("stop_token_ids", "'stop_token_ids' holds " + t.dump() + ", not a token id of this model (0.." +
+                                              std::to_string(m.facts->vocab_size - 1) + ")");
+      p.stop_token_ids.push_back(t.get<int32_t>());
+    }
+  }
+  refuse_unsupported_extensions(body);
   r.stream = boolean(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {
     if (!so->is_object()) throw bad_field("stream_options", "'stream_options' must be an object");

@@ -94,6 +94,18 @@ TEST_F(OpenAIRequest, LogitBiasMapsTokenIdsToBiases) {
   EXPECT_NE(std::string(e.what()).find("outside the vocabulary"), std::string::npos) << e.what();
 }
 
+TEST_F(OpenAIRequest, StopTokenIdsAddToTheEosAndDefaultExtensionsAreAccepted) {
+  const ApiRequest r = parse_completion_request({{"prompt", "x"}, {"stop_token_ids", {5, 9}}}, model_);
+  EXPECT_EQ(r.params.stop_token_ids, (std::vector<int32_t>{2, 5, 9}));
+  const ApiRequest no_eos =
+      parse_completion_request({{"prompt", "x"}, {"stop_token_ids", {5}}, {"ignore_eos", true}}, model_);
+  EXPECT_EQ(no_eos.params.stop_token_ids, (std::vector<int32_t>{5}));
+  // (clients that send vLLM's fields at their defaults are served)
+  EXPECT_NO_THROW(parse_completion_request({{"prompt", "x"}, {"min_tokens", 0}, {"skip_special_tokens", true},
+                                            {"include_stop_str_in_output", false}, {"use_beam_search", false}},
+                                           model_));
+}
+
 TEST_F(OpenAIRequest, MaxTokensDefaultsToWhatTheContextLeaves) {
   const ApiRequest r = parse_completion_request({{"prompt", json::array({5, 6, 7, 8})}}, model_);
   EXPECT_EQ(r.params.max_tokens, 60);
@@ -144,6 +156,16 @@ TEST_F(OpenAIRequest, WrongTypesAndRangesNameTheField) {
       {{{"prompt", "x"}, {"logit_bias", {{"12345678901", 1}}}}, "logit_bias"},
       {{{"prompt", "x"}, {"logit_bias", {{"5", 100.5}}}}, "logit_bias"},
       {{{"prompt", "x"}, {"logit_bias", {{"5", "1"}}}}, "logit_bias"},
+      {{{"prompt", "x"}, {"stop_token_ids", json::array({1, 999999})}}, "stop_token_ids"},
+      {{{"prompt", "x"}, {"stop_token_ids", 5}}, "stop_token_ids"},
+      // vLLM's extensions that would change the output and nextn does not implement: refused, not ignored
+      {{{"prompt", "x"}, {"min_tokens", 5}}, "min_tokens"},
+      {{{"prompt", "x"}, {"bad_words", json::array({"x"})}}, "bad_words"},
+      {{{"prompt", "x"}, {"allowed_token_ids", json::array({1})}}, "allowed_token_ids"},
+      {{{"prompt", "x"}, {"guided_json", {{"type", "object"}}}}, "guided_json"},
+      {{{"prompt", "x"}, {"include_stop_str_in_output", true}}, "include_stop_str_in_output"},
+      {{{"prompt", "x"}, {"skip_special_tokens", false}}, "skip_special_tokens"},
+      {{{"prompt", "x"}, {"prompt_logprobs", 1}}, "prompt_logprobs"},
   };
   for (const auto& [body, param] : cases) {
     const ApiError e = completion_error(body);
