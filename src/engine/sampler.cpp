@@ -57,8 +57,8 @@ void TokenHistory::pop(int32_t t) {
 Sampler::Sampler(int64_t vocab, const SamplingParams& params)
     : vocab_(vocab), params_(params), rng_(params.seed), order_(vocab), order_scratch_(vocab) {
   params_.validate();
-  for (const auto& [id, bias] : params_.logit_bias)
-    if (id >= vocab)
+  for (const auto& entry : params_.logit_bias)
+    if (const int32_t id = entry.first; id >= vocab)
       throw Error("sampling: logit_bias: token id " + std::to_string(id) + " is outside the vocabulary of " +
                   std::to_string(vocab) + " tokens");
 }
