@@ -96,7 +96,8 @@ std::string broken_drafts_warning(int64_t draft_tokens, int64_t accepted_tokens)
                 "speculation cannot pay with them; the output is the target's either way. `nextn inspect` lists "
                 "the MTP tensors it loaded, `nextn logits --draft` gives MTP layer 0's logits to compare with "
                 "transformers', --no-speculate decodes without drafts",
-                (long long)accepted_tokens, (long long)draft_tokens, 100.0 * double(accepted_tokens) / double(draft_tokens));
+                (long long)accepted_tokens, (long long)draft_tokens,
+                100.0 * double(accepted_tokens) / double(draft_tokens));
   return buf;
 }
 
