@@ -438,7 +438,8 @@ TEST(Cli, DraftHeadOptionKeepsTheTokens) {
 // like speculation that happens not to pay; a trained layer's (the bundled model's) are not.
 TEST(Cli, DraftsThatAreNeverAcceptedAreNamed) {
   const std::string warning = "warning: the MTP layers' drafts were accepted";
-  const auto random = nextn("generate --model " + kFixture + " --ids 1,2,3,4 -n 80 --ignore-eos --speculative-tokens 3");
+  const auto random =
+      nextn("generate --model " + kFixture + " --ids 1,2,3,4 -n 80 --ignore-eos --speculative-tokens 3");
   ASSERT_EQ(random.status, 0) << random.err;
   EXPECT_NE(random.err.find(warning), std::string::npos) << random.err;
   const auto trained = nextn("generate --prompt 'def add(a, b):' -n 96 --ignore-eos --speculative-tokens 3");
