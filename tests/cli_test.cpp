@@ -743,6 +743,26 @@ TEST(Cli, LogitBiasChangesTheOutputAndSpeculationKeepsIt) {
   std::remove(file.c_str());
 }
 
+// --min-tokens: the stop id (981, the third token of the greedy text) cannot come before that many tokens; greedy
+// speculation keeps plain decoding's tokens under it (drafts are banned alike); more than -n is a usage error.
+TEST(Cli, MinTokensHoldsTheStopIdsBack) {
+  const std::string args = "generate --model " + kBundled + " --prompt 'def fibonacci(n):' -n 24 --stop-id 981 --json";
+  const auto stopped = nextn(args + " --no-speculate");
+  ASSERT_EQ(stopped.status, 0) << stopped.err;
+  const auto early = nlohmann::json::parse(stopped.out)["ids"].get<std::vector<int32_t>>();
+  ASSERT_EQ(early.size(), 3u) << stopped.out;
+  ASSERT_EQ(early.back(), 981);
+  const auto plain = nextn(args + " --min-tokens 10 --no-speculate");
+  const auto spec = nextn(args + " --min-tokens 10 --speculative-tokens 3");
+  ASSERT_EQ(plain.status, 0) << plain.err;
+  ASSERT_EQ(spec.status, 0) << spec.err;
+  const auto ids = nlohmann::json::parse(plain.out)["ids"].get<std::vector<int32_t>>();
+  ASSERT_GE(ids.size(), 10u);
+  EXPECT_EQ(std::count(ids.begin(), ids.begin() + 9, 981), 0);
+  EXPECT_EQ(nlohmann::json::parse(spec.out)["ids"], nlohmann::json::parse(plain.out)["ids"]);
+  expect_usage_error(args + " --min-tokens 30", "--min-tokens 30 is more than --max-tokens 24");
+}
+
 // Structured output from the CLI: generate --json-schema FILE equals the same request's line in a --requests
 // file with response_format (and --json-schema is the default of the lines that have none); a schema keyword
 // that would not be enforced is a usage error naming it, before the model loads.

@@ -85,6 +85,12 @@ std::vector<Setting> settings() {
   s.push_back({"T1_topk6_logit_bias", p});
   p = SamplingParams{};
   p.temperature = 1.0f;
+  p.top_k = 6;
+  p.min_tokens = 4;  // (the fixtures' greedy first tokens as stop ids: banned for positions 1-4, allowed at 5)
+  p.stop_token_ids = {254, 152, 3};
+  s.push_back({"T1_topk6_min_tokens", p});
+  p = SamplingParams{};
+  p.temperature = 1.0f;
   p.top_k = 4;
   s.push_back({"T1_topk4_onehot_q", p, false});
   return s;

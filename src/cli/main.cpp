@@ -131,6 +131,7 @@ sampled output is distributed exactly as the target's.
                             a keyword that cannot be enforced is an error); exact under speculation. With
                             --requests: the default of every line (a line's "response_format" overrides it)
   --stop-id ID              stop after this token id (repeatable)
+  --min-tokens N            no eos / stop id before N tokens, and stop texts only from the N-th on (vLLM's)
   --ignore-eos              do not stop at the checkpoint's eos token
   --relaxed-acceptance N,D  LOSSY: also accept drafts in the target's top-N within D of its top probability
   --adaptive THRESHOLD      shrink k while the rolling acceptance rate is under THRESHOLD (probe later)
@@ -144,8 +145,8 @@ sampled output is distributed exactly as the target's.
                             starts; on the CPU a test of what several GPUs will run, no faster
   --requests FILE.jsonl     run many requests at once (continuous batching): one JSON object a line with
                             "ids" or "prompt" and optionally max_tokens, temperature, top_k, top_p, min_p,
-                            seed, speculative_tokens (0: plain), ignore_eos, stop, logprobs,
-                            response_format, logit_bias (as OpenAI's; the options above are the defaults); prints
+                            seed, speculative_tokens (0: plain), ignore_eos, stop, logprobs, response_format,
+                            logit_bias, min_tokens (as OpenAI's and vLLM's; the options above are the defaults); prints
                             one JSON line per request, in input order,
                             as --json does ({"line": N, "error": ...} for a request that failed)
   --kv-cache-mb N           the KV cache pool all sequences share, in MiB (default: one sequence of the
@@ -244,7 +245,7 @@ int run_generate(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "no-speculate", "no-draft-probs", "ignore-eos", "json-object"},
          {"model", "ids", "prompt", "max-tokens", "json-schema",
           "speculative-tokens", "temperature", "top-k", "top-p", "min-p",
-          "seed", "repetition-penalty", "presence-penalty", "frequency-penalty", "stop", "stop-id",
+          "seed", "repetition-penalty", "presence-penalty", "frequency-penalty", "stop", "stop-id", "min-tokens",
           "relaxed-acceptance", "adaptive", "threads", "logprobs", "requests", "kv-cache-mb", "max-sequences",
           "device", "tensor-parallel", "weights", "draft-head"});
   if (a.has("help")) {
@@ -267,6 +268,10 @@ int run_generate(int argc, char** argv) {
   sp.frequency_penalty = static_cast<float>(a.get_double("frequency-penalty", 0.0, {-2, 2}));
   sp.stop = a.all("stop");
   sp.logprobs = a.get_int("logprobs", -1, 0, 20);
+  sp.min_tokens = a.get_int("min-tokens", 0, 0, INT32_MAX);
+  if (sp.min_tokens > sp.max_tokens)
+    throw UsageError("--min-tokens " + std::to_string(sp.min_tokens) + " is more than --max-tokens " +
+                     std::to_string(sp.max_tokens));
   for (const auto& s : sp.stop)
     if (s.empty()) throw UsageError("--stop needs a non-empty text");
   for (const auto& s : a.all("stop-id")) {
@@ -342,7 +347,7 @@ int run_generate(int argc, char** argv) {
   // The text side: streaming detokenization and stop strings (checked here, before the model loads).
   TextStream stream = [&] {
     try {
-      return TextStream(tok.get(), sp.stop);
+      return TextStream(tok.get(), sp.stop, sp.min_tokens);
     } catch (const Error& e) {
       throw UsageError(std::string("--stop: ") + e.what());
     }

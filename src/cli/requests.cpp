@@ -90,7 +90,7 @@ void parse_job(const std::string& text, const RequestDefaults& d, const Tokenize
     const std::string key = item.key();
     static const char* known[] = {"ids",   "prompt", "max_tokens", "temperature",        "top_k",      "top_p",
                                   "min_p", "seed",   "stop",       "speculative_tokens", "ignore_eos", "logprobs",
-                                  "response_format", "logit_bias"};
+                                  "response_format", "logit_bias", "min_tokens"};
     if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known))
       throw Error("unknown field '" + key + "'");
   }
@@ -119,6 +119,7 @@ void parse_job(const std::string& text, const RequestDefaults& d, const Tokenize
   r.params.min_p = field<float>(j, "min_p", r.params.min_p, 0, 1);
   r.params.seed = field<uint64_t>(j, "seed", r.params.seed, 0, 1.8446744073709552e19);
   r.params.logprobs = field<int>(j, "logprobs", r.params.logprobs, -1, 20);
+  r.params.min_tokens = field<int>(j, "min_tokens", r.params.min_tokens, 0, INT32_MAX);
   if (j.contains("logit_bias") && !j["logit_bias"].is_null())
     r.params.logit_bias = serve::logit_bias_from_json(j["logit_bias"], facts.vocab_size);
   if (j.contains("stop")) {
@@ -151,7 +152,7 @@ void parse_job(const std::string& text, const RequestDefaults& d, const Tokenize
     format = g ? std::make_shared<const structured::Matcher>(*g) : nullptr;
   }
   if (format) r.format = OutputFormat{format, vocab.get()};
-  job.text = std::make_unique<TextStream>(tok, r.params.stop);
+  job.text = std::make_unique<TextStream>(tok, r.params.stop, r.params.min_tokens);
   TextStream* stream = job.text.get();
   r.on_token = [stream](int32_t t, const TokenLogprob*) { return !stream->has_tokenizer() || !stream->push(t).stopped; };
 }

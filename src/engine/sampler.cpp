@@ -24,6 +24,7 @@ void SamplingParams::validate() const {
   if (!std::isfinite(frequency_penalty) || frequency_penalty < -2.0f || frequency_penalty > 2.0f)
     bad("frequency_penalty", "must be in [-2, 2]");
   if (max_tokens < 0) bad("max_tokens", "must be >= 0");
+  if (min_tokens < 0) bad("min_tokens", "must be >= 0");
   for (const auto& [id, bias] : logit_bias) {
     if (id < 0) bad("logit_bias", "token id " + std::to_string(id) + " is negative");
     if (!(bias >= -100.0f && bias <= 100.0f))
@@ -32,6 +33,7 @@ void SamplingParams::validate() const {
 }
 
 void TokenHistory::reset(int64_t vocab, const std::vector<int32_t>& prompt) {
+  output_length_ = 0;
   all_counts_.assign(vocab, 0);
   output_counts_.assign(vocab, 0);
   touched_.clear();
@@ -44,9 +46,11 @@ void TokenHistory::reset(int64_t vocab, const std::vector<int32_t>& prompt) {
 void TokenHistory::push(int32_t t) {
   if (all_counts_[t]++ == 0) touched_.push_back(t);
   ++output_counts_[t];
+  ++output_length_;
 }
 
 void TokenHistory::pop(int32_t t) {
+  --output_length_;
   --output_counts_[t];
   if (--all_counts_[t] == 0) {
     auto it = std::find(touched_.rbegin(), touched_.rend(), t);
@@ -65,13 +69,16 @@ Sampler::Sampler(int64_t vocab, const SamplingParams& params)
 
 bool Sampler::adjusts_logits() const {
   const SamplingParams& p = params_;
-  return !p.logit_bias.empty() || p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f ||
-         p.frequency_penalty != 0.0f;
+  return !p.logit_bias.empty() || (p.min_tokens > 0 && !p.stop_token_ids.empty()) || p.repetition_penalty != 1.0f ||
+         p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
 }
 
 void Sampler::adjust_logits(float* logits, const TokenHistory& h) const {
   const SamplingParams& p = params_;
   for (const auto& [id, bias] : p.logit_bias) logits[id] += bias;
+  if (h.output_length() < p.min_tokens)
+    for (int32_t id : p.stop_token_ids)
+      if (id >= 0 && id < vocab_) logits[id] = -INFINITY;
   if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return;
   for (int32_t t : h.touched()) {
     float& l = logits[t];

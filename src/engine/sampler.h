@@ -1,6 +1,6 @@
 // The one logits pipeline shared by plain and speculative decoding (drafts and verify rows alike, so that
 // speculative sampling keeps the target's distribution):
-//   logit bias -> penalties (repetition over prompt+output; presence/frequency over output) -> temperature ->
+//   logit bias -> min_tokens (stop ids banned) -> penalties (repetition over prompt+output; presence/frequency over output) -> temperature ->
 //   top-k -> top-p -> min-p -> probabilities.
 // temperature == 0 means greedy: the argmax of the penalized logits.
 #pragma once
@@ -33,6 +33,9 @@ struct SamplingParams {
   // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the token's logit before everything else
   // (-100 all but bans a token, +100 all but forces it). Ids must be inside the vocabulary (Sampler checks).
   std::vector<std::pair<int32_t, float>> logit_bias;
+  // vLLM's min_tokens: the stop ids cannot come before this many output tokens (their logits are -inf until
+  // then), and stop strings apply from the min_tokens-th token on (TextStream).
+  int min_tokens = 0;
 
   bool greedy() const { return temperature <= 0.0f; }
   // Throws nextn::Error naming the field when a value is out of range.
@@ -46,11 +49,13 @@ class TokenHistory {
   void push(int32_t token);  // an output token
   void pop(int32_t token);   // undo push (speculative rows)
   int32_t output_count(int32_t t) const { return output_counts_[t]; }
+  int64_t output_length() const { return output_length_; }  // output tokens pushed and not popped
   bool seen(int32_t t) const { return all_counts_[t] > 0; }
   const std::vector<int32_t>& touched() const { return touched_; }  // tokens with nonzero counts (may repeat)
 
  private:
   std::vector<int32_t> all_counts_, output_counts_, touched_;
+  int64_t output_length_ = 0;
 };
 
 class Sampler {
@@ -60,9 +65,9 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
   int64_t vocab() const { return vocab_; }
 
-  // Applies the logit bias, then the penalties, in place (no-op when neither is set).
+  // Applies the logit bias, min_tokens' ban of the stop ids, then the penalties, in place (no-op when none is set).
   void adjust_logits(float* logits, const TokenHistory& history) const;
-  bool adjusts_logits() const;  // a logit bias or a penalty is set
+  bool adjusts_logits() const;  // a logit bias, a min_tokens with stop ids or a penalty is set
   // Greedy without bias or penalties: the token is the raw logits' argmax (no copy, no distribution needed).
   bool raw_argmax_decides() const { return params_.greedy() && !adjusts_logits(); }
   // Penalized logits -> processed distribution probs[V] (temperature, top-k, top-p, min-p), sums to 1.

@@ -79,6 +79,33 @@ TEST(Sampler, LogitBiasIsAddedBeforeThePenalties) {
   EXPECT_THROW(bad.validate(), Error);
 }
 
+TEST(Sampler, MinTokensBansTheStopIdsUntilThatManyOutputTokens) {
+  SamplingParams p;
+  p.min_tokens = 2;
+  p.stop_token_ids = {1, 3};
+  Sampler s(4, p);
+  EXPECT_FALSE(s.raw_argmax_decides());
+  TokenHistory h;
+  h.reset(4, {1, 1, 1});  // (prompt tokens do not count)
+  auto adjusted = [&] {
+    std::vector<float> l = {0.5f, 2.0f, 1.0f, 3.0f};
+    s.adjust_logits(l.data(), h);
+    return l;
+  };
+  EXPECT_EQ(adjusted(), (std::vector<float>{0.5f, -INFINITY, 1.0f, -INFINITY}));
+  h.push(0);
+  EXPECT_EQ(adjusted()[3], -INFINITY);
+  h.push(2);
+  EXPECT_EQ(adjusted(), (std::vector<float>{0.5f, 2.0f, 1.0f, 3.0f}));
+  h.pop(2);  // (a rejected draft row: banned again)
+  EXPECT_EQ(adjusted()[1], -INFINITY);
+  SamplingParams no_stop_ids;
+  no_stop_ids.min_tokens = 5;
+  EXPECT_TRUE(Sampler(4, no_stop_ids).raw_argmax_decides());  // (nothing to ban)
+  no_stop_ids.min_tokens = -1;
+  EXPECT_THROW(no_stop_ids.validate(), Error);
+}
+
 TEST(Sampler, TemperatureTopKTopPMinP) {
   // logits ln(4), ln(3), ln(2), ln(1): softmax at T=1 is 0.4, 0.3, 0.2, 0.1
   const float logits[4] = {std::log(4.0f), std::log(3.0f), std::log(2.0f), 0.0f};

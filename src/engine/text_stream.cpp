@@ -44,8 +44,8 @@ bool valid_utf8(const std::string& s) {
 
 }  // namespace
 
-TextStream::TextStream(const Tokenizer* tokenizer, std::vector<std::string> stop_strings)
-    : tok_(tokenizer), stop_(std::move(stop_strings)) {
+TextStream::TextStream(const Tokenizer* tokenizer, std::vector<std::string> stop_strings, int64_t min_tokens)
+    : tok_(tokenizer), stop_(std::move(stop_strings)), min_tokens_(min_tokens) {
   if (!stop_.empty() && !tok_) throw Error("stop strings need a tokenizer (ids-only generation has no text)");
   for (size_t i = 0; i < stop_.size(); ++i) {
     if (stop_[i].empty()) throw Error("stop string #" + std::to_string(i + 1) + " is empty");
@@ -60,7 +60,7 @@ TextStream::Delta TextStream::push(int32_t token) {
   if (!tok_) return {};
   const size_t old_size = text_.size();
   text_ += dec_->push(token);
-  if (find_stop(old_size)) return {take(text_.size()), true};
+  if (++tokens_ >= min_tokens_ && find_stop(old_size)) return {take(text_.size()), true};
   return {take(text_.size() - holdback()), false};
 }
 
@@ -71,7 +71,7 @@ std::string TextStream::finish() {
   if (stop_index_ < 0) {
     const size_t old_size = text_.size();
     text_ += dec_->flush();
-    find_stop(old_size);
+    if (tokens_ >= min_tokens_) find_stop(old_size);
   }
   return take(text_.size());
 }

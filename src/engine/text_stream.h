@@ -7,7 +7,8 @@
 // part of the output) and the stream reports it, so the caller can end generation.
 //
 // Stop strings match the text decoded with special tokens skipped, at any position, also across token
-// boundaries. When several match in the same step, the one that starts earliest wins.
+// boundaries. When several match in the same step, the one that starts earliest wins. With min_tokens (vLLM's),
+// they apply from the min_tokens-th token on: a stop string that ended before it does not stop the text.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -27,7 +28,7 @@ class TextStream {
   // not allowed. The tokenizer must outlive the stream. Throws nextn::Error for an empty stop string, one
   // that is not valid UTF-8 (it could end the text inside a character), or stop strings without a
   // tokenizer; the message names the stop string.
-  TextStream(const Tokenizer* tokenizer, std::vector<std::string> stop_strings);
+  TextStream(const Tokenizer* tokenizer, std::vector<std::string> stop_strings, int64_t min_tokens = 0);
 
   struct Delta {
     std::string text;      // newly printable text (may be empty)
@@ -65,6 +66,7 @@ class TextStream {
   std::vector<std::string> stop_;
   std::unique_ptr<StreamingDecoder> dec_;
   std::string text_;
+  int64_t min_tokens_ = 0, tokens_ = 0;  // stop strings apply once tokens_ >= min_tokens_
   size_t emitted_ = 0;
   int stop_index_ = -1;
   bool finished_ = false;

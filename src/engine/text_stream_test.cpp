@@ -97,6 +97,22 @@ TEST(TextStream, StopStringSpanningSeveralTokens) {
   EXPECT_EQ(ts.text(), "abc ");
 }
 
+// min_tokens (vLLM's): a stop string that ends before the min_tokens-th token does not stop the text; one that
+// ends at or after it does, even when it began before.
+TEST(TextStream, StopStringsApplyFromTheMinTokensThToken) {
+  TextStream ts(&tok(), {"ab"}, /*min_tokens=*/4);
+  const auto pieces = push_all(ts, byte_tokens("abxab"));  // "ab" ends at token 2 (ignored), then at token 5
+  ASSERT_EQ(pieces.size(), 5u);
+  EXPECT_EQ(concat(pieces), "abx");
+  EXPECT_TRUE(ts.stopped_on_text());
+  TextStream spanning(&tok(), {"STOP"}, /*min_tokens=*/3);
+  EXPECT_EQ(concat(push_all(spanning, byte_tokens("xSTOPy"))), "x");  // began at token 2, ends at token 5
+  TextStream early(&tok(), {"ab"}, /*min_tokens=*/3);
+  const std::string pushed = concat(push_all(early, byte_tokens("abxyz")));
+  EXPECT_EQ(pushed + early.finish(), "abxyz");
+  EXPECT_FALSE(early.stopped_on_text());
+}
+
 TEST(TextStream, StopStringAcrossRealBpeTokens) {
   const std::string text = "def fibonacci(n):\n    return fibonacci(n - 1) + fibonacci(n - 2)\n";
   const std::string stop = "return fib";

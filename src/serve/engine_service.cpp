@@ -127,7 +127,7 @@ void EngineService::start(const std::shared_ptr<Job>& job) {
         auto live = std::make_shared<Live>();
         live->job = job;
         live->choice = p * size_t(r.n) + size_t(j);
-        live->text = std::make_unique<TextStream>(tok_, r.params.stop);
+        live->text = std::make_unique<TextStream>(tok_, r.params.stop, r.params.min_tokens);
         Request req{r.prompts[p], r.params, r.spec, {}, r.format};
         req.params.seed = r.params.seed + uint64_t(j);
         req.params.logprobs = r.logprobs;

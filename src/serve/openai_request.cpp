@@ -110,7 +110,6 @@ void refuse_unsupported_extensions(const json& body) {
   for (const char* name : {"bad_words", "allowed_token_ids", "prompt_logprobs", "guided_json", "guided_regex",
                            "guided_choice", "guided_grammar", "structured_outputs", "truncate_prompt_tokens"})
     if (field(body, name)) refuse(name);
-  if (integer(body, "min_tokens", 0, 0, INT32_MAX) != 0) refuse("min_tokens");
   if (boolean(body, "include_stop_str_in_output", false)) refuse("include_stop_str_in_output");
   if (!boolean(body, "skip_special_tokens", true)) refuse("skip_special_tokens");
   if (boolean(body, "use_beam_search", false)) refuse("use_beam_search");
@@ -178,6 +177,7 @@ void parse_common(const json& body, const ServedModel& m, ApiRequest& r, const n
       p.stop_token_ids.push_back(t.get<int32_t>());
     }
   }
+  p.min_tokens = int(integer(body, "min_tokens", 0, 0, INT32_MAX));  // (vLLM's; checked against max_tokens below)
   refuse_unsupported_extensions(body);
   r.stream = boolean(body, "stream", false);
   if (const json* so = field(body, "stream_options")) {
@@ -220,6 +220,9 @@ void set_max_tokens(const json& body, const char* name, const ServedModel& m, Ap
 }
 
 void finish_validation(ApiRequest& r) {
+  if (r.params.min_tokens > r.params.max_tokens)
+    throw bad_field("min_tokens", "'min_tokens' (" + std::to_string(r.params.min_tokens) +
+                                      ") must be at most max_tokens (" + std::to_string(r.params.max_tokens) + ")");
   try {
     r.params.validate();
     r.spec.validate();

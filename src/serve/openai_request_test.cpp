@@ -95,13 +95,15 @@ TEST_F(OpenAIRequest, LogitBiasMapsTokenIdsToBiases) {
 }
 
 TEST_F(OpenAIRequest, StopTokenIdsAddToTheEosAndDefaultExtensionsAreAccepted) {
-  const ApiRequest r = parse_completion_request({{"prompt", "x"}, {"stop_token_ids", {5, 9}}}, model_);
+  const ApiRequest r =
+      parse_completion_request({{"prompt", "x"}, {"stop_token_ids", {5, 9}}, {"min_tokens", 3}}, model_);
   EXPECT_EQ(r.params.stop_token_ids, (std::vector<int32_t>{2, 5, 9}));
+  EXPECT_EQ(r.params.min_tokens, 3);
   const ApiRequest no_eos =
       parse_completion_request({{"prompt", "x"}, {"stop_token_ids", {5}}, {"ignore_eos", true}}, model_);
   EXPECT_EQ(no_eos.params.stop_token_ids, (std::vector<int32_t>{5}));
   // (clients that send vLLM's fields at their defaults are served)
-  EXPECT_NO_THROW(parse_completion_request({{"prompt", "x"}, {"min_tokens", 0}, {"skip_special_tokens", true},
+  EXPECT_NO_THROW(parse_completion_request({{"prompt", "x"}, {"skip_special_tokens", true},
                                             {"include_stop_str_in_output", false}, {"use_beam_search", false}},
                                            model_));
 }
@@ -159,7 +161,8 @@ TEST_F(OpenAIRequest, WrongTypesAndRangesNameTheField) {
       {{{"prompt", "x"}, {"stop_token_ids", json::array({1, 999999})}}, "stop_token_ids"},
       {{{"prompt", "x"}, {"stop_token_ids", 5}}, "stop_token_ids"},
       // vLLM's extensions that would change the output and nextn does not implement: refused, not ignored
-      {{{"prompt", "x"}, {"min_tokens", 5}}, "min_tokens"},
+      {{{"prompt", "x"}, {"min_tokens", -1}}, "min_tokens"},
+      {{{"prompt", "x"}, {"max_tokens", 4}, {"min_tokens", 5}}, "min_tokens"},
       {{{"prompt", "x"}, {"bad_words", json::array({"x"})}}, "bad_words"},
       {{{"prompt", "x"}, {"allowed_token_ids", json::array({1})}}, "allowed_token_ids"},
       {{{"prompt", "x"}, {"guided_json", {{"type", "object"}}}}, "guided_json"},
