@@ -386,6 +386,10 @@ ApiRequest parse_chat_request(const json& body, const ServedModel& m, const nloh
                         "chat_template.jinja): use /v1/completions, or start the server with --chat-template FILE");
   const json* messages = field(body, "messages");
   if (!messages) throw bad_field("messages", "'messages' is required");
+  for (const char* old : {"functions", "function_call"})  // (OpenAI's deprecated forms: a forced call must not be lost)
+    if (field(body, old))
+      throw bad_field(old, std::string("'") + old + "' (deprecated by OpenAI) is not supported: give 'tools' and "
+                                                     "'tool_choice'");
   check_messages(*messages);
   const json* tools = field(body, "tools");
   if (tools && !tools->is_array()) throw bad_field("tools", "'tools' must be an array");

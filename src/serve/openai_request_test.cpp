@@ -246,6 +246,22 @@ TEST_F(OpenAIRequest, ChatWithoutATemplateIsRefusedWithTheReason) {
   }
 }
 
+TEST_F(OpenAIRequest, DeprecatedFunctionsAreRefusedNotIgnored) {
+  if (!serve_chat_with_tools()) GTEST_SKIP() << "the bundled chat template did not load";
+  const json messages = json::array({{{"role", "user"}, {"content", "hi"}}});
+  for (const char* name : {"functions", "function_call"}) {
+    try {
+      parse_chat_request({{"messages", messages}, {name, name == std::string("functions") ? json::array() : json("auto")}},
+                         model_);
+      ADD_FAILURE() << name << " accepted";
+    } catch (const ApiError& e) {
+      EXPECT_EQ(e.status, 400);
+      EXPECT_EQ(e.param, name);
+      EXPECT_NE(std::string(e.what()).find("give 'tools' and 'tool_choice'"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // The whole text is one output of the matcher.
 bool matches(const structured::Matcher& m, std::string_view text) {
   structured::Matcher::State st = m.start(), scratch;
