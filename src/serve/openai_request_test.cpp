@@ -250,9 +250,9 @@ TEST_F(OpenAIRequest, DeprecatedFunctionsAreRefusedNotIgnored) {
   if (!serve_chat_with_tools()) GTEST_SKIP() << "the bundled chat template did not load";
   const json messages = json::array({{{"role", "user"}, {"content", "hi"}}});
   for (const char* name : {"functions", "function_call"}) {
+    const json value = name == std::string("functions") ? json::array() : json("auto");
     try {
-      parse_chat_request({{"messages", messages}, {name, name == std::string("functions") ? json::array() : json("auto")}},
-                         model_);
+      parse_chat_request({{"messages", messages}, {name, value}}, model_);
       ADD_FAILURE() << name << " accepted";
     } catch (const ApiError& e) {
       EXPECT_EQ(e.status, 400);
