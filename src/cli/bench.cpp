@@ -69,8 +69,9 @@ concurrency.
                      device-to-device copy bandwidth ((read + write) / time over 2 GiB), measured likewise
   --repeats N        passes (default 3; one pass is at the mercy of a noisy machine): decode is measured
                      N times, each right after a bandwidth measurement of its own, and speculation in N
-                     interleaved passes over plain, k = 1..4 and tuned k; reported are the medians of the
-                     per-pass bandwidth fractions and speedups (each against the same pass's plain run)
+                     interleaved passes over plain, k = 1..4 and tuned k (their order rotated pass by pass);
+                     reported are the medians of the per-pass bandwidth fractions and speedups (each
+                     against the same pass's plain run)
   --oracle-acceptance P[,P2,...]  also measure speculation with drafts replaced by the target's own greedy
                      token with probability P per draft position, or, given a list, P_i at a round's draft
                      position i given the ones before it (the last P for positions past the list; e.g.
@@ -708,16 +709,18 @@ int run_bench(int argc, char** argv) {
     constexpr int kSettings = 6;  // plain, k = 1..4, tuned
     std::vector<double> tps[kSettings], ratio[kSettings];
     GenerationResult last[kSettings];
-    for (int pass = 0; pass < repeats; ++pass)
-      for (int i = 0; i < kSettings; ++i) {
+    for (int pass = 0; pass < repeats; ++pass) {
+      for (int j = 0; j < kSettings; ++j) {
+        const int i = (j + pass) % kSettings;  // (the order rotates pass by pass: no setting always runs last)
         SpecOptions so;
         so.enabled = i > 0;
         so.num_speculative_tokens = i == 5 ? 4 : std::max(i, 1);
         so.tune_k = i == 5;
         last[i] = gen.generate(prompt, sp, so);
         tps[i].push_back(last[i].stats.tokens_per_second());
-        ratio[i].push_back(tps[i].back() / tps[0].back());
       }
+      for (int i = 0; i < kSettings; ++i) ratio[i].push_back(tps[i].back() / tps[0].back());
+    }
     const double base_tps = median(tps[0]);
     out["generate_baseline_tokens_per_s"] = base_tps;
     out["speculative_repeats"] = repeats;
@@ -772,8 +775,9 @@ int run_bench(int argc, char** argv) {
     constexpr int kSettings = 6;  // plain, k = 1..4, tuned
     std::vector<double> tps[kSettings], ratio[kSettings];
     GenerationResult last[kSettings];
-    for (int pass = 0; pass < repeats; ++pass)
-      for (int i = 0; i < kSettings; ++i) {
+    for (int pass = 0; pass < repeats; ++pass) {
+      for (int j = 0; j < kSettings; ++j) {
+        const int i = (j + pass) % kSettings;  // (rotated pass by pass, as above)
         SpecOptions so = plain;
         if (i > 0) {
           so.enabled = true;
@@ -783,8 +787,9 @@ int run_bench(int argc, char** argv) {
         }
         last[i] = gen.generate(prompt, sp, so);
         tps[i].push_back(last[i].stats.tokens_per_second());
-        ratio[i].push_back(tps[i].back() / tps[0].back());
       }
+      for (int i = 0; i < kSettings; ++i) ratio[i].push_back(tps[i].back() / tps[0].back());
+    }
     nlohmann::json oracle = nlohmann::json::array();
     std::string p_text;
     for (double pi : p) p_text += (p_text.empty() ? "" : ", ") + std::to_string(pi).substr(0, 4);
