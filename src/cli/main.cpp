@@ -146,8 +146,8 @@ sampled output is distributed exactly as the target's.
   --requests FILE.jsonl     run many requests at once (continuous batching): one JSON object a line with
                             "ids" or "prompt" and optionally max_tokens, temperature, top_k, top_p, min_p,
                             seed, speculative_tokens (0: plain), ignore_eos, stop, logprobs, response_format,
-                            logit_bias, min_tokens (as OpenAI's and vLLM's; the options above are the defaults); prints
-                            one JSON line per request, in input order,
+                            logit_bias, min_tokens (as OpenAI's and vLLM's; the options above are the
+                            defaults); prints one JSON line per request, in input order,
                             as --json does ({"line": N, "error": ...} for a request that failed)
   --kv-cache-mb N           the KV cache pool all sequences share, in MiB (default: one sequence of the
                             whole context); a request that does not fit waits for pages, one larger than

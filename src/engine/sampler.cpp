@@ -25,6 +25,7 @@ void SamplingParams::validate() const {
     bad("frequency_penalty", "must be in [-2, 2]");
   if (max_tokens < 0) bad("max_tokens", "must be >= 0");
   if (min_tokens < 0) bad("min_tokens", "must be >= 0");
+  if (min_tokens > max_tokens) bad("min_tokens", "must be at most max_tokens (" + std::to_string(max_tokens) + ")");
   for (const auto& [id, bias] : logit_bias) {
     if (id < 0) bad("logit_bias", "token id " + std::to_string(id) + " is negative");
     if (!(bias >= -100.0f && bias <= 100.0f))
@@ -67,10 +68,14 @@ Sampler::Sampler(int64_t vocab, const SamplingParams& params)
                   std::to_string(vocab) + " tokens");
 }
 
+bool Sampler::has_penalties() const {
+  const SamplingParams& p = params_;
+  return p.repetition_penalty != 1.0f || p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+}
+
 bool Sampler::adjusts_logits() const {
   const SamplingParams& p = params_;
-  return !p.logit_bias.empty() || (p.min_tokens > 0 && !p.stop_token_ids.empty()) || p.repetition_penalty != 1.0f ||
-         p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f;
+  return !p.logit_bias.empty() || (p.min_tokens > 0 && !p.stop_token_ids.empty()) || has_penalties();
 }
 
 void Sampler::adjust_logits(float* logits, const TokenHistory& h) const {
@@ -79,7 +84,7 @@ void Sampler::adjust_logits(float* logits, const TokenHistory& h) const {
   if (h.output_length() < p.min_tokens)
     for (int32_t id : p.stop_token_ids)
       if (id >= 0 && id < vocab_) logits[id] = -INFINITY;
-  if (p.repetition_penalty == 1.0f && p.presence_penalty == 0.0f && p.frequency_penalty == 0.0f) return;
+  if (!has_penalties()) return;
   for (int32_t t : h.touched()) {
     float& l = logits[t];
     if (p.repetition_penalty != 1.0f && h.seen(t)) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;

@@ -1,7 +1,7 @@
 // The one logits pipeline shared by plain and speculative decoding (drafts and verify rows alike, so that
 // speculative sampling keeps the target's distribution):
-//   logit bias -> min_tokens (stop ids banned) -> penalties (repetition over prompt+output; presence/frequency over output) -> temperature ->
-//   top-k -> top-p -> min-p -> probabilities.
+//   logit bias -> min_tokens (stop ids banned) -> penalties (repetition over prompt+output; presence/frequency
+//   over output) -> temperature -> top-k -> top-p -> min-p -> probabilities.
 // temperature == 0 means greedy: the argmax of the penalized logits.
 #pragma once
 #include <array>
@@ -65,7 +65,8 @@ class Sampler {
   const SamplingParams& params() const { return params_; }
   int64_t vocab() const { return vocab_; }
 
-  // Applies the logit bias, min_tokens' ban of the stop ids, then the penalties, in place (no-op when none is set).
+  // Applies the logit bias, min_tokens' ban of the stop ids, then the penalties, in place (no-op when none is
+  // set).
   void adjust_logits(float* logits, const TokenHistory& history) const;
   bool adjusts_logits() const;  // a logit bias, a min_tokens with stop ids or a penalty is set
   // Greedy without bias or penalties: the token is the raw logits' argmax (no copy, no distribution needed).
@@ -79,6 +80,7 @@ class Sampler {
   static int32_t argmax(const float* x, int64_t n);  // ties: lowest index
 
  private:
+  bool has_penalties() const;  // repetition, presence or frequency
   // probs = softmax(logits / temperature); a temperature so small that logits / T overflows gives the
   // limit T -> 0 (all weight on the argmax, shared by tied maxima) instead of nan.
   void softmax_at_temperature(const float* logits, float* probs) const;

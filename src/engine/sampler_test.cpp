@@ -104,6 +104,8 @@ TEST(Sampler, MinTokensBansTheStopIdsUntilThatManyOutputTokens) {
   EXPECT_TRUE(Sampler(4, no_stop_ids).raw_argmax_decides());  // (nothing to ban)
   no_stop_ids.min_tokens = -1;
   EXPECT_THROW(no_stop_ids.validate(), Error);
+  no_stop_ids.min_tokens = no_stop_ids.max_tokens + 1;  // (more than it may generate: refused, not ignored)
+  EXPECT_THROW(no_stop_ids.validate(), Error);
 }
 
 TEST(Sampler, TemperatureTopKTopPMinP) {

@@ -36,8 +36,8 @@ Sequence::Sequence(Model& model, Request request)
       throw Error("generate: structured output needs the model's vocabulary of " + std::to_string(V_) + " tokens");
     constraint_ = std::make_unique<structured::OutputConstraint>(f.matcher, f.vocab, params.stop_token_ids);
   }
-  // Greedy without bias, penalties, logprobs, relaxed acceptance or an output format reads nothing of a target row
-  // but its argmax.
+  // Greedy without bias, penalties, logprobs, relaxed acceptance or an output format reads nothing of a target
+  // row but its argmax.
   argmax_only_ = sampler_.raw_argmax_decides() && !constraint_ && params.logprobs < 0 && !spec.relaxed;
   k_cur_ = k_max_;
   const int64_t n = int64_t(prompt.size());
@@ -268,8 +268,8 @@ void Sequence::finish_draft() {
   report_.backlog = backlog_rows_ > 0 && catch_seconds > 0;
 }
 
-// Draft step s: its raw logits -> the draft distribution q (bias and penalties as the target applies them) -> the
-// draft token.
+// Draft step s: its raw logits -> the draft distribution q (bias and penalties as the target applies them) ->
+// the draft token.
 int32_t Sequence::pick(int s, float* raw) {
   const auto t0 = Clock::now();
   if (!greedy_draft()) return take_draft(s, draft_from_distribution(s, raw), t0);
@@ -277,8 +277,8 @@ int32_t Sequence::pick(int s, float* raw) {
   return take_draft(s, Sampler::argmax(raw, V_), t0);
 }
 
-// Greedy acceptance reads the draft token only (never q): without bias, penalties or test hooks, the row's argmax
-// (of its allowed tokens, under an output format) decides and q is not built.
+// Greedy acceptance reads the draft token only (never q): without bias, penalties or test hooks, the row's
+// argmax (of its allowed tokens, under an output format) decides and q is not built.
 bool Sequence::greedy_draft() const {
   const SpecOptions& spec = request_.spec;
   return sampler_.raw_argmax_decides() && !spec.draft_dist_hook && !spec.draft_hook;

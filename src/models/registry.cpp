@@ -48,7 +48,10 @@ std::vector<std::string> supported_model_types() {
   return out;
 }
 
-void require_checkpoint_folder(const std::string& dir) {
+namespace {
+
+// The family of DIR after require_checkpoint_folder's checks (config.json read once).
+const Family& checked_family(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const fs::file_status st = fs::status(dir, ec);
@@ -57,12 +60,15 @@ void require_checkpoint_folder(const std::string& dir) {
     throw Error(dir + " is a file: a model is the checkpoint's folder (config.json and *.safetensors)");
   if (!fs::exists(fs::path(dir) / "config.json", ec))
     throw Error(dir + " has no config.json: not a HuggingFace checkpoint folder");
-  family_of(dir);
+  return family_of(dir);
 }
 
+}  // namespace
+
+void require_checkpoint_folder(const std::string& dir) { checked_family(dir); }
+
 std::unique_ptr<Model> load_model(const std::string& dir, ThreadPool* pool) {
-  require_checkpoint_folder(dir);
-  return family_of(dir).load(dir, pool);
+  return checked_family(dir).load(dir, pool);
 }
 
 std::unique_ptr<Model> load_model(const std::string& dir, ThreadPool* pool, int tensor_parallel) {

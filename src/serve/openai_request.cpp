@@ -101,6 +101,18 @@ OutputFormat output_format(const json& body, const ServedModel& m, const nlohman
   return OutputFormat{std::make_shared<const structured::Matcher>(std::move(*g)), m.vocab};
 }
 
+// The ids of the JSON array `ids`, each a token of the model (else a 400 naming the field `name`).
+std::vector<int32_t> token_ids_of(const json& ids, const ServedModel& m, const char* name) {
+  std::vector<int32_t> out;
+  for (const json& t : ids) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.facts->vocab_size)
+      throw bad_field(name, std::string("'") + name + "' holds " + t.dump() + ", not a token id of this model (0.." +
+                                std::to_string(m.facts->vocab_size - 1) + ")");
+    out.push_back(t.get<int32_t>());
+  }
+  return out;
+}
+
 // vLLM's request extensions that would change the output and nextn does not implement: a 400 naming the field
 // instead of an output that silently ignores it (each may still be given at its default, as clients send them).
 void refuse_unsupported_extensions(const json& body) {
@@ -170,12 +182,7 @@ void parse_common(const json& body, const ServedModel& m, ApiRequest& r, const n
   if (!boolean(body, "ignore_eos", false)) p.stop_token_ids = m.facts->eos_token_ids;
   if (const json* ids = field(body, "stop_token_ids")) {  // (vLLM's: more ids that end the output, emitted as eos)
     if (!ids->is_array()) throw bad_field("stop_token_ids", "'stop_token_ids' must be an array of token ids");
-    for (const json& t : *ids) {
-      if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.facts->vocab_size)
-        throw bad_field("stop_token_ids", "'stop_token_ids' holds " + t.dump() + ", not a token id of this model (0.." +
-                                              std::to_string(m.facts->vocab_size - 1) + ")");
-      p.stop_token_ids.push_back(t.get<int32_t>());
-    }
+    for (int32_t t : token_ids_of(*ids, m, "stop_token_ids")) p.stop_token_ids.push_back(t);
   }
   p.min_tokens = int(integer(body, "min_tokens", 0, 0, INT32_MAX));  // (vLLM's; checked against max_tokens below)
   refuse_unsupported_extensions(body);
@@ -232,13 +239,7 @@ void finish_validation(ApiRequest& r) {
 }
 
 std::vector<int32_t> token_ids(const json& ids, const ServedModel& m) {
-  std::vector<int32_t> out;
-  for (const json& t : ids) {
-    if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.facts->vocab_size)
-      throw bad_field("prompt", "'prompt' holds " + t.dump() + ", not a token id of this model (0.." +
-                                    std::to_string(m.facts->vocab_size - 1) + ")");
-    out.push_back(t.get<int32_t>());
-  }
+  std::vector<int32_t> out = token_ids_of(ids, m, "prompt");
   if (out.empty()) throw bad_field("prompt", "'prompt' must not be empty");
   return out;
 }
