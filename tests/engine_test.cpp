@@ -138,6 +138,24 @@ TEST_P(CrossSequence, GreedyRowsReadAsArgmaxGiveTheTokensOfWholeRows) {
   }
 }
 
+// The sequences' decisions from their rows (sampling, acceptance, logprobs) run on the host pool's threads
+// when they are worth it (Engine::decide_all); forced there, 10 requests that share their forwards (greedy and
+// sampled, plain and speculative, all asking for logprobs) each give what they give alone, bit for bit.
+TEST_P(CrossSequence, DecisionsOnTheHostThreadsGiveWhatEachGivesAlone) {
+  const ModelFacts& f = model_->facts();
+  ASSERT_NE(model_->host_pool(), nullptr);
+  const int max_tokens = 12;
+  EngineOptions options;
+  options.split_decisions_for_tests = true;
+  Engine engine(*model_, options);
+  for (int i = 0; i < 10; ++i) engine.submit(make_request(i, f, max_tokens));
+  engine.run();
+  auto done = engine.take_finished();
+  ASSERT_EQ(done.size(), 10u);
+  for (auto& [id, res] : done)
+    expect_same(res, run_alone(*model_, make_request(int(id), f, max_tokens)), "request " + std::to_string(id));
+}
+
 INSTANTIATE_TEST_SUITE_P(Models, CrossSequence,
                          ::testing::Values(fixture_dir("a_fp32"), fixture_dir("b_fp32"), fixture_dir("c_bf16"),
                                            std::string(NEXTN_SOURCE_DIR) + "/tests/fixtures/hy_v4_fp8/fp8_bf16_mtp",
@@ -345,6 +363,60 @@ TEST(EngineBatching, PromptsPastTheStepsRowBudgetWaitForTheNextStep) {
   ASSERT_EQ(done.size(), 4u);
   for (auto& [id, res] : done) expect_same(res, alone[size_t(id)], "request " + std::to_string(id));
   EXPECT_THROW(Engine(*model, EngineOptions{4, 0}), Error);
+}
+
+// A token callback that says stop (the server's stop strings) ends the output at its token, also inside a
+// round that accepted drafts past it: the tokens after it are taken back, from the result, its logprobs and its
+// count, and the callback never sees them. Greedy and sampled, plain and speculative, alone and in a batch.
+TEST(EngineCallbacks, ACallbackThatSaysStopEndsTheOutputAtItsToken) {
+  ThreadPool pool(2);
+  auto model = load_model(fixture_dir("a_fp32"), &pool);
+  const ModelFacts& f = model->facts();
+  auto request = [&](int i) {
+    Request r;
+    r.prompt = random_prompt(9, f.vocab_size, 70 + i);
+    r.params.max_tokens = 16;
+    r.params.logprobs = 1;
+    if (i % 2 == 1) {
+      r.params.temperature = 0.9f;
+      r.params.seed = 5 + i;
+    }
+    r.spec.enabled = i >= 2;
+    r.spec.num_speculative_tokens = 3;
+    r.spec.tune_k = false;
+    r.spec.broken_accept_all_for_tests = i >= 2;  // (every draft accepted: rounds emit 4 tokens past the stop)
+    return r;
+  };
+  for (const bool batched : {false, true}) {
+    Engine engine(*model);
+    std::vector<std::vector<int32_t>> seen(4);
+    std::vector<GenerationResult> free_runs;
+    for (int i = 0; i < 4; ++i) {
+      free_runs.push_back(run_alone(*model, request(i)));
+      ASSERT_GE(free_runs.back().ids.size(), 8u);
+      Request r = request(i);
+      r.on_token = [&seen, i](int32_t t, const TokenLogprob* lp) {
+        EXPECT_NE(lp, nullptr);
+        seen[size_t(i)].push_back(t);
+        return seen[size_t(i)].size() < size_t(5 + i);  // stop at token 5 + i
+      };
+      engine.submit(std::move(r));
+      if (!batched) engine.run();
+    }
+    engine.run();
+    auto done = engine.take_finished();
+    ASSERT_EQ(done.size(), 4u);
+    for (auto& [id, res] : done) {
+      const size_t n = size_t(5 + id);
+      const std::string what = (batched ? "batched request " : "request ") + std::to_string(id);
+      EXPECT_EQ(res.finish_reason, "stop") << what << ": " << res.error;
+      const std::vector<int32_t> want(free_runs[size_t(id)].ids.begin(), free_runs[size_t(id)].ids.begin() + n);
+      EXPECT_EQ(res.ids, want) << what;
+      EXPECT_EQ(seen[size_t(id)], want) << what << ": the callback saw nothing past its stop";
+      EXPECT_EQ(res.logprobs.size(), n) << what;
+      EXPECT_EQ(res.stats.num_generated, int64_t(n)) << what;
+    }
+  }
 }
 
 // Each batch size class the tuned requests ran in is reported with its bounds and the rounds it ran: 3 tuned

@@ -100,6 +100,11 @@ concurrency.
   --concurrency-k K  the --concurrency runs' speculation at a fixed k (1..8) instead of the tuned k: what
                      the tuner could reach at each N; 0: speculative requests that never draft (the upkeep
                      of speculation alone: hidden states kept for the drafter, the engine's bookkeeping)
+  --concurrency-temperature T  sample the --concurrency runs' requests at temperature T (default 0: greedy),
+                     each with a seed of its own and no output to reproduce, as an API request without a
+                     seed (speculation then tunes k as for greedy ones); with --concurrency-top-p P, the
+                     nucleus P (default 1: off). What a server's sampled requests cost the host: each token a
+                     distribution over the vocabulary, each draft too
   --json             print one JSON object
 )";
 
@@ -292,6 +297,7 @@ struct BenchOptions {
   std::vector<double> oracle_p;  // per draft position (the last for those past it)
   std::vector<int> concurrency;  // --concurrency: the numbers of concurrent sequences (empty: not measured)
   int concurrency_k = -1;        // --concurrency-k: the speculative runs' fixed k (-1: tuned)
+  float concurrency_temperature = 0, concurrency_top_p = 1;  // --concurrency-temperature, --concurrency-top-p
   std::string device = "cpu";    // --device: cpu, or cuda (bandwidths are then the device's copy bandwidth)
 };
 
@@ -365,8 +371,11 @@ BenchOptions parse_bench_options(const Args& a) {
     if (o.n_tokens < 2)
       throw UsageError("--concurrency measures the tokens after each request's first: it needs --tokens >= 2");
     o.concurrency_k = a.get_int("concurrency-k", -1, 0, 8);  // (SpecOptions' range, and 0)
-  } else if (a.has("concurrency-k")) {
-    throw UsageError("--concurrency-k applies to --concurrency runs only");
+    o.concurrency_temperature = float(a.get_double("concurrency-temperature", 0, {0, 100}));
+    o.concurrency_top_p = float(a.get_double("concurrency-top-p", 1, {0, 1, /*lo_open=*/true}));
+  } else {
+    for (const char* flag : {"concurrency-k", "concurrency-temperature", "concurrency-top-p"})
+      if (a.has(flag)) throw UsageError(std::string("--") + flag + " applies to --concurrency runs only");
   }
   if (o.synthetic) {
     const char* home = std::getenv("HOME");
@@ -428,20 +437,26 @@ struct ConcurrentRun {
   double all_in_flight_tokens_per_s = 0;
 };
 
+// sampling: temperature and top_p of every request (greedy: temperature 0); request i samples with seed i.
 ConcurrentRun run_concurrent(Model& m, const std::vector<std::vector<int32_t>>& prompts, int max_tokens,
-                             const SpecOptions& spec) {
+                             const SpecOptions& spec, const SamplingParams& sampling) {
   const size_t n = prompts.size();
   Engine engine(m);
   SamplingParams sp;
   sp.max_tokens = max_tokens;
+  sp.temperature = sampling.temperature;
+  sp.top_p = sampling.top_p;
+  sp.reproducible = false;  // (no seed asked for, as most API requests: speculation tunes k)
   std::vector<int64_t> emitted(n, 0);
   int64_t total = 0, started = 0;
-  for (size_t i = 0; i < n; ++i)
+  for (size_t i = 0; i < n; ++i) {
+    sp.seed = i;
     engine.submit(Request{prompts[i], sp, spec, [&emitted, &total, &started, i](int32_t, const TokenLogprob*) {
                             if (emitted[i]++ == 0) ++started;
                             ++total;
                             return true;
                           }, {}});
+  }
   // Prefill: until every request has its first token (the KV pool is sized so that all are admitted at once,
   // and they all prefill in the first step's forward).
   while (!engine.idle() && started < int64_t(n)) engine.step();
@@ -532,7 +547,7 @@ std::string rounds_at_k_text(const std::vector<int64_t>& at_k) {
 int run_bench(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "synthetic"},
          {"model", "dtype", "mlp", "layers", "hidden", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats",
-          "oracle-acceptance", "concurrency", "concurrency-k", "device", "tensor-parallel", "weights",
+          "oracle-acceptance", "concurrency", "concurrency-k", "concurrency-temperature", "concurrency-top-p", "device", "tensor-parallel", "weights",
           "draft-head"});
   if (a.has("help")) {
     std::fputs(kBenchUsage, stdout);
@@ -828,6 +843,9 @@ int run_bench(int argc, char** argv) {
     spec.num_speculative_tokens = o.concurrency_k > 0 ? o.concurrency_k : k_default;
     spec.tune_k = o.concurrency_k < 0;
     if (o.concurrency_k == 0) spec.k_schedule_for_tests = [](int64_t) { return 0; };  // (what drafting's upkeep costs)
+    SamplingParams sampling;
+    sampling.temperature = o.concurrency_temperature;
+    sampling.top_p = o.concurrency_top_p;
     const auto prompts = concurrent_prompts(prompt, max_concurrency, facts.vocab_size);
     // Every decode shape of the largest batch recorded before the first pass (as serve does at start): the
     // passes measure steady decoding, not the first sight of the row counts a draining batch meets.
@@ -846,21 +864,21 @@ int run_bench(int argc, char** argv) {
     for (int pass = 0; pass < repeats; ++pass) {
       pass_bw_c.push_back(measure_bandwidth());
       const double gbps = pass_bw_c.back();
-      double single = o.concurrency.front() == 1 ? 0.0 : run_concurrent(m, first(1), n_tokens, plain).tokens_per_s;
+      double single = o.concurrency.front() == 1 ? 0.0 : run_concurrent(m, first(1), n_tokens, plain, sampling).tokens_per_s;
       // Which of the pair runs first alternates pass by pass: the second of two back-to-back runs of many
       // sequences ran slower whichever it was (docs/performance.md), which a fixed order charged to speculation.
       const bool spec_first = drafting && pass % 2 == 1;
       for (size_t i = 0; i < C; ++i) {
         const int n = o.concurrency[i];
-        if (spec_first) last_spec[i] = run_concurrent(m, first(n), n_tokens, spec);
-        last_plain[i] = run_concurrent(m, first(n), n_tokens, plain);
+        if (spec_first) last_spec[i] = run_concurrent(m, first(n), n_tokens, spec, sampling);
+        last_plain[i] = run_concurrent(m, first(n), n_tokens, plain, sampling);
         if (n == 1) single = last_plain[i].tokens_per_s;
         plain_tps[i].push_back(last_plain[i].tokens_per_s);
         plain_x[i].push_back(last_plain[i].tokens_per_s / single);
         plain_frac[i].push_back(fraction(last_plain[i], gbps));
         plain_full[i].push_back(last_plain[i].all_in_flight_tokens_per_s);
         if (!drafting) continue;
-        if (!spec_first) last_spec[i] = run_concurrent(m, first(n), n_tokens, spec);
+        if (!spec_first) last_spec[i] = run_concurrent(m, first(n), n_tokens, spec, sampling);
         spec_tps[i].push_back(last_spec[i].tokens_per_s);
         spec_x[i].push_back(last_spec[i].tokens_per_s / last_plain[i].tokens_per_s);
         spec_frac[i].push_back(fraction(last_spec[i], gbps));
@@ -875,7 +893,11 @@ int run_bench(int argc, char** argv) {
     out["concurrency_single_tokens_per_s"] = median(single_tps);
     out["concurrency_k_max"] = drafting ? spec.num_speculative_tokens : 0;
     out["concurrency_k_fixed"] = o.concurrency_k >= 0;
-    log("concurrency: N greedy requests of %d tokens through one engine (prompts: the bench prompt rotated per "
+    out["concurrency_temperature"] = sampling.temperature;
+    out["concurrency_top_p"] = sampling.top_p;
+    char how[64] = "greedy";
+    if (!sampling.greedy()) std::snprintf(how, sizeof how, "sampled (T %g, top-p %g)", sampling.temperature, sampling.top_p);
+    log("concurrency: N %s requests of %d tokens through one engine (prompts: the bench prompt rotated per "
         "request); speculative = %s k, k_max %d\n"
         "  decode tokens/s = tokens generated after each request's first token / wall time from the end of the step "
         "that gave the last request its first token to the end of the last step\n"
@@ -883,7 +905,7 @@ int run_bench(int argc, char** argv) {
         "sequence plain run: %.2f tokens/s\n"
         "  ceiling = N x read bandwidth / bytes a plain step reads (target weights with the experts its rows used, "
         "plus each sequence's KV cache): the bandwidth-bound limit of plain decoding at N\n",
-        n_tokens, o.concurrency_k >= 0 ? "fixed" : "tuned", drafting && o.concurrency_k != 0 ? spec.num_speculative_tokens : 0,
+        how, n_tokens, o.concurrency_k >= 0 ? "fixed" : "tuned", drafting && o.concurrency_k != 0 ? spec.num_speculative_tokens : 0,
         repeats, bw_c,
         median(single_tps));
     log("  %5s %12s %8s %9s %13s %7s | %12s %7s %10s %9s %7s %7s\n", "N", "plain tok/s", "x single", "MB/step",

@@ -271,4 +271,10 @@ void parallel_for(ThreadPool* pool, int64_t n, int64_t grain, const ThreadPool::
   pool->parallel_for(n, grain, fn);
 }
 
+ThreadPool* pool_for_work(ThreadPool* pool, int64_t work, int64_t min_work) {
+  if (pool == nullptr || pool->size() <= 1) return nullptr;
+  if (work < (min_work < 0 ? pool->min_parallel_work() : min_work)) return nullptr;
+  return pool->worth_waking(work) ? pool : nullptr;
+}
+
 }  // namespace nextn

@@ -127,4 +127,8 @@ class ThreadPool {
 // or n is too small to make two chunks of `grain`; otherwise pool->parallel_for(n, grain, fn).
 void parallel_for(ThreadPool* pool, int64_t n, int64_t grain, const ThreadPool::Fn& fn);
 
+// `pool` when `work` (multiply-adds plus bytes, as worth_waking counts it) is worth handing to its workers now:
+// at least `min_work` (< 0: the pool's min_parallel_work()) and worth waking them. Else null: the caller runs it.
+ThreadPool* pool_for_work(ThreadPool* pool, int64_t work, int64_t min_work = -1);
+
 }  // namespace nextn

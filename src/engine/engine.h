@@ -17,6 +17,7 @@
 #include <deque>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,6 +34,8 @@ struct EngineOptions {
   // (the first always runs, whatever its length). A forward's workspace and the GPU's launches grow with its
   // rows; 64 long prompts arriving at once must not make one forward of 100k rows.
   int64_t max_prompt_rows_per_step = 8192;
+  // Test seam: the sequences' decisions (Sequence::decide_*) on the model's host pool whatever their work.
+  bool split_decisions_for_tests = false;
 };
 
 class Engine {
@@ -80,6 +83,7 @@ class Engine {
   void admit();
   void retire_finished();
   void run_forward(size_t begin, size_t end);
+  void decide_all(size_t begin, size_t end);
   void draft_all(int k_batch);
   KTuner& tuner_for(int64_t tuned_sequences);
   // The tuner of the class `tuned_sequences` form, if it exists (none is made).
@@ -111,6 +115,9 @@ class Engine {
   std::vector<DraftRound*> rounds_;  // this step's draft rounds, and their sequences
   std::vector<Sequence*> drafting_;
   std::vector<float> logits_, hidden_;
+  // Per member of the last forward: its logits and hidden rows, and what failed in its decisions.
+  std::vector<const float*> row_logits_, row_hidden_;
+  std::vector<std::string> decide_errors_;
 };
 
 }  // namespace nextn

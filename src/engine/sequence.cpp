@@ -87,6 +87,7 @@ void Sequence::finish(const char* reason) {
 }
 
 void Sequence::fail(const std::string& message) {
+  take_back_after(published_);  // (a step's tokens decided before the error never reached the callback)
   res_.finish_reason = "error";
   res_.error = message;
   phase_ = Phase::kFinished;
@@ -123,10 +124,6 @@ void Sequence::emit(int32_t t, const float* raw_logits) {
     complete = constraint_->finished();
   }
   if (params.logprobs >= 0) res_.logprobs.push_back(token_logprob(raw_logits, V_, t, params.logprobs));
-  if (request_.on_token && !request_.on_token(t, params.logprobs >= 0 ? &res_.logprobs.back() : nullptr)) {
-    stop_ = true;
-    res_.finish_reason = "stop";
-  }
   if (std::find(params.stop_token_ids.begin(), params.stop_token_ids.end(), t) != params.stop_token_ids.end()) {
     stop_ = true;
     res_.finish_reason = "stop";
@@ -138,6 +135,33 @@ void Sequence::emit(int32_t t, const float* raw_logits) {
   if (!stop_ && int64_t(res_.ids.size()) >= max_tokens_) {
     stop_ = true;
     res_.finish_reason = "length";
+  }
+}
+
+// The tokens decided since the last call, to the request's callback in order (the server's text stream and
+// its stop strings). A callback that says stop ends the output at its token: what was decided after it is
+// taken back, as though the round had stopped there.
+void Sequence::publish() {
+  const SamplingParams& params = request_.params;
+  if (!request_.on_token) published_ = res_.ids.size();
+  for (; published_ < res_.ids.size(); ++published_) {
+    const TokenLogprob* logprob = params.logprobs >= 0 ? &res_.logprobs[published_] : nullptr;
+    if (request_.on_token(res_.ids[published_], logprob)) continue;
+    take_back_after(++published_);
+    stop_ = true;
+    res_.finish_reason = "stop";
+  }
+}
+
+// Forgets the emitted tokens after the first `kept` (the sequence stops: its caches and drafter are not used
+// again, nor its output format's matcher).
+void Sequence::take_back_after(size_t kept) {
+  while (res_.ids.size() > kept) {
+    history_.pop(res_.ids.back());
+    seq_.pop_back();
+    res_.ids.pop_back();
+    if (!res_.logprobs.empty()) res_.logprobs.pop_back();
+    --res_.stats.num_generated;
   }
 }
 
@@ -195,15 +219,25 @@ BatchSegment Sequence::prefill_segment() {
                       argmax_only_ ? argmax_.data() : nullptr};
 }
 
-// The first token, then (speculation) the MTP layers over the prompt, so that decoding starts with every
-// draft layer caught up (unless deferred, see sequence.h). Both count as prefill time.
-void Sequence::finish_prefill(const float* last_logits, const float* hidden, double forward_seconds,
-                              bool defer_draft_prefill) {
-  const auto t0 = Clock::now();
-  SpecStats& st = res_.stats;
-  ++st.target_forwards;
+// Host work of the next decide_* (sequence.h): a vocabulary-wide pass or more for each row read whole.
+int64_t Sequence::decide_work() const {
+  if (argmax_only_) return 0;
+  return (phase_ == Phase::kPrefill ? 1 : drafted_ + 1) * V_;
+}
+
+void Sequence::decide_first_token(const float* last_logits) {
+  t_results_ = Clock::now();
+  ++res_.stats.target_forwards;
   const int64_t n = int64_t(request_.prompt.size());
   emit(target_token_at(last_logits, 0, n - 1), last_logits);
+}
+
+// The first token to the callback, then (speculation) the MTP layers over the prompt, so that decoding starts
+// with every draft layer caught up (unless deferred, see sequence.h). Both count as prefill time.
+void Sequence::finish_prefill(const float* hidden, double forward_seconds, bool defer_draft_prefill) {
+  SpecStats& st = res_.stats;
+  const int64_t n = int64_t(request_.prompt.size());
+  publish();
   if (speculate_ && !stop_) {
     drafter_->push_verified(hidden, n);
     if (!(defer_draft_prefill && tuned_)) {
@@ -212,7 +246,7 @@ void Sequence::finish_prefill(const float* last_logits, const float* hidden, dou
       draft_prefill_seconds_ = seconds_between(t_draft, Clock::now());
     }
   }
-  st.prefill_seconds = forward_seconds + seconds_between(t0, Clock::now());
+  st.prefill_seconds = forward_seconds + seconds_between(t_results_, Clock::now());
   t_decode_ = Clock::now();
   if (stop_)
     finish("length");
@@ -287,6 +321,9 @@ bool Sequence::greedy_draft() const {
 // The model may hand over the id alone where the raw row's argmax decides (no output format to mask it).
 bool Sequence::picks_argmax() const { return greedy_draft() && !constraint_; }
 
+// A pick touches this sequence's state only, unless a test's hook sees it.
+bool Sequence::picks_alone() const { return !request_.spec.draft_dist_hook && !request_.spec.draft_hook; }
+
 int32_t Sequence::pick_id(int s, int32_t argmax) { return take_draft(s, argmax, Clock::now()); }
 
 int32_t Sequence::take_draft(int s, int32_t d, Clock::time_point t0) {
@@ -332,7 +369,9 @@ BatchSegment Sequence::verify_segment() {
 
 // Acceptance over the verify rows' logits [drafted + 1, V]: the accepted drafts, then the correction at the
 // first rejection or the bonus token after the last draft.
-int Sequence::accept(const float* logits) {
+void Sequence::decide_round(const float* logits) {
+  t_results_ = Clock::now();
+  ++res_.stats.target_forwards;
   const SamplingParams& params = request_.params;
   const SpecOptions& spec = request_.spec;
   int accepted = 0;
@@ -395,18 +434,17 @@ int Sequence::accept(const float* logits) {
   }
   if (drafted_ > 0) res_.stats.add_round(drafted_, accepted);
   update_adaptive_k(drafted_, accepted);
-  return accepted;
+  accepted_ = accepted;
 }
 
-void Sequence::finish_round(const float* logits, const float* hidden, double forward_seconds) {
+void Sequence::finish_round(const float* hidden, double forward_seconds) {
   SpecStats& st = res_.stats;
-  ++st.target_forwards;
   if (speculate_) st.verify_seconds += forward_seconds;
-  const int64_t emitted_before = int64_t(res_.ids.size());
-  const int accepted = accept(logits);
-  const int emitted = static_cast<int>(int64_t(res_.ids.size()) - emitted_before);
+  const size_t emitted_before = published_;
+  publish();
+  const int emitted = static_cast<int>(res_.ids.size() - emitted_before);
   // Keep the target state for positions m..m+accepted; their hidden states feed the next draft round.
-  const int64_t kept = std::min<int64_t>(accepted + 1, drafted_ + 1);
+  const int64_t kept = std::min<int64_t>(accepted_ + 1, drafted_ + 1);
   state_->rollback(m_ + kept);
   if (speculate_) drafter_->push_verified(hidden, kept);
   if (!stop_ && int64_t(seq_.size()) != m_ + kept + 1) throw Error("internal: sequence and cache out of step");

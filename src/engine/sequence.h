@@ -45,14 +45,22 @@ class Sequence final : private DraftPicker {
 
   // Takes its memory; the sequence then prefills in the next step.
   void admit(std::unique_ptr<SequenceState> state);
+
+  // A forward's rows are finished in two parts. decide_* reads the rows' logits and makes every choice:
+  // the tokens (sampling, speculative acceptance), their logprobs, the stop; it touches this sequence's own
+  // state only, so the engine runs many sequences' at once on the host's threads. finish_* then does what
+  // touches anything shared, in the engine's order: the request's token callback for each decided token, the
+  // caches' rollback, the drafter. decide_work() is the host work decide_* will do (vocabulary-wide passes).
+  int64_t decide_work() const;
+
   // Prefill: the prompt's rows (logits of the last only), then the first token from those logits and the
   // drafter's catch-up over the prompt. forward_seconds: what the shared forward took.
   BatchSegment prefill_segment();
+  void decide_first_token(const float* last_logits);
   // defer_draft_prefill: the batch's tuner runs plain decoding now, so a tuned sequence leaves its prompt to
   // the MTP layers' deferral window (caught up, its newest positions only, when it first drafts) instead of
   // an MTP forward of its own that plain rounds would never use.
-  void finish_prefill(const float* last_logits, const float* hidden, double forward_seconds,
-                      bool defer_draft_prefill = false);
+  void finish_prefill(const float* hidden, double forward_seconds, bool defer_draft_prefill = false);
   // What the MTP layers' pass over the prompt took in finish_prefill (0 when deferred or not speculating).
   double draft_prefill_seconds() const { return draft_prefill_seconds_; }
 
@@ -61,7 +69,8 @@ class Sequence final : private DraftPicker {
   DraftRound* start_draft(int k_tuned);
   void finish_draft();
   BatchSegment verify_segment();
-  void finish_round(const float* logits, const float* hidden, double forward_seconds);
+  void decide_round(const float* logits);  // the verify rows' logits [drafted + 1, V]
+  void finish_round(const float* hidden, double forward_seconds);
 
   // What the last round tells the batch's k tuner.
   struct RoundReport {
@@ -83,6 +92,8 @@ class Sequence final : private DraftPicker {
  private:
   using Clock = std::chrono::steady_clock;
   void emit(int32_t t, const float* raw_logits);
+  void publish();
+  void take_back_after(size_t kept);
   static Error non_finite_target(int64_t pos);
   void require_finite_target(const float* raw, int64_t pos) const;
   void target_dist(const float* raw, float* probs);
@@ -91,11 +102,11 @@ class Sequence final : private DraftPicker {
   int32_t target_token_at(const float* logits, int i, int64_t pos);
   int32_t pick(int s, float* raw) override;
   bool picks_argmax() const override;
+  bool picks_alone() const override;
   bool greedy_draft() const;
   int32_t pick_id(int s, int32_t argmax) override;
   int32_t take_draft(int s, int32_t d, Clock::time_point t0);
   int32_t draft_from_distribution(int s, float* raw);
-  int accept(const float* logits);  // returns the drafts accepted
   void update_adaptive_k(int drafted, int accepted);
   void finish(const char* reason);
 
@@ -124,6 +135,9 @@ class Sequence final : private DraftPicker {
   std::vector<int32_t> argmax_;  // [k_max + 1] the model's argmax of this sequence's logit rows
   int64_t m_ = 0;  // this round's newest position: seq_[m_] is not yet run through the target
   int drafted_ = 0;
+  int accepted_ = 0;        // the last round's accepted drafts (decide_round)
+  size_t published_ = 0;    // res_.ids handed to the request's callback so far
+  Clock::time_point t_results_;  // when this step's decide_* began
   int64_t rounds_ = 0;
   RoundReport report_;
   std::vector<int64_t> rounds_at_k_;

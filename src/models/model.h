@@ -124,6 +124,9 @@ class Model {
     if (device != Device::kCpu) throw Error(facts().model_type + ": the CUDA backend does not run this family yet");
   }
   virtual Device device() const { return Device::kCpu; }
+  // The host threads for work between forwards (the engine's sampling of many sequences' rows, the drafts'
+  // picks): the pool the model was loaded with; null: the caller's thread alone.
+  virtual ThreadPool* host_pool() const { return nullptr; }
 
   // Makes this model rank comm.rank() of a tensor-parallel group of comm.size() ranks (docs/parallel.md):
   // before the first sequence; every rank's model must then run the same target forwards in the same order

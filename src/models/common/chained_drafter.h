@@ -12,7 +12,7 @@
 // the layers then restart their chains from those, and plain decoding pays no MTP forwards at all.
 //
 // What Stack provides:
-//   int num_mtp_layers() const;  const ModelFacts& facts() const;
+//   int num_mtp_layers() const;  const ModelFacts& facts() const;  ThreadPool* host_pool() const;
 //   int64_t draft_width() const;            // floats of the hidden state a layer takes and gives (per row)
 //   int64_t draft_selection_max() const;    // most positions one sparse-attention query selects
 //   KVCache new_shared_draft_cache(int64_t capacity);
@@ -30,6 +30,7 @@
 
 #include "core/error.h"
 #include "core/finite.h"
+#include "core/threadpool.h"
 #include "memory/kv_cache.h"
 #include "models/common/draft_round.h"
 #include "models/model.h"
@@ -121,6 +122,7 @@ class ChainedDraftDriver {
 
  private:
   void run_group(Stack& model, int layer);
+  void hand_over_rows(Stack& model, int64_t from, int64_t to);
   std::vector<DraftRound*> live_;
   std::vector<DraftRequest*> group_;
   std::vector<float> hidden_, logits_;  // gathered logits rows [n, width] -> [n, V]
@@ -375,14 +377,19 @@ DraftRound ChainedDraftSession<Stack>::round(const std::vector<int32_t>& tokens,
       req_.hidden = step_h_.data();
       req_.logits = draft_logits_.data();
       req_.argmax = by_id ? &draft_argmax_ : nullptr;
+      req_.picker = !by_id && picker.picks_alone() ? &picker : nullptr;
+      req_.step = s;
       co_await DraftRound::Ask{req_};
       draft_seconds_ += req_.seconds;
       // NaN or inf would be drafted as token 0 or as garbage: stop, naming the layer.
-      if (by_id ? draft_argmax_ < 0 : !all_finite(draft_logits_.data(), V_))
+      // (a row the driver picked from was finite: the pick may have masked it with -inf since)
+      if (by_id ? draft_argmax_ < 0 : req_.picked < 0 && !all_finite(draft_logits_.data(), V_))
         throw Error("generate: MTP draft step " + std::to_string(s) + " (MTP layer " + std::to_string(s % layers_) +
                     ", position " + std::to_string(m_ - 1 + s) +
                     ") produced non-finite logits (NaN or inf); check the checkpoint with `nextn inspect --scan`");
-      prev_draft_ = by_id ? picker.pick_id(s, draft_argmax_) : picker.pick(s, draft_logits_.data());
+      prev_draft_ = by_id                ? picker.pick_id(s, draft_argmax_)
+                    : req_.picked >= 0 ? req_.picked
+                                       : picker.pick(s, draft_logits_.data());
     }
     for (int j = 0; j < layers_; ++j) dcache_[j].truncate(canon_[j]);  // drop speculative draft rows
   }
@@ -443,6 +450,7 @@ void ChainedDraftDriver<Stack>::run_group(Stack& model, int layer) {
     int64_t rows = 0;
     while (e < group_.size() && (e == b || rows + rows_of(group_[e]) <= kMaxRows)) rows += rows_of(group_[e++]);
     const auto t0 = chained_draft::Clock::now();
+    double picks_seconds = 0;  // (a pick charges its own time to its sequence)
     try {
       if (layer >= 0) {
         model.draft_forward_batch(layer, group_.data() + b, e - b);
@@ -459,20 +467,43 @@ void ChainedDraftDriver<Stack>::run_group(Stack& model, int layer) {
         if (int64_t(argmax_.size()) < rows) argmax_.resize(rows);
         for (int64_t r = 0; r < rows; ++r) std::copy(order_[r]->hidden, order_[r]->hidden + W, hidden_.begin() + r * W);
         model.draft_logits_rows(hidden_.data(), rows, logits_.data(), argmax_.data(), by_id);
-        for (int64_t r = 0; r < rows; ++r) {
-          if (r < by_id)
-            *order_[r]->argmax = argmax_[r];
-          else
-            std::copy(logits_.begin() + r * V, logits_.begin() + (r + 1) * V, order_[r]->logits);
-        }
+        for (int64_t r = 0; r < by_id; ++r) *order_[r]->argmax = argmax_[r];
+        const auto t_picks = chained_draft::Clock::now();
+        hand_over_rows(model, by_id, rows);
+        picks_seconds = chained_draft::seconds_since(t_picks);
       }
     } catch (...) {
       for (size_t i = b; i < e; ++i) group_[i]->error = std::current_exception();
     }
-    const double seconds = chained_draft::seconds_since(t0);
+    const double seconds = chained_draft::seconds_since(t0) - picks_seconds;
     for (size_t i = b; i < e; ++i) group_[i]->seconds = seconds * double(rows_of(group_[i])) / double(rows);
     b = e;
   }
+}
+
+// Rows [from, to) of the last draft lm_head (order_) to their requests, with the picks of those whose pickers
+// pick alone: a sampled pick builds a distribution over the vocabulary (0.1-0.6 ms a row at 32-129k tokens),
+// which 64 sequences' rounds would otherwise make one after another between the GPU's steps.
+template <class Stack>
+void ChainedDraftDriver<Stack>::hand_over_rows(Stack& model, int64_t from, int64_t to) {
+  const int64_t V = model.facts().vocab_size;
+  int64_t picks = 0;
+  for (int64_t r = from; r < to; ++r) picks += order_[r]->picker != nullptr;
+  // (work as the pool counts it: about 64 operations a logit for a sampled distribution and its draw)
+  ThreadPool* pool = picks > 1 ? pool_for_work(model.host_pool(), picks * V * 64) : nullptr;
+  parallel_for(pool, to - from, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t r = from + begin; r < from + end; ++r) {
+      DraftRequest& q = *order_[r];
+      std::copy(logits_.begin() + r * V, logits_.begin() + (r + 1) * V, q.logits);
+      q.picked = -1;
+      if (!q.picker || !all_finite(q.logits, V)) continue;  // (a non-finite row: the round names it)
+      try {
+        q.picked = q.picker->pick(q.step, q.logits);
+      } catch (...) {
+        q.error = std::current_exception();
+      }
+    }
+  });
 }
 
 }  // namespace nextn

@@ -21,6 +21,7 @@
 namespace nextn {
 
 class KVCache;
+class DraftPicker;
 
 // Attention over a fixed set of cache slots instead of the indexer's choice (draft steps >= 1), for rows
 // first_row.. of the request; the rows before it (a draft layer's catch-up, run in the same forward) use the
@@ -52,6 +53,11 @@ struct DraftRequest {
   const float* hidden = nullptr;
   float* logits = nullptr;
   int32_t* argmax = nullptr;
+  // With `picker` (one that picks_alone), the driver picks draft step `step`'s token from finite logits as
+  // it hands them over, many rounds' at once, into `picked` (else left -1: the round picks, or fails).
+  DraftPicker* picker = nullptr;
+  int step = 0;
+  int32_t picked = -1;
   // Set by the driver: this request's share of its batched forward's time, and a failure of its own.
   double seconds = 0;
   std::exception_ptr error;
@@ -164,6 +170,9 @@ class DraftPicker {
     (void)s;
     return argmax;
   }
+  // Pickers whose pick touches their own state only: the driver may run many rounds' picks at once on the
+  // host's threads (a sampled pick makes a distribution over the whole vocabulary).
+  virtual bool picks_alone() const { return false; }
 
  protected:
   ~DraftPicker() = default;

@@ -53,6 +53,7 @@ class TensorParallelModel final : public Model {
   bool runs_on(Device device) const override;
   void use_device(Device device) override;
   Device device() const override { return models_[0]->device(); }
+  ThreadPool* host_pool() const override { return models_[0]->host_pool(); }
   bool shards_on(Device device) const override { return models_[0]->shards_on(device); }
   std::string collectives() const override { return models_[0]->collectives(); }
   void prefault(bool progress) const override;

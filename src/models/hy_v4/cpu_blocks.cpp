@@ -216,9 +216,7 @@ int64_t HYV4CpuBlocks::min_parallel_work() const {
   return tuning_.min_parallel_work >= 0 ? tuning_.min_parallel_work : pool_ ? pool_->min_parallel_work() : 0;
 }
 
-ThreadPool* HYV4CpuBlocks::pool_for(int64_t work) {
-  return pool_ && pool_->size() > 1 && work >= min_parallel_work() && pool_->worth_waking(work) ? pool_ : nullptr;
-}
+ThreadPool* HYV4CpuBlocks::pool_for(int64_t work) { return pool_for_work(pool_, work, min_parallel_work()); }
 
 int64_t HYV4CpuBlocks::topk_stride() const {
   return std::min<int64_t>(std::max<int64_t>(cfg_.index_topk, 1), ws_max_seq_);

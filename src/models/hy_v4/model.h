@@ -141,6 +141,7 @@ class HYV4Model : public Model {
   CpuTuning& cpu_tuning() { return cpu_blocks_->tuning(); }
   const std::string& dir() const { return dir_; }
   ThreadPool* pool() const { return cpu_blocks_->pool(); }
+  ThreadPool* host_pool() const override { return pool(); }
 
   // ---- Model
   const ModelFacts& facts() const override { return facts_; }

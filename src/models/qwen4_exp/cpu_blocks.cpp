@@ -213,9 +213,7 @@ void Qwen4CpuBlocks::logits_of(const GatedResidualWeights& mixer, const Linear& 
 
 // The pool when `work` (multiply-adds) is worth a hand-off now, else null (run on the calling thread): tiny
 // models lose more to waking the workers than they gain.
-ThreadPool* Qwen4CpuBlocks::pool_for(int64_t work) {
-  return pool_ && pool_->size() > 1 && work >= pool_->min_parallel_work() && pool_->worth_waking(work) ? pool_ : nullptr;
-}
+ThreadPool* Qwen4CpuBlocks::pool_for(int64_t work) { return pool_for_work(pool_, work); }
 
 // ---------------------------------------------------------------------------------------------------
 // Buffers

@@ -164,6 +164,8 @@ Qwen4ExpBlocks& Qwen4ExpModel::target_blocks() {
 }
 const Qwen4ExpWeights& Qwen4ExpModel::target_weights() const { return shard_ ? shard_->weights : w_; }
 
+ThreadPool* Qwen4ExpModel::host_pool() const { return cpu_blocks_->pool(); }
+
 void Qwen4ExpModel::prefault(bool progress) const { prefault_weights(store_, dir_, progress); }
 
 size_t Qwen4ExpModel::checkpoint_bytes() const {

@@ -167,6 +167,7 @@ class Qwen4ExpModel : public Model {
 
   // ---- Model
   const ModelFacts& facts() const override { return facts_; }
+  ThreadPool* host_pool() const override;
   void prefault(bool progress) const override;
   void configure_memory(const MemoryOptions& options) override;
   bool can_admit(int64_t capacity, bool drafting) const override;
