@@ -5,7 +5,7 @@
 # (9e: ~9 MB where preset 3 gave 14; the device refuses a tree over 64 MiB and the tracked files are ~53 MB)
 # then on the device machine (run's carry: ["devrun.tar.xz"]):
 #   tar -xJf devrun.tar.xz && bash tools/device/gpu_checks.sh [STEP ...]
-# (STEP: tests, sanitizer, bench, parity, tp, side, kernels, branches, shapes)
+# (STEP: tests, sanitizer, bench, parity, tp, side, kernels, branches, shapes, sampled)
 # (no argument: the first five, in that order). Output goes to stdout and, per step, to $OUT/gpu_checks/*.log.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -122,6 +122,26 @@ for step in "${steps[@]}"; do
         if [ $v = default ]; then b 928 7168; else NEXTN_CUDA_FP8_NARROW=$v b 928 7168; fi
       done
       ;;
-    *) echo "unknown step $step (tests, sanitizer, bench, parity, tp, side, kernels, branches, shapes)" ;;
+    sampled)  # sampled requests at 1-64 sequences (T 0.8, top-p 0.9): the host's decisions on one thread
+      # (--threads 1) against the pool's (the default), interleaved; the bundled models, then the 8-layer 7168-wide
+      # FP8 synthetic (a 32000-token vocabulary, and a random model's flat rows: the nucleus most of them)
+      for pass in 1 2; do
+        for t in 1 0; do
+          for m in nextn-hy4-tiny nextn-qwen4exp-tiny; do
+            echo "$m, sampled, --threads $t"
+            $run nextn bench --device cuda --model "$models/$m" --tokens 64 --concurrency 1,8,32,64 --repeats 1 \
+              --concurrency-temperature 0.8 --concurrency-top-p 0.9 --threads $t 2>&1 |
+              grep -E '^ +(1|8|32|64) ' | cut -c1-160
+          done
+        done
+      done
+      for t in 1 0; do
+        echo "8-layer synthetic, sampled, --threads $t"
+        $run nextn bench --device cuda --synthetic --dtype fp8 --mlp dense --hidden 7168 --layers 8 --tokens 32 \
+          --repeats 1 --cache-dir /tmp/gpu_check_nx8 --concurrency 1,8,64 --concurrency-temperature 0.8 \
+          --concurrency-top-p 0.9 --threads $t 2>&1 | grep -E '^decode|^ +(1|8|64) ' | cut -c1-160
+      done
+      ;;
+    *) echo "unknown step $step (tests, sanitizer, bench, parity, tp, side, kernels, branches, shapes, sampled)" ;;
   esac
 done

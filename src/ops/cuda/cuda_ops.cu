@@ -363,7 +363,9 @@ struct MmaShape {
 // The 16-byte piece `p` of row `r` (of 16) in a tile's row-pieces stage.
 __device__ __forceinline__ int row_piece(int r, int p) { return r * 8 + (p ^ ((r & 1) << 2)); }
 
-template <class S>
+// FRAGS: 8-row fragments of x a pass takes (1 for decode and verify; more for many sequences' rows and prompts,
+// whose weights are then read once for up to 8 · FRAGS rows instead of once for every 8).
+template <class S, int FRAGS>
 __global__ void __launch_bounds__(S::kWarps * 32)
     fp8_mma_kernel(const __grid_constant__ MmaTargets targets, const float* __restrict__ x, int64_t M, int64_t xs,
                    bool x_vectors, int64_t rows_per_y, bool split_in_smem, OutputSink sink, int x_stage_rows) {
@@ -454,8 +456,9 @@ __global__ void __launch_bounds__(S::kWarps * 32)
   if (M > 0) stage_first_chunks();
   if (blockIdx.y == 0) prefetch_weight_rows(w, n0, kMmaTileRows * TILES);
   begin_after_predecessor();
-  for (int64_t m0 = 0; m0 < M; m0 += kMmaCols) {
-    const int rows = int(M - m0 < kMmaCols ? M - m0 : kMmaCols);
+  constexpr int PASS = kMmaCols * FRAGS;  // x rows a pass over the block's weights multiplies
+  for (int64_t m0 = 0; m0 < M; m0 += PASS) {
+    const int rows = int(M - m0 < PASS ? M - m0 : PASS);
     const bool has_x = g < rows;
     const float* xr = x + (m0 + (has_x ? g : 0)) * xs + 16 * t;
     if (x_stage_rows > 0) {  // the first chunks' x (read only now, after the predecessor), then all landed
@@ -469,9 +472,11 @@ __global__ void __launch_bounds__(S::kWarps * 32)
       }
       cp_async_wait<0>();
     }
-    float total[TILES][4];
+    float total[FRAGS][TILES][4];
 #pragma unroll
-    for (int i = 0; i < TILES; ++i) total[i][0] = total[i][1] = total[i][2] = total[i][3] = 0.f;
+    for (int f = 0; f < FRAGS; ++f)
+#pragma unroll
+      for (int i = 0; i < TILES; ++i) total[f][i][0] = total[f][i][1] = total[f][i][2] = total[f][i][3] = 0.f;
     if (m0 > 0 && x_stage_rows == 0) stage_first_chunks();
     const int64_t row_words = split_row_words(subchunks);
     float* split_down = reinterpret_cast<float*>(split_words + int64_t(rows) * row_words);  // [rows][subchunks]
@@ -511,81 +516,99 @@ __global__ void __launch_bounds__(S::kWarps * 32)
         uint4 wv[TILES][2];
 #pragma unroll
         for (int i = 0; i < TILES; ++i) weight_pieces(cur, i, h, wv[i]);
-        unsigned hi[8], lo[8];
-        float d0, d1;  // 2^-p of this lane's D columns (activation rows 2t, 2t + 1)
-        if (split_in_smem) {
-          if (has_x) {
-            const uint4* words = reinterpret_cast<const uint4*>(split_words + g * row_words + sc * 64 + 8 * t);
-            const uint4 hw[2] = {words[0], words[1]}, lw[2] = {words[8], words[9]};
+        // Each fragment (8 x rows, the MMA's n) meets the same weight pieces: a weight byte is read once a pass
+        // for up to PASS rows, and a row's sums are those of a pass of its 8 alone (the MMA's outputs are
+        // independent columns).
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              hi[4 * e] = hw[e].x, hi[4 * e + 1] = hw[e].y, hi[4 * e + 2] = hw[e].z, hi[4 * e + 3] = hw[e].w;
-              lo[4 * e] = lw[e].x, lo[4 * e + 1] = lw[e].y, lo[4 * e + 2] = lw[e].z, lo[4 * e + 3] = lw[e].w;
+        for (int f = 0; f < FRAGS; ++f) {
+          const int fr = kMmaCols * f;  // the fragment's first row in the pass
+          if constexpr (FRAGS > 1)
+            if (fr >= rows) break;  // (uniform over the block)
+          const bool fx = fr + g < rows;
+          unsigned hi[8], lo[8];
+          float d0, d1;  // 2^-p of this lane's D columns (activation rows fr + 2t, fr + 2t + 1)
+          if (split_in_smem) {
+            if (fx) {
+              const uint4* words =
+                  reinterpret_cast<const uint4*>(split_words + (fr + g) * row_words + sc * 64 + 8 * t);
+              const uint4 hw[2] = {words[0], words[1]}, lw[2] = {words[8], words[9]};
+#pragma unroll
+              for (int e = 0; e < 2; ++e) {
+                hi[4 * e] = hw[e].x, hi[4 * e + 1] = hw[e].y, hi[4 * e + 2] = hw[e].z, hi[4 * e + 3] = hw[e].w;
+                lo[4 * e] = lw[e].x, lo[4 * e + 1] = lw[e].y, lo[4 * e + 2] = lw[e].z, lo[4 * e + 3] = lw[e].w;
+              }
+            } else {
+#pragma unroll
+              for (int e = 0; e < 8; ++e) hi[e] = lo[e] = 0u;
             }
+            d0 = fr + 2 * t < rows ? split_down[int64_t(fr + 2 * t) * subchunks + sc] : 1.f;
+            d1 = fr + 2 * t + 1 < rows ? split_down[int64_t(fr + 2 * t + 1) * subchunks + sc] : 1.f;
           } else {
+            float xv[16];
+            if (fx && x_stage_rows > 0) {
+              const uint4* src = x_stage_at(cur, h);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) hi[e] = lo[e] = 0u;
+              for (int j = 0; j < 4; ++j) {
+                const uint4 q = src[j];
+                xv[4 * j] = __uint_as_float(q.x), xv[4 * j + 1] = __uint_as_float(q.y);
+                xv[4 * j + 2] = __uint_as_float(q.z), xv[4 * j + 3] = __uint_as_float(q.w);
+              }
+            } else if (fx) {
+              load_x<16>(xr + int64_t(fr) * xs + sc * kMmaChunk, x_vectors, xv);
+            } else {
+#pragma unroll
+              for (int e = 0; e < 16; ++e) xv[e] = 0.f;
+            }
+            const float down = split_x16(xv, hi, lo);
+            d0 = __shfl_sync(0xffffffffu, down, 8 * t);  // (from the lanes that hold those rows)
+            d1 = __shfl_sync(0xffffffffu, down, 8 * t + 4);
           }
-          d0 = 2 * t < rows ? split_down[int64_t(2 * t) * subchunks + sc] : 1.f;
-          d1 = 2 * t + 1 < rows ? split_down[int64_t(2 * t + 1) * subchunks + sc] : 1.f;
-        } else {
-          float xv[16];
-          if (has_x && x_stage_rows > 0) {
-            const uint4* src = x_stage_at(cur, h);
+#pragma unroll
+          for (int i = 0; i < TILES; ++i) {
+            const unsigned wa[4] = {wv[i][0].x, wv[i][0].y, wv[i][0].z, wv[i][0].w};
+            const unsigned wb[4] = {wv[i][1].x, wv[i][1].y, wv[i][1].z, wv[i][1].w};
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
-              const uint4 q = src[j];
-              xv[4 * j] = __uint_as_float(q.x), xv[4 * j + 1] = __uint_as_float(q.y);
-              xv[4 * j + 2] = __uint_as_float(q.z), xv[4 * j + 3] = __uint_as_float(q.w);
+              const unsigned a[4] = {fp8x2_to_f16x2(wa[j]), fp8x2_to_f16x2(wb[j]), fp8x2_to_f16x2(wa[j] >> 16),
+                                     fp8x2_to_f16x2(wb[j] >> 16)};
+              mma_f16(acc, a, lo[2 * j], lo[2 * j + 1]);
+              mma_f16(acc, a, hi[2 * j], hi[2 * j + 1]);
             }
-          } else if (has_x) {
-            load_x<16>(xr + sc * kMmaChunk, x_vectors, xv);
-          } else {
-#pragma unroll
-            for (int e = 0; e < 16; ++e) xv[e] = 0.f;
+            const float s = scale_value(srow[i], w.scale_kind, unsigned(sc) / subchunks_per_block);
+            total[f][i][0] = fmaf(acc[0] * d0, s, total[f][i][0]);
+            total[f][i][1] = fmaf(acc[1] * d1, s, total[f][i][1]);
+            total[f][i][2] = fmaf(acc[2] * d0, s, total[f][i][2]);
+            total[f][i][3] = fmaf(acc[3] * d1, s, total[f][i][3]);
           }
-          const float down = split_x16(xv, hi, lo);
-          d0 = __shfl_sync(0xffffffffu, down, 8 * t);  // (from the lanes that hold those rows)
-          d1 = __shfl_sync(0xffffffffu, down, 8 * t + 4);
-        }
-#pragma unroll
-        for (int i = 0; i < TILES; ++i) {
-          const unsigned wa[4] = {wv[i][0].x, wv[i][0].y, wv[i][0].z, wv[i][0].w};
-          const unsigned wb[4] = {wv[i][1].x, wv[i][1].y, wv[i][1].z, wv[i][1].w};
-          float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const unsigned a[4] = {fp8x2_to_f16x2(wa[j]), fp8x2_to_f16x2(wb[j]), fp8x2_to_f16x2(wa[j] >> 16),
-                                   fp8x2_to_f16x2(wb[j] >> 16)};
-            mma_f16(acc, a, lo[2 * j], lo[2 * j + 1]);
-            mma_f16(acc, a, hi[2 * j], hi[2 * j + 1]);
-          }
-          const float s = scale_value(srow[i], w.scale_kind, unsigned(sc) / subchunks_per_block);
-          total[i][0] = fmaf(acc[0] * d0, s, total[i][0]);
-          total[i][1] = fmaf(acc[1] * d1, s, total[i][1]);
-          total[i][2] = fmaf(acc[2] * d0, s, total[i][2]);
-          total[i][3] = fmaf(acc[3] * d1, s, total[i][3]);
         }
       }
     }
     cp_async_wait<0>();  // (the empty groups past the end: nothing is left in flight into the next pass)
+    // The warps' partial sums, added in warp order, a fragment at a time (part holds one fragment's).
 #pragma unroll
-    for (int i = 0; i < TILES; ++i) {
-      part[warp][i][g][2 * t] = total[i][0];
-      part[warp][i][g][2 * t + 1] = total[i][1];
-      part[warp][i][g + 8][2 * t] = total[i][2];
-      part[warp][i][g + 8][2 * t + 1] = total[i][3];
+    for (int f = 0; f < FRAGS; ++f) {
+      const int fr = kMmaCols * f;
+      if constexpr (FRAGS > 1)
+        if (fr >= rows) break;  // (uniform over the block)
+#pragma unroll
+      for (int i = 0; i < TILES; ++i) {
+        part[warp][i][g][2 * t] = total[f][i][0];
+        part[warp][i][g][2 * t + 1] = total[f][i][1];
+        part[warp][i][g + 8][2 * t] = total[f][i][2];
+        part[warp][i][g + 8][2 * t + 1] = total[f][i][3];
+      }
+      __syncthreads();
+      for (int idx = threadIdx.x; idx < TILES * kMmaTileRows * kMmaCols; idx += WARPS * 32) {
+        const int i = idx / (kMmaTileRows * kMmaCols), r = idx / kMmaCols % kMmaTileRows, m = idx % kMmaCols;
+        const int64_t n = n0 + kMmaTileRows * i + r;
+        if (fr + m >= rows || n >= w.out) continue;
+        float sum = part[0][i][r][m];
+        for (int wi = 1; wi < WARPS; ++wi) sum += part[wi][i][r][m];
+        store_out(sink, y, ys, m0 + fr + m, n, w.bias ? sum + w.bias[n] : sum);
+      }
+      __syncthreads();
     }
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < TILES * kMmaTileRows * kMmaCols; idx += WARPS * 32) {
-      const int i = idx / (kMmaTileRows * kMmaCols), r = idx / kMmaCols % kMmaTileRows, m = idx % kMmaCols;
-      const int64_t n = n0 + kMmaTileRows * i + r;
-      if (m >= rows || n >= w.out) continue;
-      float sum = part[0][i][r][m];
-      for (int wi = 1; wi < WARPS; ++wi) sum += part[wi][i][r][m];
-      store_out(sink, y, ys, m0 + m, n, w.bias ? sum + w.bias[n] : sum);
-    }
-    __syncthreads();
   }
 }
 
@@ -618,28 +641,59 @@ bool x_staged_with_weights(int64_t in, int64_t M, bool x_vectors) {
   return !off && x_vectors && (WARPS == 32 ? M == 1 && in >= 8192 : M <= 4);
 }
 
+// 8-row fragments a pass of M rows takes (fp8_mma_kernel's FRAGS): 1 up to 8 rows (decode, verify: the
+// pipeline's shapes were tuned there), else 4 (2 for 64-k chunks, which spill registers at 4): a pass then
+// reads its weights once for up to 32 rows, where passes of 8 read them M / 8 times (64 sequences' rows: 8
+// times; a 1000-token prompt: 125 times). The narrow matrices' 1024-thread blocks keep 1 (64 registers a thread
+// spill at 2; their weights, a few MB, stay in L2 between passes). No bit depends on it.
+// (Not yet run on a GPU: off unless NEXTN_CUDA_FP8_FRAGS=2 or 4 asks for at most that many.)
 template <class S>
-void launch_fp8_mma_tiles(const MmaTargets& targets, const float* x, int64_t M, int64_t xs, bool x_vectors,
-                          const OutputSink& sink) {
+int mma_frags(int64_t M) {
+  static const int64_t most = env_int64("NEXTN_CUDA_FP8_FRAGS", 1);
+  if (M <= kMmaCols || most <= 1 || S::kWarps == 32) return 1;
+  return S::kChunk == 64 || most == 2 ? 2 : 4;
+}
+
+template <class S, int FRAGS>
+void launch_fp8_mma_pass(const MmaTargets& targets, const float* x, int64_t M, int64_t xs, bool x_vectors,
+                         const OutputSink& sink) {
   constexpr int WARPS = S::kWarps;
   static const bool configured = [] {  // (over the 48 KB a launch may take without asking)
-    check(cudaFuncSetAttribute(fp8_mma_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check(cudaFuncSetAttribute(fp8_mma_kernel<S, FRAGS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(S::kStagedBytes + std::max(kMmaSplitSmemBytes, S::x_stage_bytes(S::kXStageRows)))),
           "cudaFuncSetAttribute");
     return true;
   }();
   (void)configured;
-  const RowChunks rc = row_chunks(targets.first_block[targets.n], M, kMmaCols);
+  const RowChunks rc = row_chunks(targets.first_block[targets.n], M, kMmaCols * FRAGS);
   const dim3 grid(targets.first_block[targets.n], rc.chunks);
   // (where the split is made changes no bit of it: split_x16 either way) The 32-warp blocks of the narrow
   // matrices split per warp: their warps have 1-3 chunks each, and the block's split had every warp wait at a
   // barrier for the eighth of the block that split a row (22% of their stall samples; 261 -> 265 tok/s).
+  // Passes of several fragments split per warp too (their rows' split would not fit).
   const size_t split = size_t(std::min<int64_t>(M, kMmaCols) * split_bytes(targets.w[0].in));
-  const int x_stage_rows = x_staged_with_weights<WARPS>(targets.w[0].in, M, x_vectors) ? int(M) : 0;
-  const bool split_in_smem = split <= kMmaSplitSmemBytes && WARPS != 32 && x_stage_rows == 0;
-  launch_kernel(fp8_mma_kernel<S>, grid, dim3(WARPS * 32),
+  const int x_stage_rows = FRAGS == 1 && x_staged_with_weights<WARPS>(targets.w[0].in, M, x_vectors) ? int(M) : 0;
+  const bool split_in_smem = FRAGS == 1 && split <= kMmaSplitSmemBytes && WARPS != 32 && x_stage_rows == 0;
+  launch_kernel(fp8_mma_kernel<S, FRAGS>, grid, dim3(WARPS * 32),
                 S::kStagedBytes + (split_in_smem ? split : 0) + S::x_stage_bytes(x_stage_rows), "fp8_mma_kernel",
                 targets, x, M, xs, x_vectors, rc.rows_per_chunk, split_in_smem, sink, x_stage_rows);
+}
+
+template <class S>
+void launch_fp8_mma_tiles(const MmaTargets& targets, const float* x, int64_t M, int64_t xs, bool x_vectors,
+                          const OutputSink& sink) {
+  const int frags = mma_frags<S>(M);  // (only the fragment counts mma_frags gives S are compiled)
+  if constexpr (S::kWarps == 32) {
+    launch_fp8_mma_pass<S, 1>(targets, x, M, xs, x_vectors, sink);
+  } else if (frags == 1) {
+    launch_fp8_mma_pass<S, 1>(targets, x, M, xs, x_vectors, sink);
+  } else if constexpr (S::kChunk == 64) {
+    launch_fp8_mma_pass<S, 2>(targets, x, M, xs, x_vectors, sink);
+  } else if (frags == 2) {
+    launch_fp8_mma_pass<S, 2>(targets, x, M, xs, x_vectors, sink);
+  } else {
+    launch_fp8_mma_pass<S, 4>(targets, x, M, xs, x_vectors, sink);
+  }
 }
 
 // Whether a weight takes the tensor-core path: whole 64-k chunks inside scale blocks, 16-row tiles inside

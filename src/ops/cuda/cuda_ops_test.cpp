@@ -86,7 +86,7 @@ TEST(CudaOps, MatmulMatchesTheCpuOverManyShapes) {
     const cuda::DeviceLinear d = cuda::upload(h.w);
     // Σ|w||x| per output, from the dequantized rows, for the bound.
     std::vector<float> row(size_t(s.in));
-    for (int64_t M : {1, 2, 3, 4, 8, 9, 16}) {
+    for (int64_t M : {1, 2, 3, 4, 8, 9, 16, 40}) {
       const std::vector<float> x = random_rows(M, s.in, seed++);
       std::vector<float> want(size_t(M * s.out)), got(want.size()), bound(want.size(), 0.f);
       ops::matmul(nullptr, x.data(), M, h.w, want.data());
@@ -109,8 +109,8 @@ TEST(CudaOps, MatmulMatchesTheCpuOverManyShapes) {
 }
 
 // The launch shape follows M (columns per warp, rows per pass; on the FP8 tensor-core path, where x's f16
-// split is made: in shared memory for a few rows, per warp for more): every shape must give each row the bits
-// of the one-row call.
+// split is made: in shared memory for a few rows, per warp for more, and how many 8-row fragments a pass
+// takes: 1 up to 8 rows, 2-4 beyond): every shape must give each row the bits of the one-row call.
 TEST(CudaOps, MatmulRowsDoNotDependOnTheBatch) {
   NEXTN_SKIP_WITHOUT_CUDA();
   uint32_t seed = 100;
@@ -128,7 +128,7 @@ TEST(CudaOps, MatmulRowsDoNotDependOnTheBatch) {
       d1.download(single[size_t(m)].data(), size_t(s.out) * 4);
     }
     std::vector<float> all(size_t(max_m * s.out));
-    for (int64_t M : {2, 3, 4, 5, 8, 13, 40, 77}) {
+    for (int64_t M : {2, 3, 4, 5, 8, 9, 13, 16, 17, 32, 33, 40, 64, 77}) {
       cuda::matmul(dx.f32(), M, d.w, dy.f32());
       cuda::synchronize();
       dy.download(all.data(), size_t(M * s.out) * 4);
@@ -151,7 +151,7 @@ TEST(CudaOps, MatmulManyGivesEachOutputItsOwnBits) {
   hosts.push_back(make_weight(DType::BF16, DType::F32, 96, in, in, false, seed++));
   std::vector<cuda::DeviceLinear> dev;
   for (const HostWeight& h : hosts) dev.push_back(cuda::upload(h.w));
-  for (int64_t M : {1, 3, 9}) {
+  for (int64_t M : {1, 3, 9, 40}) {
     const std::vector<float> x = random_rows(M, in, seed++);
     cuda::DeviceBuffer dx(x.size() * 4);
     dx.upload(x.data(), x.size() * 4);
