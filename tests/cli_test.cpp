@@ -356,6 +356,23 @@ TEST(Cli, BenchConcurrencyReportsEveryBatchSize) {
   expect_usage_error("bench --concurrency 2 --tokens 1", "--tokens >= 2");
 }
 
+// `bench --concurrency-temperature / --concurrency-top-p`: the requests are sampled (the JSON says how), every
+// run still generates all its tokens; the options need --concurrency and valid values.
+TEST(Cli, BenchConcurrencySamplesWhenAsked) {
+  auto r = nextn("bench --concurrency 4 --tokens 8 --repeats 1 --json --concurrency-temperature 0.8 "
+                 "--concurrency-top-p 0.9");
+  ASSERT_EQ(r.status, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_FLOAT_EQ(j["concurrency_temperature"].get<float>(), 0.8f);
+  EXPECT_FLOAT_EQ(j["concurrency_top_p"].get<float>(), 0.9f);
+  ASSERT_EQ(j["concurrency"].size(), 1u);
+  for (const char* k : {"plain_tokens_per_s", "speculative_tokens_per_s"})
+    EXPECT_GT(j["concurrency"][0][k].get<double>(), 0.0) << k;
+  expect_usage_error("bench --concurrency-temperature 0.5", "--concurrency-temperature applies to --concurrency");
+  expect_usage_error("bench --concurrency 2 --concurrency-top-p 0", "--concurrency-top-p must be");
+  expect_usage_error("bench --concurrency 2 --concurrency-temperature -1", "--concurrency-temperature");
+}
+
 TEST(Cli, GenerateTextWithBundledModelAndStopString) {
   auto r = nextn("generate --prompt 'def add(a, b):' -n 24 --json");
   ASSERT_EQ(r.status, 0) << r.err;

@@ -547,8 +547,8 @@ std::string rounds_at_k_text(const std::vector<int64_t>& at_k) {
 int run_bench(int argc, char** argv) {
   Args a(argc, argv, 2, {"help", "json", "synthetic"},
          {"model", "dtype", "mlp", "layers", "hidden", "cache-dir", "tokens", "prompt-tokens", "threads", "repeats",
-          "oracle-acceptance", "concurrency", "concurrency-k", "concurrency-temperature", "concurrency-top-p", "device", "tensor-parallel", "weights",
-          "draft-head"});
+          "oracle-acceptance", "concurrency", "concurrency-k", "concurrency-temperature", "concurrency-top-p", "device",
+          "tensor-parallel", "weights", "draft-head"});
   if (a.has("help")) {
     std::fputs(kBenchUsage, stdout);
     return 0;
@@ -864,7 +864,8 @@ int run_bench(int argc, char** argv) {
     for (int pass = 0; pass < repeats; ++pass) {
       pass_bw_c.push_back(measure_bandwidth());
       const double gbps = pass_bw_c.back();
-      double single = o.concurrency.front() == 1 ? 0.0 : run_concurrent(m, first(1), n_tokens, plain, sampling).tokens_per_s;
+      double single =
+          o.concurrency.front() == 1 ? 0.0 : run_concurrent(m, first(1), n_tokens, plain, sampling).tokens_per_s;
       // Which of the pair runs first alternates pass by pass: the second of two back-to-back runs of many
       // sequences ran slower whichever it was (docs/performance.md), which a fixed order charged to speculation.
       const bool spec_first = drafting && pass % 2 == 1;
@@ -896,7 +897,8 @@ int run_bench(int argc, char** argv) {
     out["concurrency_temperature"] = sampling.temperature;
     out["concurrency_top_p"] = sampling.top_p;
     char how[64] = "greedy";
-    if (!sampling.greedy()) std::snprintf(how, sizeof how, "sampled (T %g, top-p %g)", sampling.temperature, sampling.top_p);
+    if (!sampling.greedy())
+      std::snprintf(how, sizeof how, "sampled (T %g, top-p %g)", sampling.temperature, sampling.top_p);
     log("concurrency: N %s requests of %d tokens through one engine (prompts: the bench prompt rotated per "
         "request); speculative = %s k, k_max %d\n"
         "  decode tokens/s = tokens generated after each request's first token / wall time from the end of the step "
