@@ -224,6 +224,18 @@ void launch_shape(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, 
                 rc.rows_per_chunk, sink);
 }
 
+// Whether environment variable `name` is set to `value` (the switches for measuring one path against another).
+bool env_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == value;
+}
+
+// Environment variable `name` as an integer, or `otherwise` where it is unset or empty.
+int64_t env_int64(const char* name, int64_t otherwise) {
+  const char* e = std::getenv(name);
+  return e && *e ? int64_t(std::atoll(e)) : otherwise;
+}
+
 template <WeightKind K>
 void launch(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float* y, int64_t ys, bool vectors,
             bool x_vectors, const OutputSink& sink) {
@@ -236,6 +248,12 @@ void launch(const float* x, int64_t M, int64_t xs, const DeviceWeight& w, float*
   if (M == 1) return launch_shape<K, 2, 1, 2>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
   if (M == 2) return launch_shape<K, 2, 2, 2>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
   if (M <= 4) return launch_shape<K, 4, 4, 1>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
+  // (experiment switch, many rows: NEXTN_CUDA_WIDE_TILE=C,R of 8,8 / 4,16 / 8,4 instead of 4,8; each pass reads
+  // x's R rows for C columns, and at 64 rows the x traffic, not the weights', may bound it)
+  static const int wide = int(env_int64("NEXTN_CUDA_WIDE_TILE", 48));
+  if (M > 8 && wide == 88) return launch_shape<K, 8, 8, 1>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
+  if (M > 8 && wide == 416) return launch_shape<K, 4, 16, 1>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
+  if (M > 8 && wide == 84) return launch_shape<K, 8, 4, 1>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
   launch_shape<K, 4, 8, 1>(x, M, xs, w, y, ys, vectors, x_vectors, sink);
 }
 
@@ -610,18 +628,6 @@ __global__ void __launch_bounds__(S::kWarps * 32)
       __syncthreads();
     }
   }
-}
-
-// Whether environment variable `name` is set to `value` (the switches for measuring one path against another).
-bool env_is(const char* name, const char* value) {
-  const char* e = std::getenv(name);
-  return e && std::string(e) == value;
-}
-
-// Environment variable `name` as an integer, or `otherwise` where it is unset or empty.
-int64_t env_int64(const char* name, int64_t otherwise) {
-  const char* e = std::getenv(name);
-  return e && *e ? int64_t(std::atoll(e)) : otherwise;
 }
 
 constexpr size_t kMmaSplitSmemBytes = 40 * 1024;  // a pass's split x in shared memory up to this size
