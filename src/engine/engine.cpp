@@ -256,10 +256,9 @@ void Engine::decide_all(size_t begin, size_t end) {
     work += w;
     working += w > 0;
   }
-  // (work as the pool counts it: about 64 operations a logit for a sampled distribution and its draw)
   ThreadPool* pool = options_.split_decisions_for_tests ? model_.host_pool()
-                     : working > 1                       ? pool_for_work(model_.host_pool(), work * 64)
-                                                         : nullptr;
+                     : working > 1 ? pool_for_work(model_.host_pool(), work * kSampledWorkPerLogit)
+                                   : nullptr;
   parallel_for(pool, int64_t(end - begin), 1, [&](int64_t b, int64_t e, int) {
     for (size_t i = begin + size_t(b); i < begin + size_t(e); ++i) {
       Sequence& s = *members_[i];

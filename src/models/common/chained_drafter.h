@@ -489,8 +489,7 @@ void ChainedDraftDriver<Stack>::hand_over_rows(Stack& model, int64_t from, int64
   const int64_t V = model.facts().vocab_size;
   int64_t picks = 0;
   for (int64_t r = from; r < to; ++r) picks += order_[r]->picker != nullptr;
-  // (work as the pool counts it: about 64 operations a logit for a sampled distribution and its draw)
-  ThreadPool* pool = picks > 1 ? pool_for_work(model.host_pool(), picks * V * 64) : nullptr;
+  ThreadPool* pool = picks > 1 ? pool_for_work(model.host_pool(), picks * V * kSampledWorkPerLogit) : nullptr;
   parallel_for(pool, to - from, 1, [&](int64_t begin, int64_t end, int) {
     for (int64_t r = from + begin; r < from + end; ++r) {
       DraftRequest& q = *order_[r];

@@ -158,6 +158,10 @@ class DraftRound {
   std::coroutine_handle<promise_type> h_;
 };
 
+// The host work (as ThreadPool::worth_waking counts it) of a sampled row's distribution and draw, per logit:
+// what the engine's decisions and the draft driver's picks weigh before spreading many rows over threads.
+inline constexpr int64_t kSampledWorkPerLogit = 64;
+
 // What a round asks of its owner between draft steps: draft token s from the step's raw logits [V] (which
 // it may modify in place: penalties).
 class DraftPicker {
